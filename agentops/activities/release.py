@@ -1,0 +1,196 @@
+"""Activities of the ``release`` agent: git inspection, the model's proposal, tests, deployment."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from django.conf import settings
+
+from agentops import providers
+from agentops.deploytarget import client
+from workflows.activity_context import ActivityContext
+from workflows.errors import InvalidInput, Permanent
+from workflows.registry import RetryPolicy, activity
+
+MAX_FILES = 20
+MAX_FILE_BYTES = 100_000
+HEARTBEAT_EVERY_SECONDS = 5.0
+
+
+def _git(repo: str, *args: str) -> str:
+    try:
+        done = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, timeout=60, check=False)
+    except FileNotFoundError:
+        raise Permanent("git is not installed on this worker; install it (apt-get install git).") from None
+    if done.returncode != 0:
+        raise Permanent(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip()[:500]}")
+    return done.stdout.strip()
+
+
+@activity("inspect_repository", retry=RetryPolicy(max_attempts=3))
+def inspect_repository(ctx: ActivityContext) -> dict[str, Any]:
+    repo = ctx.input["repo"]
+    if not os.path.isdir(repo):
+        raise Permanent(f"Repository {repo} does not exist on this worker.")
+    return {
+        "repo": repo,
+        "head": _git(repo, "rev-parse", "HEAD"),
+        "branch": _git(repo, "rev-parse", "--abbrev-ref", "HEAD"),
+        "files": len(_git(repo, "ls-files").splitlines()),
+        "dirty": bool(_git(repo, "status", "--porcelain")),
+    }
+
+
+PROPOSE_SYSTEM = (
+    "<task>propose_change</task>\nYou prepare a small, reviewable change to a git repository that serves the goal. "
+    'Answer with one JSON object only: {"title": str, "summary": str, "files": {relative_path: full_content}}.'
+)
+
+
+@activity("propose_change", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0))
+def propose_change(ctx: ActivityContext) -> dict[str, Any]:
+    evidence = ctx.input["evidence"]
+    provider = providers.get_provider()
+    response = provider.complete(
+        system=PROPOSE_SYSTEM,
+        messages=[{"role": "user", "content": f"<goal>{ctx.input['goal']}</goal>\n"
+                   f"Repository at {evidence['head']} on {evidence['branch']} with {evidence['files']} files."}],
+        max_tokens=2000,
+    )
+    proposal = validate_proposal(response.text)
+    proposal["model"] = {"provider": provider.name, "model": provider.model,
+                         "input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens}
+    return proposal
+
+
+def validate_proposal(text: str) -> dict[str, Any]:
+    """Model output is data: parse and check it, or refuse it with the reason."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"The model's proposal is not JSON ({exc.msg} at {exc.pos}); it was not used.") from None
+    if not isinstance(data, dict) or set(data) != {"title", "summary", "files"}:
+        keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise InvalidInput(f"The model's proposal must have exactly title, summary and files; got {keys}.")
+    title, summary, files = data["title"], data["summary"], data["files"]
+    if not isinstance(title, str) or not 0 < len(title) <= 200 or not isinstance(summary, str) or len(summary) > 2000:
+        raise InvalidInput("The model's proposal needs a title of 1–200 characters and a summary under 2,000.")
+    if not isinstance(files, dict) or not 0 < len(files) <= MAX_FILES:
+        raise InvalidInput(f"The model's proposal must change between 1 and {MAX_FILES} files.")
+    for path, content in files.items():
+        pure = PurePosixPath(path)
+        if pure.is_absolute() or ".." in pure.parts or not pure.parts or pure.parts[0] == ".git":
+            raise InvalidInput(f"The model proposed writing {path!r}, outside the repository; refused.")
+        if not isinstance(content, str) or len(content.encode()) > MAX_FILE_BYTES or "\x00" in content:
+            raise InvalidInput(f"The model's content for {path!r} is not text under {MAX_FILE_BYTES} bytes.")
+    return {"title": title, "summary": summary, "files": files}
+
+
+@activity("run_tests", retry=RetryPolicy(max_attempts=3), lease_seconds=30)
+def run_tests(ctx: ActivityContext) -> dict[str, Any]:
+    """Run the test command on a scratch clone with the proposal applied; heartbeats while it runs."""
+    workdir = Path(settings.AGENTOPS_WORKSPACE_DIR) / ctx.operation_id.replace("/", "_")
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _git(ctx.input["repo"], "clone", "--quiet", "--local", ctx.input["repo"], str(workdir))
+        _git(str(workdir), "checkout", "--quiet", ctx.input["head"])
+        for path, content in ctx.input["files"].items():
+            target = workdir / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content, encoding="utf-8")
+        return _run_command(ctx, shlex.split(ctx.input["test_command"]), cwd=workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_command(ctx: ActivityContext, argv: list[str], *, cwd: Path) -> dict[str, Any]:
+    deadline = time.monotonic() + settings.AGENTOPS_TEST_TIMEOUT_SECONDS
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except FileNotFoundError:
+        raise Permanent(f"Test command {argv[0]!r} was not found on this worker.") from None
+    try:
+        while True:
+            try:
+                output, _ = proc.communicate(timeout=HEARTBEAT_EVERY_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    raise Permanent(f"Tests ran longer than {settings.AGENTOPS_TEST_TIMEOUT_SECONDS} s.") from None
+                ctx.heartbeat("tests running")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return {"passed": proc.returncode == 0, "exit_code": proc.returncode, "output_tail": output[-2000:]}
+
+
+def _deploy_target() -> tuple[str, float]:
+    return settings.AGENTOPS_DEPLOY_TARGET_URL, settings.AGENTOPS_HTTP_TIMEOUT_SECONDS
+
+
+def _deployment_result(deployment: dict[str, Any], key: str) -> dict[str, Any]:
+    return {"deployment_id": deployment["deployment_id"], "idempotency_key": key, "status": deployment["status"]}
+
+
+def find_deployment_by_key(ctx: ActivityContext) -> dict[str, Any] | None:
+    """Reconcile a lost attempt: did the deploy target already accept this operation?"""
+    url, timeout = _deploy_target()
+    found = client.get_deployment(base_url=url, idempotency_key=ctx.operation_id, timeout=timeout)
+    return _deployment_result(found, ctx.operation_id) if found else None
+
+
+@activity(
+    "deploy", retry=RetryPolicy(max_attempts=5, initial_interval_seconds=1.0),
+    reconcile=find_deployment_by_key, commitment="deployment", compensation="undeploy",
+)
+def deploy(ctx: ActivityContext) -> dict[str, Any]:
+    url, timeout = _deploy_target()
+    body = {"workflow_id": ctx.workflow_id, **{k: ctx.input[k] for k in ("candidate_hash", "head", "title", "files")}}
+    ctx.faultpoint("activity.before_external_call")
+    deployment = client.create_deployment(base_url=url, idempotency_key=ctx.operation_id, body=body, timeout=timeout)
+    ctx.faultpoint("activity.after_external_call")
+    return _deployment_result(deployment, ctx.operation_id)
+
+
+@activity("undeploy", retry=RetryPolicy(max_attempts=10, initial_interval_seconds=2.0))
+def undeploy(ctx: ActivityContext) -> dict[str, Any]:
+    """Compensate a deployment; idempotent on the deploy target (404 means nothing to undo)."""
+    url, timeout = _deploy_target()
+    ctx.faultpoint("activity.before_external_call")
+    deleted = client.delete_deployment(base_url=url, idempotency_key=ctx.input["operation_id"], timeout=timeout)
+    ctx.faultpoint("activity.after_external_call")
+    return {"deleted": deleted, "idempotency_key": ctx.input["operation_id"]}
+
+
+@activity("verify_deployment", retry=RetryPolicy(max_attempts=5))
+def verify_deployment(ctx: ActivityContext) -> dict[str, Any]:
+    url, timeout = _deploy_target()
+    key = ctx.input["deployment"]["idempotency_key"]
+    found = client.get_deployment(base_url=url, idempotency_key=key, timeout=timeout)
+    if found is None:
+        return {"ok": False, "reason": f"deployment {key} is not on the deploy target"}
+    if found.get("status") != "deployed":
+        return {"ok": False, "reason": f"deployment {key} is {found.get('status')}"}
+    if found.get("body", {}).get("candidate_hash") != ctx.input["candidate_hash"]:
+        return {"ok": False, "reason": f"deployment {key} carries another candidate"}
+    return {"ok": True, "reason": ""}
+
+
+@activity("reconcile_deployment", retry=RetryPolicy(max_attempts=5))
+def reconcile_deployment(ctx: ActivityContext) -> dict[str, Any]:
+    """Compare what we recorded with what the deploy target holds."""
+    url, timeout = _deploy_target()
+    recorded = ctx.input["deployment"]
+    found = client.get_deployment(base_url=url, idempotency_key=recorded["idempotency_key"], timeout=timeout)
+    if found is None or found["deployment_id"] != recorded["deployment_id"]:
+        return {"consistent": False, "reason": f"recorded {recorded['deployment_id']}, target has "
+                                               f"{found['deployment_id'] if found else 'nothing'}"}
+    return {"consistent": True, "reason": "", "deployment_id": found["deployment_id"]}

@@ -1,0 +1,196 @@
+"""Settings: every environment read of agentops lives here, with defaults that run the demo.
+
+Production differs from the demo by environment variables only:
+DATABASE_URL (PostgreSQL), CELERY_BROKER_URL (Redis), DJANGO_SECRET_KEY, DJANGO_DEBUG,
+DJANGO_ALLOWED_HOSTS and the AGENTOPS_* names below, each of which carries its unit.
+"""
+import os
+from pathlib import Path
+
+import dj_database_url
+from celery.schedules import schedule
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("AGENTOPS_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number; set it to e.g. {default}.") from None
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number; set it to e.g. {default}.") from None
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in {"1", "true", "yes", "on"}:
+        return True
+    if raw.lower() in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use true or false.")
+
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "agentops-demo-insecure-key-change-me")
+DEBUG = env_bool("DJANGO_DEBUG", True)
+ALLOWED_HOSTS = [h for h in env_str("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1").split(",") if h]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_beat",
+    "workflows",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "agentops.urls"
+WSGI_APPLICATION = "agentops.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# SQLite (the demo default) needs IMMEDIATE transactions: a DEFERRED reader that upgrades
+# to a writer gets SQLITE_BUSY at once whatever the timeout; WAL adds throughput.
+SQLITE_OPTIONS = {
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
+}
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'agentops.sqlite3'}"),
+        conn_max_age=env_int("AGENTOPS_DB_CONN_MAX_AGE_SECONDS", 0),
+        conn_health_checks=True,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {**SQLITE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-agentops.sqlite3")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"agentops": {"handlers": ["console"], "level": env_str("AGENTOPS_LOG_LEVEL", "WARNING")}},
+}
+
+# --- Celery: a broker message is a doorbell; the database holds the truth. ---
+BROKER_DIR = VAR_DIR / "broker"
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for sub in ("queue", "processed", "control"):
+        (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),
+        "store_processed": False,
+    }
+else:
+    # The visibility timeout must exceed the longest activity lease, else Redis
+    # redelivers running tasks; our leases make redelivery harmless, not free.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": env_int("AGENTOPS_VISIBILITY_TIMEOUT_SECONDS", 3600),
+        "socket_timeout": 10,
+        "socket_connect_timeout": 5,
+        "health_check_interval": 25,
+    }
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_SEND_TASK_EVENTS = True
+CELERY_TASK_SEND_SENT_EVENT = True
+CELERY_TIMEZONE = "UTC"
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+
+# --- agentops: the durable plane's clocks and limits. ---
+AGENTOPS_BEAT_INTERVAL_SECONDS = env_float("AGENTOPS_BEAT_INTERVAL_SECONDS", 2.0)
+AGENTOPS_LEASE_SECONDS = env_int("AGENTOPS_LEASE_SECONDS", 60)
+AGENTOPS_REDISPATCH_AFTER_SECONDS = env_int("AGENTOPS_REDISPATCH_AFTER_SECONDS", 30)
+AGENTOPS_APPROVAL_EXPIRY_HOURS = env_float("AGENTOPS_APPROVAL_EXPIRY_HOURS", 24.0)
+AGENTOPS_ALLOW_SELF_APPROVAL = env_bool("AGENTOPS_ALLOW_SELF_APPROVAL", False)
+AGENTOPS_SWEEP_BATCH_SIZE = env_int("AGENTOPS_SWEEP_BATCH_SIZE", 200)
+AGENTOPS_DEPLOY_TARGET_URL = env_str("AGENTOPS_DEPLOY_TARGET_URL", "http://127.0.0.1:8765")
+AGENTOPS_HTTP_TIMEOUT_SECONDS = env_float("AGENTOPS_HTTP_TIMEOUT_SECONDS", 10.0)
+AGENTOPS_TEST_TIMEOUT_SECONDS = env_int("AGENTOPS_TEST_TIMEOUT_SECONDS", 300)
+# The offline scripted provider is the default; the anthropic provider arrives with the reasoning plane.
+AGENTOPS_MODEL_PROVIDER = env_str("AGENTOPS_MODEL_PROVIDER", "scripted")
+AGENTOPS_MODEL = env_str("AGENTOPS_MODEL", "claude-sonnet-4-5")
+AGENTOPS_PROMPT_VERSION = env_str("AGENTOPS_PROMPT_VERSION", "release-prompt-1")
+AGENTOPS_WORKSPACE_DIR = Path(env_str("AGENTOPS_WORKSPACE_DIR", str(VAR_DIR / "workspaces")))
+# Fault points fire only in test runs that set this; production never does.
+AGENTOPS_TESTING_FAULTS = env_str("AGENTOPS_TESTING_FAULTS", "")
+AGENTOPS_FAULT_LOG = env_str("AGENTOPS_FAULT_LOG", str(VAR_DIR / "faults.log"))
+
+CELERY_BEAT_SCHEDULE = {
+    # A sweep message that waited longer than a few intervals is stale; the next tick replaces it.
+    name: {
+        "task": f"agentops.beat.{name}",
+        "schedule": schedule(AGENTOPS_BEAT_INTERVAL_SECONDS),
+        "options": {"expires": max(10.0, 5 * AGENTOPS_BEAT_INTERVAL_SECONDS)},
+    }
+    for name in ("fire_timers", "redrive_activities", "reap_leases", "redrive_workflows")
+}

@@ -1,0 +1,1 @@
+"""Celery entry points: thin tasks that call one service each."""

@@ -1,0 +1,30 @@
+"""Celery entry points for the beat sweeps; each is safe to run any number of times at once."""
+from celery import shared_task
+
+
+@shared_task(name="agentops.beat.fire_timers", acks_late=True)
+def fire_timers() -> int:
+    from workflows import services
+
+    return services.timers_fire_due()
+
+
+@shared_task(name="agentops.beat.redrive_activities", acks_late=True)
+def redrive_activities() -> int:
+    from workflows import services
+
+    return services.activities_redrive_due()
+
+
+@shared_task(name="agentops.beat.reap_leases", acks_late=True)
+def reap_leases() -> int:
+    from workflows import services
+
+    return services.leases_reap_expired()
+
+
+@shared_task(name="agentops.beat.redrive_workflows", acks_late=True)
+def redrive_workflows() -> int:
+    from workflows import services
+
+    return services.workflows_redrive_idle()

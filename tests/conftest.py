@@ -1,0 +1,86 @@
+"""Shared fixtures: a git repository, the deploy target, users, and an in-process driver."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from django.contrib.auth.models import Group, User
+
+from agentops.deploytarget.server import DeployTargetServer
+from workflows import services
+from workflows.models import Activity, Wait, Workflow
+
+GIT_IDENTITY = ["-c", "user.name=agentops tests", "-c", "user.email=tests@agentops.local"]
+
+
+def make_git_repo(path: Path, *, test_script: str = "print('tests pass')\n") -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "check.py").write_text(test_script)
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run(["git", "-C", str(path), "add", "."], check=True)
+    subprocess.run(["git", *GIT_IDENTITY, "-C", str(path), "commit", "-qm", "initial"], check=True)
+    return path
+
+
+def git_commit(path: Path, name: str, content: str) -> None:
+    (path / name).write_text(content)
+    subprocess.run(["git", "-C", str(path), "add", "."], check=True)
+    subprocess.run(["git", *GIT_IDENTITY, "-C", str(path), "commit", "-qm", f"change {name}"], check=True)
+
+
+@pytest.fixture
+def git_repo(tmp_path: Path) -> Path:
+    return make_git_repo(tmp_path / "repo")
+
+
+@pytest.fixture
+def deploy_target(tmp_path: Path, settings: Any) -> Iterator[DeployTargetServer]:
+    server = DeployTargetServer(host="127.0.0.1", port=0, state_path=tmp_path / "deploy-target.json")
+    server.start()
+    settings.AGENTOPS_DEPLOY_TARGET_URL = server.url
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def approver(db: None) -> User:
+    user = User.objects.create_user("alice", password="alice-password")
+    user.groups.add(Group.objects.get_or_create(name="release-approvers")[0])
+    return user
+
+
+@pytest.fixture
+def requester(db: None) -> User:
+    return User.objects.create_user("rita", password="rita-password")
+
+
+@pytest.fixture
+def outsider(db: None) -> User:
+    return User.objects.create_user("oscar", password="oscar-password")
+
+
+def release_params(repo: Path, **extra: Any) -> dict[str, Any]:
+    return {"repo": str(repo), "test_command": "python3 check.py", **extra}
+
+
+def drive(workflow_id: int, *, max_rounds: int = 50) -> Workflow:
+    """Run due activities in this process, as a worker would, until nothing is runnable.
+
+    Service tests use it instead of a worker; the process tests use real workers.
+    """
+    for _ in range(max_rounds):
+        services.workflow_advance_if_runnable(workflow_id=workflow_id)
+        due = Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED)
+        ids = list(due.values_list("pk", flat=True))
+        if not ids:
+            break
+        for pk in ids:
+            services.activity_run_if_runnable(activity_id=pk, worker="in-process")
+    return Workflow.objects.get(pk=workflow_id)
+
+
+def open_approval(workflow_id: int) -> Wait:
+    return Wait.objects.get(workflow_id=workflow_id, kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN)

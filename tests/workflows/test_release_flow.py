@@ -1,0 +1,107 @@
+"""The release agent end to end in one process, with the real deploy target over HTTP."""
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import drive, git_commit, open_approval, release_params
+from workflows import services
+from workflows.errors import InvalidInput
+from workflows.models import Activity, Commitment, Event, Workflow
+
+pytestmark = pytest.mark.django_db
+
+
+def launch(repo, user=None, **extra):
+    return services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(repo, **extra),
+                                    user=user)
+
+
+def test_release_runs_to_completion_with_one_deployment(git_repo, deploy_target, approver, requester):
+    """Launch, approve, and the workflow deploys exactly once, verifies, reconciles and completes."""
+    workflow = drive(launch(git_repo, requester).pk)
+    assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
+    wait = open_approval(workflow.pk)
+    assert wait.candidate["head"] == workflow.state["evidence"]["head"]
+
+    services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash)
+    workflow = drive(workflow.pk)
+
+    assert workflow.status == "completed", workflow.reason
+    assert workflow.result["approved_by"] == "alice"
+    stats = deploy_target.store.stats()
+    assert stats["deployments"] == 1
+    assert list(stats["effects"].values()) == [{"created": 1, "deleted": 0}]
+    assert Commitment.objects.get(workflow=workflow).status == "released"
+    seqs = list(Event.objects.filter(workflow=workflow).values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_failing_tests_fail_the_workflow_before_approval(tmp_path, deploy_target, requester):
+    """A candidate whose tests fail never reaches the approval queue."""
+    from tests.conftest import make_git_repo
+
+    repo = make_git_repo(tmp_path / "red", test_script="raise SystemExit(3)\n")
+    workflow = drive(launch(repo, requester).pk)
+    assert workflow.status == "failed"
+    assert "tests failed (exit 3)" in workflow.reason
+    assert not workflow.waits.exists()
+    assert deploy_target.store.stats()["deployments"] == 0
+
+
+def test_repository_moving_during_the_wait_rebuilds_the_candidate(git_repo, deploy_target, approver, requester):
+    """REVALIDATE notices a new HEAD after approval and asks for approval of a fresh candidate."""
+    workflow = drive(launch(git_repo, requester).pk)
+    first = open_approval(workflow.pk)
+    git_commit(git_repo, "later.txt", "someone pushed\n")
+    services.wait_approve(wait_id=first.pk, user=approver, candidate_hash=first.candidate_hash)
+    workflow = drive(workflow.pk)
+
+    assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
+    second = open_approval(workflow.pk)
+    assert second.candidate_hash != first.candidate_hash
+    assert deploy_target.store.stats()["deployments"] == 0
+
+
+def test_recorded_results_are_replayed_not_recomputed(git_repo, deploy_target, requester):
+    """Advancing again re-runs handlers against recorded results: no new activity appears."""
+    workflow = drive(launch(git_repo, requester).pk)
+    before = list(Activity.objects.filter(workflow=workflow).values_list("operation_id", "attempt"))
+    for _ in range(3):
+        services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+        Workflow.objects.filter(pk=workflow.pk)  # a waiting workflow is not runnable: nothing changes
+    after = list(Activity.objects.filter(workflow=workflow).values_list("operation_id", "attempt"))
+    assert before == after
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"test_command": "true"}, "repo is required"),
+        ({"repo": "/definitely/not/here", "test_command": "true"}, "not a git repository"),
+        ({"repo": "REPO", "test_command": ""}, "test_command is required"),
+        ({"repo": "REPO", "test_command": "echo 'unterminated"}, "cannot be parsed"),
+        ({"repo": "REPO", "test_command": "true", "colour": "red"}, "Unknown parameter"),
+        ({"repo": "REPO", "test_command": "true", "approval_expiry_hours": "-1"}, "between 0 and 8760"),
+    ],
+)
+def test_bad_launch_parameters_are_refused_and_nothing_is_written(git_repo, params, message):
+    """Every malformed launch is refused with a field-level message and creates no rows."""
+    params = {k: (str(git_repo) if v == "REPO" else v) for k, v in params.items()}
+    with pytest.raises(InvalidInput, match=message):
+        services.workflow_launch(kind="release", goal="g", params=params)
+    assert not Workflow.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("goal", "message"),
+    [("", "non-empty"), ("x" * 10_001, "limit is 10000"), ("a\x00b", "NUL"), ("bad \ud800", "lone surrogates")],
+)
+def test_bad_goals_are_refused(git_repo, goal, message):
+    with pytest.raises(InvalidInput, match=message):
+        services.workflow_launch(kind="release", goal=goal, params=release_params(git_repo))
+    assert not Workflow.objects.exists()
+
+
+def test_unknown_kind_is_refused(db):
+    with pytest.raises(InvalidInput, match="Unknown workflow kind 'nope'; known kinds: release"):
+        services.workflow_launch(kind="nope", goal="g")

@@ -1,0 +1,1 @@
+"""The durable workflow plane: models, transitions, engine, services and operator interfaces."""

@@ -1,0 +1,64 @@
+"""What an activity sees while it runs: its identity, input, heartbeat and fault points."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from workflows import faults
+from workflows.errors import Permanent
+
+
+class LeaseLost(Permanent):
+    """The attempt no longer holds its lease (taken over, or the workflow is cancelling): stop now."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A successfully claimed attempt: the fencing token is (attempt, lease_token)."""
+
+    activity_id: int
+    workflow_id: int
+    operation_id: str
+    name: str
+    attempt: int
+    lease_token: str
+    input: dict[str, Any]
+    previous_attempt_lost: bool
+
+
+@dataclass
+class ActivityContext:
+    """Passed to every activity function; ``operation_id`` is the idempotency key to send out."""
+
+    claim: Claim
+    reconciled: bool = field(default=False)
+
+    @property
+    def operation_id(self) -> str:
+        return self.claim.operation_id
+
+    @property
+    def attempt(self) -> int:
+        return self.claim.attempt
+
+    @property
+    def input(self) -> dict[str, Any]:
+        return self.claim.input
+
+    @property
+    def workflow_id(self) -> int:
+        return self.claim.workflow_id
+
+    def heartbeat(self, detail: str = "") -> None:
+        """Extend the lease; raises LeaseLost when this attempt was superseded or cancelled."""
+        from workflows.services import activity_heartbeat_if_current
+
+        if not activity_heartbeat_if_current(claim=self.claim, detail=detail):
+            raise LeaseLost(
+                f"Attempt {self.attempt} of {self.operation_id} lost its lease or its workflow is cancelling; "
+                "stopping without recording a result.",
+                operation_id=self.operation_id,
+            )
+
+    def faultpoint(self, point: str) -> None:
+        faults.faultpoint(point, activity=self.claim.name, attempt=self.attempt, operation_id=self.operation_id)

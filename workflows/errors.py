@@ -1,0 +1,61 @@
+"""The exception hierarchy of agentops: refused, retryable and permanent errors."""
+from __future__ import annotations
+
+from typing import Any
+
+
+class AgentOpsError(Exception):
+    """Base of every agentops error. Carries its message and keyword attributes; pickles cleanly."""
+
+    def __init__(self, message: str, **attrs: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.attrs = attrs
+        for key, value in attrs.items():
+            setattr(self, key, value)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self.attrs))
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _rebuild(cls: type[AgentOpsError], message: str, attrs: dict[str, Any]) -> AgentOpsError:
+    return cls(message, **attrs)
+
+
+class Refused(AgentOpsError):
+    """Bad input or a stale decision: explained to the caller, nothing changed."""
+
+
+class NotFound(Refused):
+    """The named object does not exist."""
+
+
+class InvalidInput(Refused):
+    """Input failed validation (command arguments, form fields, activity or model output)."""
+
+
+class WaitRefused(Refused):
+    """A decision on a wait was refused: expired, stale candidate, superseded intent, wrong role."""
+
+
+class TransitionRefused(Refused):
+    """The workflow is not in a state that allows the requested operation."""
+
+
+class ConcurrentUpdate(Refused):
+    """The caller's expected version no longer matches the row; reload and try again."""
+
+
+class Retryable(AgentOpsError):
+    """A transient failure (timeout, connection error, 429, 5xx): the activity may try again."""
+
+
+class Permanent(AgentOpsError):
+    """A failure that retrying will not fix: recorded, and the workflow moves on."""
+
+
+class NonDeterminismError(Permanent):
+    """A node handler asked for a different step than the one recorded at the same position."""

@@ -1,0 +1,47 @@
+"""Named fault points for failure tests; inert unless AGENTOPS_TESTING_FAULTS is set.
+
+AGENTOPS_TESTING_FAULTS is a JSON list of rules such as
+``{"point": "activity.after_external_call", "when": {"activity": "deploy", "attempt": 1},
+"action": "sigkill_self"}``. Each firing is appended to AGENTOPS_FAULT_LOG first, so a
+test can prove that its fault really happened.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+from django.conf import settings
+
+
+def faultpoint(point: str, **context: Any) -> None:
+    raw = settings.AGENTOPS_TESTING_FAULTS
+    if not raw:
+        return
+    for rule in json.loads(raw):
+        if rule.get("point") != point:
+            continue
+        if any(str(context.get(key)) != str(value) for key, value in rule.get("when", {}).items()):
+            continue
+        _fire(point, rule, context)
+
+
+def _fire(point: str, rule: dict[str, Any], context: dict[str, Any]) -> None:
+    action = rule.get("action", "raise")
+    line = json.dumps({"point": point, "action": action, "pid": os.getpid(), "at": time.time(), **context})
+    with open(settings.AGENTOPS_FAULT_LOG, "a", encoding="utf-8") as log:
+        log.write(line + "\n")
+        log.flush()
+        os.fsync(log.fileno())
+    if action == "sigkill_self":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "exit":
+        os._exit(137)
+    elif action == "sleep":
+        time.sleep(float(rule.get("seconds", 1)))
+    elif action == "raise":
+        raise RuntimeError(f"fault injected at {point}")
+    else:
+        raise ValueError(f"unknown fault action {action!r} at {point}; use sigkill_self, exit, sleep or raise")

@@ -1,0 +1,244 @@
+"""`manage.py agent <verb>`: launch, inspect and steer agents; --json for scripts.
+
+Exit status: 0 on success, 2 on bad input (unknown ids, malformed arguments), 3 when the
+request was refused (stale candidate, wrong role, expired wait, workflow in the wrong state).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from rich.console import Console
+from rich.table import Table
+
+from workflows import selectors, services
+from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
+from workflows.models import Workflow
+
+EXIT_BAD_INPUT = 2
+EXIT_REFUSED = 3
+
+
+class Command(BaseCommand):
+    help = "Launch, inspect and steer agents. Run `agent <verb> --help` for each verb."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        verbs = parser.add_subparsers(dest="verb", required=True, parser_class=CommandParser)
+
+        def verb(name: str, help_text: str) -> CommandParser:
+            sub = verbs.add_parser(name, help=help_text, description=help_text)
+            sub.add_argument("--json", action="store_true", help="print JSON for scripts")
+            return sub
+
+        launch = verb("launch", "Launch an agent; prints its workflow id.")
+        launch.add_argument("kind", help="workflow kind, e.g. release")
+        launch.add_argument("--goal", required=True, help="what the agent should achieve")
+        launch.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="launch parameter")
+        launch.add_argument("--user", help="username of the requester (may not approve its own candidates)")
+        launch.add_argument("--release-policy", default=Workflow.ReleasePolicy.REVALIDATE,
+                            choices=Workflow.ReleasePolicy.values, help="what to do when the model release changes")
+
+        lst = verb("list", "List workflows, newest first.")
+        lst.add_argument("--status", choices=Workflow.Status.values, help="only this status")
+        lst.add_argument("--kind", help="only this kind")
+        lst.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+
+        show = verb("show", "Show a workflow: node, waits, activities, commitments, recent events.")
+        show.add_argument("id", type=int)
+        show.add_argument("--events", type=int, default=50, help="how many recent events (default 50)")
+
+        approve = verb("approve", "Approve an approval wait for one exact candidate.")
+        approve.add_argument("wait_id", type=int)
+        approve.add_argument("--user", required=True, help="username of the approver")
+        approve.add_argument("--candidate-hash", required=True, help="hash of the candidate you reviewed")
+        approve.add_argument("--comment", default="")
+
+        reject = verb("reject", "Reject an approval wait; the workflow fails with your comment.")
+        reject.add_argument("wait_id", type=int)
+        reject.add_argument("--user", required=True, help="username of the approver")
+        reject.add_argument("--comment", default="")
+
+        signal = verb("signal", "Deliver a named event to a workflow.")
+        signal.add_argument("id", type=int)
+        signal.add_argument("name")
+        signal.add_argument("--payload", default="null", help="JSON payload")
+        signal.add_argument("--dedupe-key", default="", help="a repeated key is delivered once")
+
+        supersede = verb("supersede", "Replace the goal with a new intent version; open waits are invalidated.")
+        supersede.add_argument("id", type=int)
+        supersede.add_argument("--goal", required=True)
+        supersede.add_argument("--user", help="username of who changed the goal")
+
+        cancel = verb("cancel", "Cancel a workflow; its commitments are compensated first.")
+        cancel.add_argument("id", type=int)
+        cancel.add_argument("--reason", default="")
+        cancel.add_argument("--user", help="username of who cancelled")
+
+        resume = verb("resume", "Resume a paused workflow (or re-ring a running one).")
+        resume.add_argument("id", type=int)
+        resume.add_argument("--user", help="username of who resumed")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.console = Console(file=self.stdout, highlight=False, soft_wrap=True)
+        try:
+            getattr(self, f"_{options['verb']}")(options)
+        except (InvalidInput, NotFound) as exc:
+            raise CommandError(str(exc), returncode=EXIT_BAD_INPUT) from exc
+        except Refused as exc:
+            raise CommandError(str(exc), returncode=EXIT_REFUSED) from exc
+        except AgentOpsError as exc:
+            raise CommandError(str(exc), returncode=1) from exc
+
+    def _emit(self, options: dict[str, Any], data: Any, text: str) -> None:
+        if options["json"]:
+            self.stdout.write(json.dumps(data, indent=2, default=str))
+        else:
+            self.console.print(text)
+
+    def _launch(self, options: dict[str, Any]) -> None:
+        params = parse_params(options["param"])
+        workflow = services.workflow_launch(
+            kind=options["kind"], goal=options["goal"], params=params, user=user_or_none(options["user"]),
+            release_policy=options["release_policy"],
+        )
+        self._emit(options, {"id": workflow.pk, "kind": workflow.kind, "status": workflow.status},
+                   f"Launched {workflow.kind} workflow {workflow.pk} on {workflow.release}.\n"
+                   f"Follow it with: manage.py agent show {workflow.pk}")
+
+    def _list(self, options: dict[str, Any]) -> None:
+        if options["limit"] < 1:
+            raise InvalidInput("--limit must be at least 1.")
+        workflows = selectors.workflow_list(status=options["status"] or "", kind=options["kind"] or "")
+        rows = [selectors.workflow_summary(w) for w in workflows.select_related("release")[: options["limit"]]]
+        if options["json"]:
+            self._emit(options, rows, "")
+            return
+        table = Table("id", "kind", "status", "node", "intent", "goal", "updated")
+        for row in rows:
+            table.add_row(str(row["id"]), row["kind"], row["status"], row["current_node"],
+                          f"v{row['intent_version']}", row["goal"][:50], row["updated_at"][:19])
+        self.console.print(table if rows else "No workflows yet. Launch one with `manage.py agent launch`.")
+
+    def _show(self, options: dict[str, Any]) -> None:
+        detail = selectors.workflow_detail(workflow_by_id(options["id"]), events=options["events"])
+        if options["json"]:
+            self._emit(options, detail, "")
+            return
+        self.console.print(render_detail(detail))
+
+    def _approve(self, options: dict[str, Any]) -> None:
+        result = services.wait_approve(
+            wait_id=options["wait_id"], user=user_by_name(options["user"]),
+            candidate_hash=options["candidate_hash"], comment=options["comment"],
+        )
+        self._decision(options, result)
+
+    def _reject(self, options: dict[str, Any]) -> None:
+        result = services.wait_reject(
+            wait_id=options["wait_id"], user=user_by_name(options["user"]), comment=options["comment"]
+        )
+        self._decision(options, result)
+
+    def _decision(self, options: dict[str, Any], result: services.DecisionResult) -> None:
+        self._emit(options, {"wait_id": result.wait_id, "workflow_id": result.workflow_id,
+                             "outcome": result.outcome.value, "message": result.message}, result.message)
+
+    def _signal(self, options: dict[str, Any]) -> None:
+        try:
+            payload = json.loads(options["payload"])
+        except json.JSONDecodeError as exc:
+            raise InvalidInput(f"--payload is not valid JSON: {exc.msg} at position {exc.pos}.") from None
+        outcome = services.workflow_signal(
+            workflow_id=options["id"], name=options["name"], payload=payload, dedupe_key=options["dedupe_key"]
+        )
+        text = "Signal delivered." if outcome == services.Outcome.APPLIED else "Already delivered; nothing changed."
+        self._emit(options, {"id": options["id"], "outcome": outcome.value}, text)
+
+    def _supersede(self, options: dict[str, Any]) -> None:
+        intent = services.workflow_supersede(
+            workflow_id=options["id"], goal=options["goal"], user=user_or_none(options["user"])
+        )
+        self._emit(options, {"id": options["id"], "intent_version": intent.version},
+                   f"Workflow {options['id']} now pursues intent v{intent.version}; it revalidates before going on.")
+
+    def _cancel(self, options: dict[str, Any]) -> None:
+        outcome = services.workflow_cancel(
+            workflow_id=options["id"], reason=options["reason"], user=user_or_none(options["user"])
+        )
+        status = Workflow.objects.values_list("status", flat=True).get(pk=options["id"])
+        text = {services.Outcome.ALREADY_APPLIED: f"Workflow {options['id']} was already {status}; nothing changed."}
+        self._emit(options, {"id": options["id"], "outcome": outcome.value, "status": status},
+                   text.get(outcome, f"Workflow {options['id']} is {status}; commitments are compensated first."))
+
+    def _resume(self, options: dict[str, Any]) -> None:
+        outcome = services.workflow_resume(workflow_id=options["id"], user=user_or_none(options["user"]))
+        text = ("Workflow resumed." if outcome == services.Outcome.APPLIED
+                else "Workflow was already running; its doorbell was rung again.")
+        self._emit(options, {"id": options["id"], "outcome": outcome.value}, text)
+
+
+def parse_params(pairs: list[str]) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise InvalidInput(f"--param {pair!r} is not KEY=VALUE.")
+        if key.strip() in params:
+            raise InvalidInput(f"--param {key.strip()} is given twice.")
+        params[key.strip()] = value
+    return params
+
+
+def user_by_name(username: str) -> Any:
+    user_model = get_user_model()
+    try:
+        return user_model.objects.get(username=username)
+    except user_model.DoesNotExist:
+        raise NotFound(f"No user named {username!r}; create one with `manage.py createsuperuser` "
+                       "or in the admin.") from None
+
+
+def user_or_none(username: str | None) -> Any:
+    return user_by_name(username) if username else None
+
+
+def workflow_by_id(workflow_id: int) -> Workflow:
+    try:
+        return Workflow.objects.select_related("release").get(pk=workflow_id)
+    except Workflow.DoesNotExist:
+        raise NotFound(f"Workflow {workflow_id} does not exist; `manage.py agent list` shows the existing ones.") \
+            from None
+
+
+def render_detail(detail: dict[str, Any]) -> Any:
+    from rich.console import Group
+
+    head = (f"[bold]Workflow {detail['id']}[/] {detail['kind']} — [bold]{detail['status']}[/] at "
+            f"{detail['current_node']} (intent v{detail['intent_version']})\nGoal: {detail['goal']}\n"
+            f"Release: {detail['release']['provider']} {detail['release']['model']} "
+            f"prompt {detail['release']['prompt_version']}")
+    if detail["reason"]:
+        head += f"\nReason: {detail['reason']}"
+    parts: list[Any] = [head]
+    if detail["waits"]:
+        waits = Table("wait", "kind", "status", "role", "candidate hash", "expires", title="Waits")
+        for w in detail["waits"]:
+            waits.add_row(str(w["id"]), w["kind"], w["status"], w["required_role"], w["candidate_hash"],
+                          (w["expires_at"] or "")[:19])
+        parts.append(waits)
+    activities = Table("operation", "activity", "status", "attempts", "error", title="Activities")
+    for a in detail["activities"]:
+        activities.add_row(a["operation_id"], a["name"], a["status"], str(a["attempts"]), a["error"][:60])
+    parts.append(activities)
+    if detail["commitments"]:
+        commitments = Table("commitment", "kind", "status", "operation", title="Commitments")
+        for c in detail["commitments"]:
+            commitments.add_row(str(c["id"]), c["kind"], c["status"], c["operation_id"])
+        parts.append(commitments)
+    events = Table("#", "at", "event", "details", title="Recent events")
+    for e in detail["events"]:
+        events.add_row(str(e["seq"]), e["at"][11:19], e["kind"], json.dumps(e["data"], default=str)[:80])
+    parts.append(events)
+    return Group(*parts)

@@ -1,0 +1,99 @@
+"""Reads for the engine, the admin and the commands; no writes."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+
+from workflows import engine
+from workflows.models import Activity, Event, Intent, Wait, Workflow
+
+
+def current_goal(workflow: Workflow) -> str:
+    return Intent.objects.values_list("goal", flat=True).get(workflow=workflow, version=workflow.intent_version)
+
+
+def snapshot(workflow: Workflow, goal: str) -> engine.WorkflowSnapshot:
+    return engine.WorkflowSnapshot(
+        workflow_id=workflow.pk, kind=workflow.kind, node=workflow.current_node, node_visit=workflow.node_visit,
+        intent_version=workflow.intent_version, goal=goal, params=dict(workflow.params), state=dict(workflow.state),
+        release_fingerprint=workflow.release.fingerprint, definition_version=workflow.definition_version,
+    )
+
+
+def recorded_steps(
+    workflow: Workflow,
+) -> tuple[dict[str, engine.RecordedActivity], dict[str, engine.RecordedWait]]:
+    """Steps recorded for the workflow's current node visit, by operation id."""
+    activities = {
+        a.operation_id: engine.RecordedActivity(name=a.name, status=a.status, result=a.result, error=a.error)
+        for a in Activity.objects.filter(workflow=workflow, node_visit=workflow.node_visit).only(
+            "operation_id", "name", "status", "result", "error"
+        )
+    }
+    waits = {
+        w.operation_id: engine.RecordedWait(
+            kind=w.kind, status=w.status, decision=w.decision,
+            decided_by=w.decided_by.username if w.decided_by else "", comment=w.comment, payload=w.payload,
+        )
+        for w in Wait.objects.filter(workflow=workflow, node_visit=workflow.node_visit).select_related("decided_by")
+    }
+    return activities, waits
+
+
+def workflow_list(*, status: str = "", kind: str = "") -> QuerySet[Workflow]:
+    qs = Workflow.objects.order_by("-pk")
+    if status:
+        qs = qs.filter(status=status)
+    if kind:
+        qs = qs.filter(kind=kind)
+    return qs
+
+
+def workflow_summary(workflow: Workflow) -> dict[str, Any]:
+    """The stable JSON shape of one workflow without nested lists (``agent list --json``)."""
+    return {
+        "id": workflow.pk,
+        "kind": workflow.kind,
+        "status": workflow.status,
+        "current_node": workflow.current_node,
+        "intent_version": workflow.intent_version,
+        "goal": current_goal(workflow),
+        "release": {"provider": workflow.release.provider, "model": workflow.release.model,
+                    "prompt_version": workflow.release.prompt_version},
+        "reason": workflow.reason,
+        "created_at": workflow.created_at.isoformat(),
+        "updated_at": workflow.updated_at.isoformat(),
+    }
+
+
+def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
+    """The stable JSON shape of ``agent show --json``."""
+    detail = workflow_summary(workflow)
+    detail["params"] = workflow.params
+    detail["result"] = workflow.result
+    detail["waits"] = [
+        {
+            "id": w.pk, "kind": w.kind, "status": w.status, "node": w.node, "candidate_hash": w.candidate_hash,
+            "required_role": w.required_role, "intent_version": w.intent_version,
+            "expires_at": w.expires_at.isoformat() if w.expires_at else None,
+            "decision": w.decision, "decided_by": w.decided_by.username if w.decided_by else None,
+        }
+        for w in workflow.waits.select_related("decided_by").order_by("pk")
+    ]
+    detail["activities"] = [
+        {
+            "operation_id": a.operation_id, "name": a.name, "node": a.node, "status": a.status,
+            "attempts": a.attempt, "error": a.error,
+        }
+        for a in workflow.activities.order_by("pk")
+    ]
+    detail["commitments"] = [
+        {"id": c.pk, "kind": c.kind, "status": c.status, "operation_id": c.activity.operation_id}
+        for c in workflow.commitments.select_related("activity").order_by("pk")
+    ]
+    recent = Event.objects.filter(workflow=workflow).order_by("-seq")[:events]
+    detail["events"] = [
+        {"seq": e.seq, "kind": e.kind, "at": e.created_at.isoformat(), "data": e.data} for e in reversed(recent)
+    ]
+    return detail

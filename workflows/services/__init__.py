@@ -1,0 +1,52 @@
+"""Every write to durable state: lock, check, transition, save, record the event, ring the doorbell."""
+from workflows.services.activities import (
+    RunOutcome,
+    activity_claim_if_runnable,
+    activity_failure_record_if_current,
+    activity_heartbeat_if_current,
+    activity_lease_expire_if_due,
+    activity_result_record_if_current,
+    activity_run_if_runnable,
+)
+from workflows.services.sweeps import (
+    activities_redrive_due,
+    leases_reap_expired,
+    timers_fire_due,
+    workflows_redrive_idle,
+)
+from workflows.services.waits import Decision, DecisionResult, timer_fire_if_due, wait_approve, wait_reject
+from workflows.services.workflows import (
+    Outcome,
+    workflow_advance_if_runnable,
+    workflow_cancel,
+    workflow_launch,
+    workflow_resume,
+    workflow_signal,
+    workflow_supersede,
+)
+
+__all__ = [
+    "Decision",
+    "DecisionResult",
+    "Outcome",
+    "RunOutcome",
+    "activities_redrive_due",
+    "activity_claim_if_runnable",
+    "activity_failure_record_if_current",
+    "activity_heartbeat_if_current",
+    "activity_lease_expire_if_due",
+    "activity_result_record_if_current",
+    "activity_run_if_runnable",
+    "leases_reap_expired",
+    "timer_fire_if_due",
+    "timers_fire_due",
+    "wait_approve",
+    "wait_reject",
+    "workflow_advance_if_runnable",
+    "workflow_cancel",
+    "workflow_launch",
+    "workflow_resume",
+    "workflow_signal",
+    "workflow_supersede",
+    "workflows_redrive_idle",
+]

@@ -1,0 +1,235 @@
+"""Running activity attempts: claim under a lease, execute, record the result exactly once."""
+from __future__ import annotations
+
+import enum
+import logging
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from workflows import clock, doorbells, registry
+from workflows.activity_context import ActivityContext, Claim
+from workflows.errors import Permanent, Refused, Retryable
+from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
+from workflows.services.common import event_record, json_checked, workflow_lock
+from workflows.services.workflows import advance_locked
+
+logger = logging.getLogger("agentops.activities")
+
+
+class RunOutcome(str, enum.Enum):
+    RECORDED = "recorded"
+    RETRY_SCHEDULED = "retry_scheduled"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    STALE = "stale"
+
+
+def activity_run_if_runnable(*, activity_id: int, worker: str = "", task_id: str = "") -> RunOutcome:
+    """Claim the next attempt, run it, record its outcome.
+
+    Idempotent: the claim is a conditional UPDATE on (status=scheduled, attempt), so a
+    duplicate doorbell finds nothing to claim; the write-back is fenced by
+    (attempt, lease_token), so an attempt whose lease was taken over records nothing.
+    """
+    claim = activity_claim_if_runnable(activity_id=activity_id, worker=worker, task_id=task_id)
+    if claim is None:
+        return RunOutcome.SKIPPED
+    spec = registry.activity_type(claim.name)
+    ctx = ActivityContext(claim=claim)
+    ctx.faultpoint("activity.after_claim")
+    try:
+        result = _execute(spec, ctx)
+    except Exception as exc:
+        logger.info("activity.attempt.failed", extra={"operation_id": claim.operation_id, "attempt": claim.attempt})
+        return activity_failure_record_if_current(claim=claim, error=exc)
+    ctx.faultpoint("activity.before_writeback")
+    return activity_result_record_if_current(claim=claim, result=result, reconciled=ctx.reconciled)
+
+
+def _execute(spec: registry.ActivityType, ctx: ActivityContext) -> Any:
+    if ctx.claim.previous_attempt_lost and spec.reconcile is not None:
+        found = spec.reconcile(ctx)
+        if found is not None:
+            ctx.reconciled = True
+            return found
+    return spec.fn(ctx)
+
+
+def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -> Claim | None:
+    """Start attempt n+1 if the activity is scheduled and due; None otherwise (recorded as ignored)."""
+    row = Activity.objects.filter(pk=activity_id).values("workflow_id", "status", "attempt", "next_attempt_at").first()
+    if row is None:
+        logger.warning("activity.doorbell.unknown", extra={"activity_id": activity_id})
+        return None
+    now = clock.now()
+    with transaction.atomic():
+        workflow = workflow_lock(row["workflow_id"])
+        activity = Activity.objects.get(pk=activity_id)
+        spec = registry.activity_type(activity.name)
+        token = uuid.uuid4().hex
+        lease = spec.lease_seconds or settings.AGENTOPS_LEASE_SECONDS
+        claimed = Activity.objects.filter(
+            pk=activity_id, status=Activity.Status.SCHEDULED, attempt=activity.attempt, next_attempt_at__lte=now
+        ).update(
+            status=Activity.Status.RUNNING, attempt=activity.attempt + 1, lease_token=token,
+            lease_expires_at=now + timedelta(seconds=lease), heartbeat_at=now,
+        )
+        if not claimed:
+            event_record(workflow=workflow, kind="activity.doorbell_ignored", at=now,
+                         operation_id=activity.operation_id, status=activity.status, worker=worker)
+            return None
+        number = activity.attempt + 1
+        ActivityAttempt.objects.create(
+            activity=activity, number=number, lease_token=token, worker=worker, task_id=task_id, started_at=now
+        )
+        previous_lost = activity.attempts.filter(number=number - 1, status=ActivityAttempt.Status.LOST).exists()
+        event_record(workflow=workflow, kind="activity.started", at=now, operation_id=activity.operation_id,
+                     attempt=number, worker=worker)
+    return Claim(
+        activity_id=activity.pk, workflow_id=workflow.pk, operation_id=activity.operation_id, name=activity.name,
+        attempt=number, lease_token=token, input=activity.input, previous_attempt_lost=previous_lost,
+    )
+
+
+def _fenced(claim: Claim) -> Any:
+    """The activity row, only while this claim still holds the lease."""
+    return Activity.objects.filter(
+        pk=claim.activity_id, status=Activity.Status.RUNNING, attempt=claim.attempt, lease_token=claim.lease_token
+    )
+
+
+def _attempt_finish(claim: Claim, status: str, error: str = "") -> None:
+    ActivityAttempt.objects.filter(activity_id=claim.activity_id, number=claim.attempt).update(
+        status=status, error=error[:2000], finished_at=clock.now()
+    )
+
+
+def _refuse_stale(workflow: Workflow, claim: Claim) -> RunOutcome:
+    _attempt_finish(claim, ActivityAttempt.Status.STALE, "lease was taken over before the result was recorded")
+    event_record(workflow=workflow, kind="activity.stale_result_discarded", at=clock.now(),
+                 operation_id=claim.operation_id, attempt=claim.attempt)
+    logger.warning("activity.stale_writer_rejected", extra={"operation_id": claim.operation_id})
+    return RunOutcome.STALE
+
+
+@transaction.atomic
+def activity_result_record_if_current(*, claim: Claim, result: Any, reconciled: bool = False) -> RunOutcome:
+    """Record the result once and advance the workflow in the same transaction.
+
+    Idempotent: conditional UPDATE on (status=running, attempt, lease_token); a second
+    write, or a write by a superseded attempt, updates no row and is recorded as stale.
+    """
+    workflow = workflow_lock(claim.workflow_id)
+    now = clock.now()
+    try:
+        result = json_checked(result, what=f"The result of activity {claim.name}")
+    except Refused as exc:
+        return _record_failure_locked(workflow, claim, exc, retryable=False)
+    if not _fenced(claim).update(status=Activity.Status.SUCCEEDED, result=result, error="", completed_at=now,
+                                 lease_expires_at=None):
+        return _refuse_stale(workflow, claim)
+    _attempt_finish(claim, ActivityAttempt.Status.SUCCEEDED)
+    spec = registry.activity_type(claim.name)
+    if spec.commitment:
+        Commitment.objects.get_or_create(
+            activity_id=claim.activity_id,
+            defaults={"workflow": workflow, "kind": spec.commitment, "compensation": spec.compensation,
+                      "data": result if isinstance(result, dict) else {"result": result}, "created_at": now},
+        )
+    event_record(workflow=workflow, kind="activity.succeeded", at=now, operation_id=claim.operation_id,
+                 attempt=claim.attempt, reconciled=reconciled)
+    advance_locked(workflow)
+    return RunOutcome.RECORDED
+
+
+@transaction.atomic
+def activity_failure_record_if_current(*, claim: Claim, error: BaseException) -> RunOutcome:
+    """Open a retry window or fail the activity, by its retry policy; fenced like a result."""
+    workflow = workflow_lock(claim.workflow_id)
+    spec = registry.activity_type(claim.name)
+    retryable = not isinstance(error, (Permanent, Refused, *spec.retry.non_retryable))
+    return _record_failure_locked(workflow, claim, error, retryable=retryable)
+
+
+def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseException, *, retryable: bool) -> RunOutcome:
+    now = clock.now()
+    spec = registry.activity_type(claim.name)
+    message = f"{type(error).__name__}: {error}"
+    activity = Activity.objects.get(pk=claim.activity_id)
+    if workflow.status == Workflow.Status.CANCELLING:
+        updated = _fenced(claim).update(status=Activity.Status.CANCELLED, error=message, completed_at=now)
+        outcome = RunOutcome.FAILED
+    elif retryable and claim.attempt < activity.max_attempts:
+        delay = getattr(error, "retry_after_seconds", None) or spec.retry.delay_after(claim.attempt)
+        updated = _fenced(claim).update(
+            status=Activity.Status.SCHEDULED, error=message, next_attempt_at=now + timedelta(seconds=delay),
+            dispatched_at=None, lease_expires_at=None,
+        )
+        outcome = RunOutcome.RETRY_SCHEDULED
+    else:
+        updated = _fenced(claim).update(status=Activity.Status.FAILED, error=message, completed_at=now,
+                                        lease_expires_at=None)
+        outcome = RunOutcome.FAILED
+    if not updated:
+        return _refuse_stale(workflow, claim)
+    _attempt_finish(claim, ActivityAttempt.Status.FAILED, message)
+    event_record(workflow=workflow, kind=f"activity.{outcome.value}", at=now, operation_id=claim.operation_id,
+                 attempt=claim.attempt, error=message[:500])
+    if outcome == RunOutcome.FAILED:
+        advance_locked(workflow)
+    return outcome
+
+
+def activity_heartbeat_if_current(*, claim: Claim, detail: str = "") -> bool:
+    """Extend the lease of a running attempt. False when the attempt is fenced off or cancelled.
+
+    Idempotent: conditional UPDATE on (status=running, attempt, lease_token).
+    """
+    now = clock.now()
+    spec = registry.activity_type(claim.name)
+    lease = spec.lease_seconds or settings.AGENTOPS_LEASE_SECONDS
+    if Workflow.objects.filter(pk=claim.workflow_id, status=Workflow.Status.CANCELLING).exists():
+        return False
+    return bool(_fenced(claim).update(heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease)))
+
+
+def activity_lease_expire_if_due(*, activity_id: int) -> bool:
+    """Mark a running attempt whose lease ran out as lost; schedule the next attempt or fail.
+
+    Idempotent: conditional UPDATE on (status=running, attempt, lease_token, lease expired).
+    """
+    now = clock.now()
+    row = Activity.objects.filter(pk=activity_id).values("workflow_id").first()
+    if row is None:
+        return False
+    with transaction.atomic():
+        workflow = workflow_lock(row["workflow_id"])
+        activity = Activity.objects.get(pk=activity_id)
+        fenced = Activity.objects.filter(
+            pk=activity_id, status=Activity.Status.RUNNING, attempt=activity.attempt,
+            lease_token=activity.lease_token, lease_expires_at__lt=now,
+        )
+        error = f"attempt {activity.attempt} lost: lease expired at {activity.lease_expires_at:%H:%M:%S}"
+        if workflow.status == Workflow.Status.CANCELLING:
+            status = Activity.Status.CANCELLED
+        elif activity.attempt < activity.max_attempts:
+            status = Activity.Status.SCHEDULED
+        else:
+            status = Activity.Status.FAILED
+        if not fenced.update(status=status, error=error, next_attempt_at=now, dispatched_at=now,
+                             lease_expires_at=None):
+            return False
+        activity.attempts.filter(number=activity.attempt).update(
+            status=ActivityAttempt.Status.LOST, error=error, finished_at=now
+        )
+        event_record(workflow=workflow, kind="activity.lease_expired", at=now, operation_id=activity.operation_id,
+                     attempt=activity.attempt, next=status)
+        if status == Activity.Status.SCHEDULED:
+            doorbells.activity_run(activity_id=activity_id)
+        else:
+            advance_locked(workflow)
+    return True

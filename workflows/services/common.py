@@ -1,0 +1,93 @@
+"""Shared pieces of the services: row locks, versioned saves, the event history, releases."""
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from agentops import providers
+from workflows.errors import InvalidInput, NotFound
+from workflows.models import BehavioralRelease, Event, Workflow
+
+MAX_JSON_BYTES = 1_000_000
+
+
+def workflow_lock(workflow_id: int) -> Workflow:
+    """Lock the workflow row for the rest of the transaction (every writer locks it first)."""
+    try:
+        return Workflow.objects.select_for_update(of=("self",)).select_related("release").get(pk=workflow_id)
+    except Workflow.DoesNotExist:
+        raise NotFound(
+            f"Workflow {workflow_id} does not exist; `manage.py agent list` shows the existing ones.",
+            workflow_id=workflow_id,
+        ) from None
+
+
+def workflow_save(workflow: Workflow, *fields: str, at: datetime) -> None:
+    """Save named fields and bump ``version`` (optimistic concurrency for readers that compare it)."""
+    workflow.version += 1
+    workflow.updated_at = at
+    workflow.save(update_fields=[*fields, "version", "updated_at"])
+
+
+def event_record(*, workflow: Workflow, kind: str, at: datetime, **data: Any) -> Event:
+    """Append to the workflow's history.
+
+    The caller holds the workflow's row lock, which keeps the per-workflow sequence
+    contiguous; the unique constraint ``uniq_event_seq`` catches a caller that does not.
+    """
+    workflow.event_seq += 1
+    Workflow.objects.filter(pk=workflow.pk).update(event_seq=workflow.event_seq)
+    return Event.objects.create(workflow_id=workflow.pk, seq=workflow.event_seq, kind=kind, data=data, created_at=at)
+
+
+def release_current(*, at: datetime) -> BehavioralRelease:
+    """The behavioral release new work runs on (provider, model, prompt and tool versions).
+
+    Idempotent: get-or-create on the unique ``fingerprint``.
+    """
+    spec = providers.current_release_spec()
+    fingerprint = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    release, _ = BehavioralRelease.objects.get_or_create(
+        fingerprint=fingerprint,
+        defaults={
+            "provider": spec["provider"], "model": spec["model"], "prompt_version": spec["prompt_version"],
+            "tool_versions": spec["tool_versions"], "created_at": at,
+        },
+    )
+    return release
+
+
+def json_checked(value: Any, *, what: str) -> Any:
+    """Return ``value`` if it is JSON-serializable, free of NUL characters and under 1 MB."""
+    try:
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{what} is not JSON-serializable: {exc}.") from None
+    if len(encoded) > MAX_JSON_BYTES:
+        raise InvalidInput(f"{what} is {len(encoded)} bytes of JSON; the limit is {MAX_JSON_BYTES}.")
+    if "\\u0000" in encoded:
+        raise InvalidInput(f"{what} contains a NUL character, which PostgreSQL cannot store.")
+    return value
+
+
+def text_checked(value: str, *, what: str, max_length: int) -> str:
+    """Validate free text from people: non-empty, bounded, no NUL or lone surrogates."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(f"{what} must be non-empty text.")
+    if len(value) > max_length:
+        raise InvalidInput(f"{what} is {len(value)} characters long; the limit is {max_length}.")
+    if "\x00" in value:
+        raise InvalidInput(f"{what} contains a NUL character.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{what} contains characters that are not valid Unicode (lone surrogates).") from None
+    return value.strip()
+
+
+def in_transaction() -> bool:
+    return transaction.get_connection().in_atomic_block

@@ -1,0 +1,71 @@
+"""Beat sweeps: each finds due rows through a partial index and handles each row idempotently.
+
+Every sweep is safe to run at any moment, any number of times, from any number of beat
+processes: each row is claimed by a conditional UPDATE, so a second runner claims nothing.
+"""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Q
+
+from workflows import clock, doorbells
+from workflows.models import Activity, Timer, Workflow
+from workflows.services.activities import activity_lease_expire_if_due
+from workflows.services.waits import timer_fire_if_due
+
+logger = logging.getLogger("agentops.sweeps")
+
+
+def _batch() -> int:
+    return settings.AGENTOPS_SWEEP_BATCH_SIZE
+
+
+def timers_fire_due() -> int:
+    """Fire timers whose ``fire_at`` has passed (index ``timer_pending_fire_idx``)."""
+    ids = Timer.objects.filter(status=Timer.Status.PENDING, fire_at__lte=clock.now()).order_by("fire_at")
+    return sum(timer_fire_if_due(timer_id=pk) for pk in ids.values_list("pk", flat=True)[: _batch()])
+
+
+def activities_redrive_due() -> int:
+    """Ring activities that are due but whose doorbell is missing: retry windows that opened,
+    and messages lost to a crash after commit or a broker outage (index ``act_scheduled_due_idx``)."""
+    now = clock.now()
+    cutoff = now - timedelta(seconds=settings.AGENTOPS_REDISPATCH_AFTER_SECONDS)
+    due = Activity.objects.filter(status=Activity.Status.SCHEDULED, next_attempt_at__lte=now).filter(
+        Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=cutoff)
+    )
+    rung = 0
+    for pk, dispatched_at in due.values_list("pk", "dispatched_at")[: _batch()]:
+        claim = Activity.objects.filter(pk=pk, status=Activity.Status.SCHEDULED)
+        claim = claim.filter(dispatched_at__isnull=True) if dispatched_at is None else claim.filter(
+            dispatched_at=dispatched_at)
+        if claim.update(dispatched_at=now):
+            doorbells.activity_run(activity_id=pk)
+            rung += 1
+    return rung
+
+
+def leases_reap_expired() -> int:
+    """Mark attempts whose lease ran out as lost and re-drive them (index ``act_running_lease_idx``)."""
+    ids = Activity.objects.filter(status=Activity.Status.RUNNING, lease_expires_at__lt=clock.now())
+    return sum(activity_lease_expire_if_due(activity_id=pk) for pk in ids.values_list("pk", flat=True)[: _batch()])
+
+
+def workflows_redrive_idle() -> int:
+    """Ring running or cancelling workflows that have no live activity and were idle too long:
+    their advance doorbell was lost (index ``wf_running_updated_idx``)."""
+    now = clock.now()
+    cutoff = now - timedelta(seconds=settings.AGENTOPS_REDISPATCH_AFTER_SECONDS)
+    live = Activity.objects.filter(status__in=[Activity.Status.SCHEDULED, Activity.Status.RUNNING])
+    idle = Workflow.objects.filter(
+        status__in=[Workflow.Status.RUNNING, Workflow.Status.CANCELLING], updated_at__lt=cutoff
+    ).exclude(pk__in=live.values("workflow_id"))
+    rung = 0
+    for pk, updated_at in idle.values_list("pk", "updated_at")[: _batch()]:
+        if Workflow.objects.filter(pk=pk, updated_at=updated_at).update(updated_at=now):
+            doorbells.workflow_advance(workflow_id=pk)
+            rung += 1
+    return rung

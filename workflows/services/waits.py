@@ -1,0 +1,161 @@
+"""Decisions on waits (approve, reject) and firing durable timers."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from workflows import clock
+from workflows.errors import NotFound, WaitRefused
+from workflows.models import Timer, Wait, Workflow
+from workflows.services.common import event_record, text_checked, workflow_lock
+from workflows.services.workflows import wake_locked
+
+MAX_COMMENT_CHARS = 5_000
+
+
+class Decision(str, enum.Enum):
+    APPLIED = "applied"
+    ALREADY_APPLIED = "already_applied"
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    outcome: Decision
+    message: str
+    wait_id: int
+    workflow_id: int
+
+
+def wait_approve(*, wait_id: int, user: Any, candidate_hash: str, comment: str = "") -> DecisionResult:
+    """Approve an open approval wait for one exact candidate.
+
+    Idempotent: repeating the same approval returns ALREADY_APPLIED (status checked under the
+    workflow's row lock) and changes nothing. Raises WaitRefused when the wait is expired,
+    decided otherwise, invalidated, bound to another candidate or intent version, or the
+    user lacks the role or launched the workflow.
+    """
+    return _decide(wait_id=wait_id, user=user, decision=Wait.Decision.APPROVED, candidate_hash=candidate_hash,
+                   comment=comment)
+
+
+def wait_reject(*, wait_id: int, user: Any, comment: str = "") -> DecisionResult:
+    """Reject an open approval wait; the workflow fails with the reason. Idempotent like approval."""
+    return _decide(wait_id=wait_id, user=user, decision=Wait.Decision.REJECTED, candidate_hash="", comment=comment)
+
+
+def _decide(*, wait_id: int, user: Any, decision: str, candidate_hash: str, comment: str) -> DecisionResult:
+    comment = text_checked(comment, what="The comment", max_length=MAX_COMMENT_CHARS) if comment.strip() else ""
+    workflow_id = Wait.objects.filter(pk=wait_id).values_list("workflow_id", flat=True).first()
+    if workflow_id is None:
+        raise NotFound(f"Wait {wait_id} does not exist; `manage.py agent show ID` lists a workflow's waits.",
+                       wait_id=wait_id)
+    with transaction.atomic():
+        workflow = workflow_lock(workflow_id)
+        wait = Wait.objects.select_for_update(of=("self",)).select_related("decided_by").get(pk=wait_id)
+        if wait.is_decided(decision, candidate_hash):
+            return DecisionResult(
+                Decision.ALREADY_APPLIED,
+                f"Wait {wait.pk} was already {decision} by {wait.decided_by} at {wait.decided_at:%Y-%m-%d %H:%M:%S}; "
+                "nothing changed.",
+                wait.pk, workflow.pk,
+            )
+        now = clock.now()
+        _check_decidable(wait=wait, workflow=workflow, user=user, decision=decision, candidate_hash=candidate_hash,
+                         now=now)
+        wait.decide(decision=decision, by=user, at=now, comment=comment)
+        wait.version += 1
+        wait.save(update_fields=["status", "decision", "decided_by", "decided_at", "comment", "version"])
+        event_record(workflow=workflow, kind=f"wait.{decision}", at=now, wait_id=wait.pk, by=user.username,
+                     candidate_hash=wait.candidate_hash, comment=comment)
+        wake_locked(workflow, now=now, cause=f"wait {wait.pk} {decision} by {user.username}")
+    return DecisionResult(Decision.APPLIED, f"Wait {wait.pk} {decision} by {user.username}.", wait.pk, workflow.pk)
+
+
+def _check_decidable(
+    *, wait: Wait, workflow: Workflow, user: Any, decision: str, candidate_hash: str, now: datetime
+) -> None:
+    refuse = _refusal(wait=wait, workflow=workflow, user=user, decision=decision, candidate_hash=candidate_hash,
+                      now=now)
+    if refuse:
+        raise WaitRefused(refuse, wait_id=wait.pk, workflow_id=workflow.pk)
+
+
+def _refusal(
+    *, wait: Wait, workflow: Workflow, user: Any, decision: str, candidate_hash: str, now: datetime
+) -> str:
+    if wait.kind != Wait.Kind.APPROVAL:
+        return f"Wait {wait.pk} is a {wait.kind} wait, not an approval; use `agent signal` for events."
+    if wait.status == Wait.Status.SATISFIED:
+        return (f"Wait {wait.pk} was already {wait.decision} by {wait.decided_by} at "
+                f"{wait.decided_at:%Y-%m-%d %H:%M:%S}; a decision cannot be changed.")
+    if wait.status == Wait.Status.INVALIDATED:
+        return (f"Wait {wait.pk} was invalidated at {wait.decided_at:%Y-%m-%d %H:%M:%S} because the goal changed "
+                f"(intent v{wait.intent_version} → v{workflow.intent_version}); decide on the new candidate instead.")
+    if wait.status != Wait.Status.OPEN:
+        return f"Wait {wait.pk} is {wait.status}; it can no longer be decided."
+    if wait.expires_at is not None and wait.expires_at <= now:
+        return f"Wait {wait.pk} expired at {wait.expires_at:%Y-%m-%d %H:%M:%S}; it can no longer be decided."
+    if wait.intent_version != workflow.intent_version:
+        return (f"Wait {wait.pk} is bound to intent v{wait.intent_version}, but workflow {workflow.pk} is at "
+                f"v{workflow.intent_version}; decide on the new candidate instead.")
+    if decision == Wait.Decision.APPROVED and candidate_hash != wait.candidate_hash:
+        return (f"Wait {wait.pk} is bound to candidate {wait.candidate_hash[:12]}…, not {candidate_hash[:12] or '(none)'}…; "
+                "reopen the approval queue or `agent show` to decide on the current candidate.")
+    if workflow.launched_by_id is not None and workflow.launched_by_id == user.pk and not settings.AGENTOPS_ALLOW_SELF_APPROVAL:
+        return (f"User {user.username} launched workflow {workflow.pk} and may not decide its approvals "
+                "(AGENTOPS_ALLOW_SELF_APPROVAL is off); ask another approver.")
+    if not (user.is_superuser or user.groups.filter(name=wait.required_role).exists()):
+        return (f"User {user.username} is not in group {wait.required_role!r}, which wait {wait.pk} requires; "
+                "ask an administrator to add them, or have a member of that group decide.")
+    return ""
+
+
+def timer_fire_if_due(*, timer_id: int) -> bool:
+    """Fire one due timer: satisfy or expire its wait and wake the workflow.
+
+    Idempotent: conditional UPDATE pending → fired; a second beat (or a second call) finds
+    nothing to claim. A timer whose wait, intent or workflow moved on is recorded as ignored.
+    """
+    workflow_id = Timer.objects.filter(pk=timer_id).values_list("workflow_id", flat=True).first()
+    if workflow_id is None:
+        return False
+    with transaction.atomic():
+        workflow = workflow_lock(workflow_id)
+        now = clock.now()
+        if not Timer.objects.filter(pk=timer_id, status=Timer.Status.PENDING, fire_at__lte=now).update(
+            status=Timer.Status.FIRED, fired_at=now
+        ):
+            return False
+        timer = Timer.objects.select_related("wait").get(pk=timer_id)
+        stale = _timer_staleness(timer, workflow)
+        if stale:
+            Timer.objects.filter(pk=timer_id).update(status=Timer.Status.IGNORED, note=stale)
+            event_record(workflow=workflow, kind="timer.ignored", at=now, timer_id=timer_id, reason=stale)
+            return True
+        wait = timer.wait
+        if timer.purpose == Timer.Purpose.WAKE:
+            wait.satisfy(at=now, payload=None)
+        else:
+            wait.expire(at=now)
+        wait.version += 1
+        wait.save(update_fields=["status", "decided_at", "payload", "version"])
+        event_record(workflow=workflow, kind="timer.fired", at=now, timer_id=timer_id, wait_id=wait.pk,
+                     purpose=timer.purpose, late_seconds=round((now - timer.fire_at).total_seconds(), 3))
+        if workflow.status == Workflow.Status.WAITING:
+            wake_locked(workflow, now=now, cause=f"timer {timer_id} ({timer.purpose})")
+    return True
+
+
+def _timer_staleness(timer: Timer, workflow: Workflow) -> str:
+    if timer.intent_version != workflow.intent_version:
+        return f"bound to intent v{timer.intent_version}, superseded by v{workflow.intent_version}"
+    if workflow.is_terminal or workflow.status == Workflow.Status.CANCELLING:
+        return f"workflow is {workflow.status}"
+    if timer.wait.status != Wait.Status.OPEN:
+        return f"wait {timer.wait_id} is already {timer.wait.status}"
+    return ""
