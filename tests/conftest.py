@@ -1,6 +1,7 @@
 """Shared fixtures: a git repository, the deploy target, users, and an in-process driver."""
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 from typing import Any, Iterator
@@ -11,6 +12,16 @@ from django.contrib.auth.models import Group, User
 from agentops.deploytarget.server import DeployTargetServer
 from workflows import services
 from workflows.models import Activity, Wait, Workflow
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """Give each pytest run its own PostgreSQL test database, so runs side by side never collide."""
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] != "django.db.backends.sqlite3":
+        db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
+
 
 GIT_IDENTITY = ["-c", "user.name=agentops tests", "-c", "user.email=tests@agentops.local"]
 

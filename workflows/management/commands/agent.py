@@ -81,7 +81,7 @@ class Command(BaseCommand):
         resume.add_argument("--user", help="username of who resumed")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        self.console = Console(file=self.stdout, highlight=False, soft_wrap=True)
+        self.console = console_for(self.stdout)
         try:
             getattr(self, f"_{options['verb']}")(options)
         except (InvalidInput, NotFound) as exc:
@@ -179,6 +179,11 @@ class Command(BaseCommand):
         self._emit(options, {"id": options["id"], "outcome": outcome.value}, text)
 
 
+def console_for(stream: Any) -> Console:
+    """A rich console on the command's stdout; 120 columns when not a terminal (pipes, logs)."""
+    return Console(file=stream, highlight=False, width=None if stream.isatty() else 120)
+
+
 def parse_params(pairs: list[str]) -> dict[str, str]:
     params: dict[str, str] = {}
     for pair in pairs:
@@ -222,12 +227,17 @@ def render_detail(detail: dict[str, Any]) -> Any:
     if detail["reason"]:
         head += f"\nReason: {detail['reason']}"
     parts: list[Any] = [head]
-    if detail["waits"]:
-        waits = Table("wait", "kind", "status", "role", "candidate hash", "expires", title="Waits")
-        for w in detail["waits"]:
-            waits.add_row(str(w["id"]), w["kind"], w["status"], w["required_role"], w["candidate_hash"],
-                          (w["expires_at"] or "")[:19])
-        parts.append(waits)
+    for w in detail["waits"]:
+        line = (f"\n[bold]{w['kind'].capitalize()} wait {w['id']}[/] — {w['status']} (node {w['node']}, "
+                f"intent v{w['intent_version']})")
+        if w["kind"] == "approval":
+            line += f"\n  role: {w['required_role']}   expires: {w['expires_at']}\n  candidate hash: {w['candidate_hash']}"
+            if w["status"] == "open":
+                line += (f"\n  decide: manage.py agent approve {w['id']} --user NAME "
+                         f"--candidate-hash {w['candidate_hash']}")
+            elif w["decision"]:
+                line += f"\n  {w['decision']} by {w['decided_by']}"
+        parts.append(line)
     activities = Table("operation", "activity", "status", "attempts", "error", title="Activities")
     for a in detail["activities"]:
         activities.add_row(a["operation_id"], a["name"], a["status"], str(a["attempts"]), a["error"][:60])

@@ -1,0 +1,137 @@
+"""`manage.py demo`: run a release agent end to end with its own worker, beat and deploy target."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from workflows import services
+from workflows.management.commands.agent import console_for, render_detail
+from workflows.models import Event, Wait, Workflow
+from workflows.selectors import workflow_detail
+
+GIT = ["git", "-c", "user.name=agentops demo", "-c", "user.email=demo@agentops.local"]
+
+
+class Command(BaseCommand):
+    help = ("Start a worker, beat and the deploy target, launch a release agent on a demo repository, "
+            "approve it as a demo approver and follow it to its final state.")
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--goal", default="Publish release notes for version 1.0")
+        parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the final state")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        self.console = console_for(self.stdout)
+        var = Path(settings.VAR_DIR)
+        (var / "demo").mkdir(parents=True, exist_ok=True)
+        repo = demo_repository(var / "demo" / "repo")
+        requester, approver = demo_users()
+        port = free_port()
+        env = {**os.environ, "AGENTOPS_DEPLOY_TARGET_URL": f"http://127.0.0.1:{port}"}
+        children = start_children(var / "demo", port, env)
+        try:
+            self.console.print(f"[bold]agentops demo[/]: database {settings.DATABASES['default']['NAME']}, "
+                               f"broker {settings.CELERY_BROKER_URL}, provider {settings.AGENTOPS_MODEL_PROVIDER} "
+                               "(offline, deterministic)")
+            workflow = services.workflow_launch(
+                kind="release", goal=options["goal"], user=requester,
+                params={"repo": str(repo), "test_command": f"{sys.executable} check.py"},
+            )
+            self.console.print(f"Launched release workflow {workflow.pk} as {requester.username}.")
+            final = self.follow(workflow.pk, approver, deadline=time.monotonic() + options["timeout"])
+        finally:
+            stop_children(children)
+        self.console.print(render_detail(workflow_detail(final, events=12)))
+        if final.status != Workflow.Status.COMPLETED:
+            raise CommandError(f"The demo workflow ended {final.status}: {final.reason or 'timed out'}. "
+                               f"Logs are in {var / 'demo'}.")
+        self.console.print(f"[bold green]Workflow {final.pk} completed[/]: deployment "
+                           f"{final.result['deployment_id']}. Inspect it with `manage.py agent show {final.pk}`.")
+
+    def follow(self, workflow_id: int, approver: User, *, deadline: float) -> Workflow:
+        """Print events as they happen; approve the first open approval as the demo approver."""
+        seen = 0
+        while time.monotonic() < deadline:
+            for event in Event.objects.filter(workflow_id=workflow_id, seq__gt=seen).order_by("seq"):
+                seen = event.seq
+                self.console.print(f"  {event.created_at:%H:%M:%S}  {event.kind:<28} {describe(event.data)}")
+            workflow = Workflow.objects.get(pk=workflow_id)
+            if workflow.is_terminal:
+                return workflow
+            wait = workflow.waits.filter(kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN).first()
+            if wait is not None:
+                self.console.print(f"  [bold]Approving[/] candidate {wait.candidate_hash[:12]}… "
+                                   f"({wait.candidate['title']}) as {approver.username}")
+                services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash,
+                                      comment="approved by the demo")
+            time.sleep(0.5)
+        return Workflow.objects.get(pk=workflow_id)
+
+
+def describe(data: dict[str, Any]) -> str:
+    keys = ("node", "name", "operation_id", "attempt", "by", "reason", "candidate_hash")
+    return " ".join(f"{k}={str(data[k])[:40]}" for k in keys if data.get(k) not in (None, ""))
+
+
+def demo_repository(path: Path) -> Path:
+    if (path / ".git").is_dir():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "check.py").write_text("print('all 1 checks passed')\n")
+    (path / "README.md").write_text("# demo service\n\nA repository the agentops demo releases.\n")
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    subprocess.run([*GIT, "-C", str(path), "add", "."], check=True)
+    subprocess.run([*GIT, "-C", str(path), "commit", "-qm", "initial commit"], check=True)
+    return path
+
+
+def demo_users() -> tuple[User, User]:
+    group, _ = Group.objects.get_or_create(name="release-approvers")
+    requester, _ = User.objects.get_or_create(username="demo-requester")
+    approver, _ = User.objects.get_or_create(username="demo-approver")
+    approver.groups.add(group)
+    return requester, approver
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_children(logs: Path, port: int, env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+    manage = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py")]
+    celery = [sys.executable, "-m", "celery", "-A", "agentops"]
+    commands = {
+        "deploy-target": [*manage, "deploy_target", "--port", str(port), "--state", str(logs / "deploy-target.json")],
+        "worker": [*celery, "worker", "-c", "2", "-n", "demo@%h", "-l", "INFO"],
+        "beat": [*celery, "beat", "-l", "INFO", "-s", str(logs / "celerybeat-schedule"), "--pidfile="],
+    }
+    children = []
+    for name, argv in commands.items():
+        with open(logs / f"{name}.log", "ab") as log:
+            children.append(subprocess.Popen(argv, env=env, cwd=settings.BASE_DIR, stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True))
+    return children
+
+
+def stop_children(children: list[subprocess.Popen[bytes]]) -> None:
+    for child in children:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+    for child in children:
+        try:
+            child.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
