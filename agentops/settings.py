@@ -171,10 +171,13 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
 # --- agentops: the durable plane's clocks and limits. ---
-AGENTOPS_BEAT_INTERVAL_SECONDS = env_float("AGENTOPS_BEAT_INTERVAL_SECONDS", 2.0)
+# Whole seconds, at least 1: django-celery-beat's DatabaseScheduler stores the interval in an
+# integer column, where 0.5 became 0 and beat sent the sweeps in a busy loop (~36 a second).
+AGENTOPS_BEAT_INTERVAL_SECONDS = env_int("AGENTOPS_BEAT_INTERVAL_SECONDS", 2)
+if AGENTOPS_BEAT_INTERVAL_SECONDS < 1:
+    raise ImproperlyConfigured(f"AGENTOPS_BEAT_INTERVAL_SECONDS={AGENTOPS_BEAT_INTERVAL_SECONDS} must be at least 1.")
 AGENTOPS_LEASE_SECONDS = env_int("AGENTOPS_LEASE_SECONDS", 60)
 AGENTOPS_REDISPATCH_AFTER_SECONDS = env_int("AGENTOPS_REDISPATCH_AFTER_SECONDS", 30)
-AGENTOPS_APPROVAL_EXPIRY_HOURS = env_float("AGENTOPS_APPROVAL_EXPIRY_HOURS", 24.0)
 AGENTOPS_ALLOW_SELF_APPROVAL = env_bool("AGENTOPS_ALLOW_SELF_APPROVAL", False)
 AGENTOPS_SWEEP_BATCH_SIZE = env_int("AGENTOPS_SWEEP_BATCH_SIZE", 200)
 AGENTOPS_DEPLOY_TARGET_URL = env_str("AGENTOPS_DEPLOY_TARGET_URL", "http://127.0.0.1:8765")
@@ -188,6 +191,9 @@ AGENTOPS_WORKSPACE_DIR = Path(env_str("AGENTOPS_WORKSPACE_DIR", str(VAR_DIR / "w
 # Fault points fire only in test runs that set this; production never does.
 AGENTOPS_TESTING_FAULTS = env_str("AGENTOPS_TESTING_FAULTS", "")
 AGENTOPS_FAULT_LOG = env_str("AGENTOPS_FAULT_LOG", str(VAR_DIR / "faults.log"))
+# Flower's base URL as operators reach it (e.g. http://flower.internal:5555); when set, the admin
+# links every activity attempt to its Celery task page there. Empty: no links.
+AGENTOPS_FLOWER_URL = env_str("AGENTOPS_FLOWER_URL", "")
 
 CELERY_BEAT_SCHEDULE = {
     # A sweep message that waited longer than a few intervals is stale; the next tick replaces it.

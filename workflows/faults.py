@@ -41,7 +41,16 @@ def _fire(point: str, rule: dict[str, Any], context: dict[str, Any]) -> None:
         os._exit(137)
     elif action == "sleep":
         time.sleep(float(rule.get("seconds", 1)))
+    elif action == "pg_terminate_self":
+        from django.db import connection
+
+        # The server ends our own session mid-transaction: the transaction is lost, as when
+        # a connection drops; the statement itself raises OperationalError.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
     elif action == "raise":
         raise RuntimeError(f"fault injected at {point}")
     else:
-        raise ValueError(f"unknown fault action {action!r} at {point}; use sigkill_self, exit, sleep or raise")
+        raise ValueError(
+            f"unknown fault action {action!r} at {point}; use sigkill_self, exit, sleep, pg_terminate_self or raise"
+        )

@@ -95,7 +95,9 @@ def validate_proposal(text: str) -> dict[str, Any]:
 @activity("run_tests", retry=RetryPolicy(max_attempts=3), lease_seconds=30)
 def run_tests(ctx: ActivityContext) -> dict[str, Any]:
     """Run the test command on a scratch clone with the proposal applied; heartbeats while it runs."""
-    workdir = Path(settings.AGENTOPS_WORKSPACE_DIR) / ctx.operation_id.replace("/", "_")
+    # One workspace per attempt: a superseded attempt that resumes (a paused worker) cleans up
+    # only its own, never the clone the attempt that took over is testing in.
+    workdir = Path(settings.AGENTOPS_WORKSPACE_DIR) / f"{ctx.operation_id.replace('/', '_')}.attempt{ctx.attempt}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -10,12 +10,12 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from workflows import clock, doorbells, registry
+from workflows import clock, doorbells, faults, registry
 from workflows.activity_context import ActivityContext, Claim
 from workflows.errors import Permanent, Refused, Retryable
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.common import event_record, json_checked, workflow_lock
-from workflows.services.workflows import advance_locked
+from workflows.services.workflows import COMPENSATION_NODE, advance_locked
 
 logger = logging.getLogger("agentops.activities")
 
@@ -143,6 +143,7 @@ def activity_result_record_if_current(*, claim: Claim, result: Any, reconciled: 
     event_record(workflow=workflow, kind="activity.succeeded", at=now, operation_id=claim.operation_id,
                  attempt=claim.attempt, reconciled=reconciled)
     advance_locked(workflow)
+    faults.faultpoint("transition.before_commit", workflow_id=workflow.pk, operation_id=claim.operation_id)
     return RunOutcome.RECORDED
 
 
@@ -160,7 +161,8 @@ def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseExceptio
     spec = registry.activity_type(claim.name)
     message = f"{type(error).__name__}: {error}"
     activity = Activity.objects.get(pk=claim.activity_id)
-    if workflow.status == Workflow.Status.CANCELLING:
+    # Cancelling voids the workflow's own work, but its compensations must retry until they succeed.
+    if workflow.status == Workflow.Status.CANCELLING and activity.node != COMPENSATION_NODE:
         updated = _fenced(claim).update(status=Activity.Status.CANCELLED, error=message, completed_at=now)
         outcome = RunOutcome.FAILED
     elif retryable and claim.attempt < activity.max_attempts:
@@ -192,7 +194,8 @@ def activity_heartbeat_if_current(*, claim: Claim, detail: str = "") -> bool:
     now = clock.now()
     spec = registry.activity_type(claim.name)
     lease = spec.lease_seconds or settings.AGENTOPS_LEASE_SECONDS
-    if Workflow.objects.filter(pk=claim.workflow_id, status=Workflow.Status.CANCELLING).exists():
+    cancelling = Workflow.objects.filter(pk=claim.workflow_id, status=Workflow.Status.CANCELLING).exists()
+    if cancelling and not Activity.objects.filter(pk=claim.activity_id, node=COMPENSATION_NODE).exists():
         return False
     return bool(_fenced(claim).update(heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease)))
 
@@ -209,12 +212,14 @@ def activity_lease_expire_if_due(*, activity_id: int) -> bool:
     with transaction.atomic():
         workflow = workflow_lock(row["workflow_id"])
         activity = Activity.objects.get(pk=activity_id)
+        if activity.status != Activity.Status.RUNNING or activity.lease_expires_at is None:
+            return False  # already reaped by another sweep, or finished meanwhile
         fenced = Activity.objects.filter(
             pk=activity_id, status=Activity.Status.RUNNING, attempt=activity.attempt,
             lease_token=activity.lease_token, lease_expires_at__lt=now,
         )
         error = f"attempt {activity.attempt} lost: lease expired at {activity.lease_expires_at:%H:%M:%S}"
-        if workflow.status == Workflow.Status.CANCELLING:
+        if workflow.status == Workflow.Status.CANCELLING and activity.node != COMPENSATION_NODE:
             status = Activity.Status.CANCELLED
         elif activity.attempt < activity.max_attempts:
             status = Activity.Status.SCHEDULED

@@ -71,6 +71,14 @@ def json_checked(value: Any, *, what: str) -> Any:
         raise InvalidInput(f"{what} is {len(encoded)} bytes of JSON; the limit is {MAX_JSON_BYTES}.")
     if "\\u0000" in encoded:
         raise InvalidInput(f"{what} contains a NUL character, which PostgreSQL cannot store.")
+    if "\\ud" in encoded:  # a surrogate escape: fine in pairs, rejected by PostgreSQL when alone
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(
+                f"{what} contains characters that are not valid Unicode (lone surrogates), "
+                "which PostgreSQL cannot store."
+            ) from None
     return value
 
 

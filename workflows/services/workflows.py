@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 
 from workflows import clock, doorbells, engine, registry, selectors
 from workflows.errors import InvalidInput, Permanent, TransitionRefused
@@ -232,7 +233,13 @@ def wake_locked(workflow: Workflow, *, now: datetime, cause: str) -> None:
     elif policy == Workflow.ReleasePolicy.REVALIDATE:
         workflow.release = current
         workflow_save(workflow, "release", at=now)
-        _enter_node(workflow, registry.definition(workflow.kind).revalidate_node, {}, now=now)
+        # A rejection, or an expiry whose policy is fail, is final: the node's handler must see it
+        # instead of being sent back to rebuild a candidate and ask again.
+        final = workflow.waits.filter(node_visit=workflow.node_visit).filter(
+            Q(decision=Wait.Decision.REJECTED) | Q(status=Wait.Status.EXPIRED, timeout_policy="fail")
+        )
+        if not final.exists():
+            _enter_node(workflow, registry.definition(workflow.kind).revalidate_node, {}, now=now)
 
 
 def _signal_consume(workflow: Workflow, wait: Wait, signal: Signal, *, now: datetime) -> None:

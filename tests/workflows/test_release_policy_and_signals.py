@@ -1,0 +1,283 @@
+"""Behavioral release changes while a workflow waits (pin, revalidate, fail), and named signals."""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from tests.conftest import drive, open_approval, release_params
+from workflows import clock, doorbells, engine, registry, services
+from workflows.errors import InvalidInput, NotFound, TransitionRefused
+from workflows.models import Activity, BehavioralRelease, Event, Signal, Timer, Wait, Workflow
+from workflows.services import Outcome
+
+pytestmark = pytest.mark.django_db
+
+EVENT_KIND = "test-event"
+
+
+# Waits for a "go" signal, then completes with its payload.
+class WaitForGo(engine.WorkflowDefinition):
+    kind = EVENT_KIND
+    nodes = ("WAIT_FOR_GO", "DONE")
+    start_node = "WAIT_FOR_GO"
+    revalidate_node = "WAIT_FOR_GO"
+
+    def wait_for_go(self, ctx: engine.NodeContext) -> engine.Decision:
+        outcome = ctx.wait_for_event("go")
+        return engine.Goto("DONE", {"payload": outcome.payload})
+
+    def done(self, ctx: engine.NodeContext) -> engine.Decision:
+        return engine.Complete({"payload": ctx.state["payload"]})
+
+
+if EVENT_KIND not in registry.definition_kinds():
+    registry.register_definition(WaitForGo)
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    """The user fixtures hash passwords; PBKDF2 costs half a second per user."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Doorbells rung by the services, recorded instead of published to the broker."""
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(doorbells, "activity_run", lambda *, activity_id: calls.append(("activity", activity_id)))
+    monkeypatch.setattr(doorbells, "workflow_advance",
+                        lambda *, workflow_id: calls.append(("workflow", workflow_id)))
+    return calls
+
+
+def waiting_for_approval(repo: Any, requester: Any, policy: str) -> tuple[Workflow, Wait]:
+    workflow = drive(services.workflow_launch(kind="release", goal="Ship the release notes",
+                                              params=release_params(repo), user=requester, release_policy=policy).pk)
+    assert workflow.status == "waiting"
+    return workflow, open_approval(workflow.pk)
+
+
+def events(workflow: Workflow, kind: str) -> list[dict[str, Any]]:
+    return list(Event.objects.filter(workflow=workflow, kind=kind).order_by("seq").values_list("data", flat=True))
+
+
+def waiting_for_go() -> Workflow:
+    workflow = services.workflow_launch(kind=EVENT_KIND, goal="Wait for the go")
+    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+    workflow.refresh_from_db()
+    assert workflow.status == "waiting"
+    return workflow
+
+
+def unchanged(workflow: Workflow) -> tuple[Any, ...]:
+    workflow.refresh_from_db()
+    return (workflow.status, workflow.version, workflow.event_seq, Signal.objects.filter(workflow=workflow).count())
+
+
+# --- Behavioral release changes ---------------------------------------------------------------
+
+
+def test_release_change_under_pin_keeps_the_old_release(git_repo, deploy_target, requester, approver, settings):
+    """Policy pin: the workflow notes the new release and finishes on the one it started with."""
+    workflow, wait = waiting_for_approval(git_repo, requester, "pin")
+    old = workflow.release
+    settings.AGENTOPS_PROMPT_VERSION = "release-prompt-2"
+
+    services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash)
+
+    workflow.refresh_from_db()
+    new = BehavioralRelease.objects.get(prompt_version="release-prompt-2")
+    assert workflow.release_id == old.pk
+    assert events(workflow, "release.changed") == [{"policy": "pin", "old": old.fingerprint, "new": new.fingerprint}]
+    workflow = drive(workflow.pk)
+    assert workflow.status == "completed", workflow.reason
+    assert workflow.release_id == old.pk
+    assert workflow.result["candidate_hash"] == wait.candidate_hash
+    assert deploy_target.store.stats()["deployments"] == 1
+
+
+def test_release_change_under_revalidate_rebuilds_and_asks_again(git_repo, deploy_target, requester, approver,
+                                                                 settings):
+    """Policy revalidate: the new release is adopted and the candidate, which names the old one, is re-approved."""
+    workflow, wait = waiting_for_approval(git_repo, requester, "revalidate")
+    old = workflow.release
+    seq_before = workflow.event_seq
+    settings.AGENTOPS_PROMPT_VERSION = "release-prompt-2"
+
+    services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash)
+
+    workflow.refresh_from_db()
+    new = BehavioralRelease.objects.get(prompt_version="release-prompt-2")
+    assert workflow.release_id == new.pk
+    assert events(workflow, "release.changed") == [
+        {"policy": "revalidate", "old": old.fingerprint, "new": new.fingerprint},
+    ]
+    assert (workflow.status, workflow.current_node) == ("running", "REVALIDATE")
+
+    workflow = drive(workflow.pk)
+
+    assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
+    path = [e.data["node"] for e in Event.objects.filter(workflow=workflow, seq__gt=seq_before, kind="node.entered")]
+    assert path == ["REVALIDATE", "BUILD_CANDIDATE", "VERIFY_CANDIDATE", "REQUEST_APPROVAL", "WAIT_FOR_APPROVAL"]
+    second = open_approval(workflow.pk)
+    assert (wait.candidate["release"], second.candidate["release"]) == (old.fingerprint, new.fingerprint)
+    assert second.candidate_hash != wait.candidate_hash
+    assert deploy_target.store.stats()["requests"] == 0
+    assert not Activity.objects.filter(workflow=workflow, name="deploy").exists()
+
+
+def test_release_change_under_fail_fails_naming_the_release(git_repo, deploy_target, requester, approver,
+                                                            settings):
+    """Policy fail: the workflow stops with a message naming the old and the new release."""
+    workflow, wait = waiting_for_approval(git_repo, requester, "fail")
+    settings.AGENTOPS_PROMPT_VERSION = "release-prompt-2"
+
+    services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash)
+
+    workflow = drive(workflow.pk)
+    assert workflow.status == "failed"
+    assert "prompt=release-prompt-1" in workflow.reason
+    assert "prompt=release-prompt-2" in workflow.reason
+    assert "its release policy is 'fail'" in workflow.reason
+    assert events(workflow, "release.changed")[0]["policy"] == "fail"
+    assert deploy_target.store.stats()["requests"] == 0
+
+
+def test_rejection_stands_when_the_release_changed(git_repo, deploy_target, requester, approver, settings):
+    """Policy revalidate does not turn a rejection into a fresh approval request: the workflow fails."""
+    workflow, wait = waiting_for_approval(git_repo, requester, "revalidate")
+    settings.AGENTOPS_PROMPT_VERSION = "release-prompt-2"
+
+    services.wait_reject(wait_id=wait.pk, user=approver, comment="wrong approach")
+
+    workflow = drive(workflow.pk)
+    assert workflow.status == "failed"
+    assert workflow.reason == "Rejected by alice: wrong approach"
+    assert Wait.objects.filter(workflow=workflow).count() == 1
+    assert deploy_target.store.stats()["requests"] == 0
+
+
+def test_expiry_stands_when_the_release_changed(git_repo, deploy_target, requester, settings):
+    """Policy revalidate does not reopen an approval that expired: the workflow fails as expired."""
+    workflow, wait = waiting_for_approval(git_repo, requester, "revalidate")
+    settings.AGENTOPS_PROMPT_VERSION = "release-prompt-2"
+    Timer.objects.filter(wait=wait).update(fire_at=clock.now() - timedelta(seconds=1))
+    Wait.objects.filter(pk=wait.pk).update(expires_at=clock.now() - timedelta(seconds=1))
+
+    assert services.timers_fire_due() == 1
+
+    workflow = drive(workflow.pk)
+    assert workflow.status == "failed"
+    assert workflow.reason == "The approval wait expired before anyone decided."
+    assert workflow.release.prompt_version == "release-prompt-2"
+    assert Wait.objects.filter(workflow=workflow).count() == 1
+
+
+def test_unchanged_release_records_no_release_event(git_repo, deploy_target, requester, approver):
+    """Without a release change, waking records no release.changed event and keeps the release."""
+    workflow, wait = waiting_for_approval(git_repo, requester, "fail")
+    services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash)
+    workflow.refresh_from_db()
+    assert workflow.status == "running"
+    assert not events(workflow, "release.changed")
+
+
+# --- Signals and event waits ------------------------------------------------------------------
+
+
+def test_signal_satisfies_the_open_event_wait():
+    """A "go" signal satisfies the waiting workflow, which completes with its payload."""
+    workflow = waiting_for_go()
+    payload = {"n": 1, "note": "ship it \U0001F680"}  # a surrogate pair in JSON, valid Unicode
+
+    outcome = services.workflow_signal(workflow_id=workflow.pk, name="go", payload=payload, dedupe_key="k1")
+
+    assert outcome == Outcome.APPLIED
+    wait = Wait.objects.get(workflow=workflow)
+    assert (wait.status, wait.payload) == ("satisfied", payload)
+    assert Signal.objects.get(workflow=workflow).consumed_by == wait
+    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+    workflow.refresh_from_db()
+    assert (workflow.status, workflow.result) == ("completed", {"payload": payload})
+
+
+def test_signal_before_the_wait_is_consumed_when_it_opens():
+    """A signal that arrives early is kept and satisfies the wait the moment it opens."""
+    workflow = services.workflow_launch(kind=EVENT_KIND, goal="Wait for the go")
+    assert services.workflow_signal(workflow_id=workflow.pk, name="go", payload={"early": True}) == Outcome.APPLIED
+    signal = Signal.objects.get(workflow=workflow)
+    assert signal.consumed_by is None
+    assert not Wait.objects.filter(workflow=workflow).exists()
+
+    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+
+    workflow.refresh_from_db()
+    assert (workflow.status, workflow.result) == ("completed", {"payload": {"early": True}})
+    wait = Wait.objects.get(workflow=workflow)
+    signal.refresh_from_db()
+    assert (wait.status, signal.consumed_by) == ("satisfied", wait)
+    assert not events(workflow, "workflow.woken"), "the workflow never parked"
+
+
+def test_signal_with_another_name_leaves_the_wait_open():
+    """A signal for a name nobody waits on is stored, and the workflow keeps waiting."""
+    workflow = waiting_for_go()
+    assert services.workflow_signal(workflow_id=workflow.pk, name="stop") == Outcome.APPLIED
+    workflow.refresh_from_db()
+    assert workflow.status == "waiting"
+    assert Wait.objects.get(workflow=workflow).status == "open"
+    assert Signal.objects.get(workflow=workflow).consumed_by is None
+
+
+def test_repeated_dedupe_key_changes_nothing():
+    """A signal delivered twice with the same key is applied once; the repeat's payload is ignored."""
+    workflow = waiting_for_go()
+    services.workflow_signal(workflow_id=workflow.pk, name="go", payload={"n": 1}, dedupe_key="deliver-1")
+    before = unchanged(workflow)
+
+    again = services.workflow_signal(workflow_id=workflow.pk, name="go", payload={"n": 2}, dedupe_key="deliver-1")
+
+    assert again == Outcome.ALREADY_APPLIED
+    assert unchanged(workflow) == before
+    assert list(Signal.objects.filter(workflow=workflow).values_list("payload", flat=True)) == [{"n": 1}]
+    assert len(events(workflow, "signal.received")) == 1
+
+
+def test_signal_to_a_finished_workflow_is_refused():
+    """A completed workflow takes no more signals; nothing is stored."""
+    workflow = waiting_for_go()
+    services.workflow_signal(workflow_id=workflow.pk, name="go")
+    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+    before = unchanged(workflow)
+    assert before[0] == "completed"
+
+    with pytest.raises(TransitionRefused, match=f"Workflow {workflow.pk} is completed; it takes no more signals"):
+        services.workflow_signal(workflow_id=workflow.pk, name="go", dedupe_key="late")
+
+    assert unchanged(workflow) == before
+
+
+@pytest.mark.parametrize(("name", "payload", "message"), [
+    ("go", {"text": "a\x00b"}, "The signal payload contains a NUL character"),
+    ("go", {"tags": {1, 2}}, "The signal payload is not JSON-serializable"),
+    ("go", {"text": "bad \ud800"}, "The signal payload contains characters that are not valid Unicode"),
+    ("go", {"bad \udc00": 1}, "The signal payload contains characters that are not valid Unicode"),
+    ("", None, "The signal name must be non-empty"),
+    ("g\x00o", None, "The signal name contains a NUL character"),
+    ("g" * 101, None, "The signal name is 101 characters long"),
+])
+def test_bad_signal_is_refused(name, payload, message):
+    """A signal with a bad name or payload is refused; the wait stays open and nothing is stored."""
+    workflow = waiting_for_go()
+    before = unchanged(workflow)
+    with pytest.raises(InvalidInput, match=message):
+        services.workflow_signal(workflow_id=workflow.pk, name=name, payload=payload)
+    assert unchanged(workflow) == before
+    assert Wait.objects.get(workflow=workflow).status == "open"
+
+
+def test_signal_to_an_unknown_workflow_is_not_found(db):
+    with pytest.raises(NotFound, match="Workflow 987654 does not exist"):
+        services.workflow_signal(workflow_id=987654, name="go")
