@@ -202,5 +202,5 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": schedule(AGENTOPS_BEAT_INTERVAL_SECONDS),
         "options": {"expires": max(10.0, 5 * AGENTOPS_BEAT_INTERVAL_SECONDS)},
     }
-    for name in ("fire_timers", "redrive_activities", "reap_leases", "redrive_workflows")
+    for name in ("fire_timers", "redrive_activities", "reap_leases", "redrive_workflows", "enforce_deadlines")
 }

@@ -28,3 +28,10 @@ def redrive_workflows() -> int:
     from workflows import services
 
     return services.workflows_redrive_idle()
+
+
+@shared_task(name="agentops.beat.enforce_deadlines", acks_late=True)
+def enforce_deadlines() -> int:
+    from workflows import services
+
+    return services.deadlines_enforce()

@@ -45,6 +45,7 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         FAIL = "fail", "Fail: stop the workflow when its release changed"
 
     TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+    CANCELLABLE = (Status.CREATED, Status.RUNNING, Status.WAITING, Status.PAUSED)
 
     kind = models.CharField(max_length=60, db_index=True, help_text="Workflow definition kind, e.g. 'release'.")
     definition_version = models.PositiveIntegerField(
@@ -81,7 +82,9 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
         help_text="The latest checkpoint.",
     )
-    deadline = models.DateTimeField(null=True, blank=True, help_text="Time limit of the whole run, if any.")
+    deadline = models.DateTimeField(
+        null=True, blank=True, help_text="Time limit of the whole run, if any; past it, beat cancels the workflow."
+    )
     created_at = models.DateTimeField(help_text="When the workflow was launched.")
     updated_at = models.DateTimeField(help_text="When the workflow row last changed.")
 
@@ -89,6 +92,10 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         indexes = [
             models.Index(
                 fields=["updated_at"], name="wf_running_updated_idx", condition=Q(status__in=["running", "cancelling"])
+            ),
+            models.Index(
+                fields=["deadline"], name="wf_open_deadline_idx",
+                condition=Q(status__in=["created", "running", "waiting", "paused"]),  # CANCELLABLE
             ),
         ]
 

@@ -62,6 +62,7 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
         "release": {"provider": workflow.release.provider, "model": workflow.release.model,
                     "prompt_version": workflow.release.prompt_version},
         "reason": workflow.reason,
+        "deadline": workflow.deadline.isoformat() if workflow.deadline else None,
         "created_at": workflow.created_at.isoformat(),
         "updated_at": workflow.updated_at.isoformat(),
     }

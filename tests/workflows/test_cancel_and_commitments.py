@@ -350,3 +350,33 @@ def test_cancel_of_an_unknown_workflow_is_not_found(db):
     """Cancelling a workflow that does not exist names it."""
     with pytest.raises(NotFound, match="Workflow 987654 does not exist"):
         services.workflow_cancel(workflow_id=987654)
+
+
+def test_exhausted_compensation_asks_a_person_and_resume_tries_again(
+    git_repo, deploy_target, requester, approver, settings
+):
+    """An undeploy out of attempts leaves the workflow cancelling with a reason naming the fix;
+    `resume` gives the compensation new attempts and the cancellation finishes."""
+    workflow, deploy_activity = deployed(git_repo, requester, approver)
+    services.workflow_cancel(workflow_id=workflow.pk)
+    [undeploy] = compensations(workflow)
+    Activity.objects.filter(pk=undeploy.pk).update(max_attempts=1)
+    real_url = settings.AGENTOPS_DEPLOY_TARGET_URL
+    settings.AGENTOPS_DEPLOY_TARGET_URL = unused_port_url()
+
+    assert services.activity_run_if_runnable(activity_id=undeploy.pk) == RunOutcome.FAILED
+
+    workflow.refresh_from_db()
+    assert workflow.status == "cancelling"
+    assert "failed after 1 attempts" in workflow.reason
+    assert f"manage.py agent resume {workflow.pk}" in workflow.reason
+    assert event_kinds(workflow).count("compensation.failed") == 1
+    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+    assert event_kinds(workflow).count("compensation.failed") == 1
+
+    settings.AGENTOPS_DEPLOY_TARGET_URL = real_url
+    assert services.workflow_resume(workflow_id=workflow.pk) == Outcome.APPLIED
+    assert services.workflow_resume(workflow_id=workflow.pk) == Outcome.ALREADY_APPLIED
+    workflow = drive(workflow.pk)
+    assert workflow.status == "cancelled"
+    assert effects(deploy_target, deploy_activity) == {"created": 1, "deleted": 1}

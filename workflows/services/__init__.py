@@ -10,6 +10,7 @@ from workflows.services.activities import (
 )
 from workflows.services.sweeps import (
     activities_redrive_due,
+    deadlines_enforce,
     leases_reap_expired,
     timers_fire_due,
     workflows_redrive_idle,
@@ -19,6 +20,7 @@ from workflows.services.workflows import (
     Outcome,
     workflow_advance_if_runnable,
     workflow_cancel,
+    workflow_deadline_enforce_if_due,
     workflow_launch,
     workflow_resume,
     workflow_signal,
@@ -37,6 +39,7 @@ __all__ = [
     "activity_lease_expire_if_due",
     "activity_result_record_if_current",
     "activity_run_if_runnable",
+    "deadlines_enforce",
     "leases_reap_expired",
     "timer_fire_if_due",
     "timers_fire_due",
@@ -44,6 +47,7 @@ __all__ = [
     "wait_reject",
     "workflow_advance_if_runnable",
     "workflow_cancel",
+    "workflow_deadline_enforce_if_due",
     "workflow_launch",
     "workflow_resume",
     "workflow_signal",

@@ -15,6 +15,7 @@ from workflows import clock, doorbells
 from workflows.models import Activity, Timer, Workflow
 from workflows.services.activities import activity_lease_expire_if_due
 from workflows.services.waits import timer_fire_if_due
+from workflows.services.workflows import workflow_deadline_enforce_if_due
 
 logger = logging.getLogger("agentops.sweeps")
 
@@ -69,3 +70,9 @@ def workflows_redrive_idle() -> int:
             doorbells.workflow_advance(workflow_id=pk)
             rung += 1
     return rung
+
+
+def deadlines_enforce() -> int:
+    """Cancel unfinished workflows past their time limit (index ``wf_open_deadline_idx``)."""
+    due = Workflow.objects.filter(deadline__lte=clock.now(), status__in=Workflow.CANCELLABLE)
+    return sum(workflow_deadline_enforce_if_due(workflow_id=pk) for pk in due.values_list("pk", flat=True)[: _batch()])

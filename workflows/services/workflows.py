@@ -25,6 +25,7 @@ logger = logging.getLogger("agentops.workflows")
 
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
+MAX_HOURS = 24 * 366
 # Compensation activities are recorded under this pseudo-node; no handler replays them.
 COMPENSATION_NODE = "CANCEL"
 
@@ -45,8 +46,11 @@ def workflow_launch(
     params: dict[str, Any] | None = None,
     user: Any = None,
     release_policy: str = Workflow.ReleasePolicy.REVALIDATE,
+    max_hours: float | None = None,
 ) -> Workflow:
     """Create a workflow with intent v1 and ring its first advance.
+
+    ``max_hours`` sets a durable deadline: past it, beat cancels the workflow.
 
     Not idempotent: every call launches a new workflow. Raises InvalidInput for an unknown
     kind, bad parameters or a bad goal, and then writes nothing.
@@ -56,11 +60,14 @@ def workflow_launch(
     params = json_checked(definition.validate_params(dict(params or {})), what="The parameters")
     if release_policy not in Workflow.ReleasePolicy.values:
         raise InvalidInput(f"Release policy {release_policy!r} is not one of {', '.join(Workflow.ReleasePolicy.values)}.")
+    if max_hours is not None and not 0 < max_hours <= MAX_HOURS:
+        raise InvalidInput(f"The time limit must be between 0 and {MAX_HOURS} hours; got {max_hours}.")
     now = clock.now()
     with transaction.atomic():
         workflow = Workflow(
             kind=kind, definition_version=definition.version, current_node=definition.start_node, params=params,
             release=release_current(at=now), release_policy=release_policy, launched_by=user,
+            deadline=now + timedelta(hours=max_hours) if max_hours is not None else None,
             created_at=now, updated_at=now,
         )
         workflow.start(at=now)
@@ -316,13 +323,33 @@ def workflow_cancel(*, workflow_id: int, reason: str = "", user: Any = None) -> 
     Idempotent: a workflow already cancelling or cancelled returns ALREADY_APPLIED.
     Raises TransitionRefused for a completed or failed workflow.
     """
+    reason = text_checked(reason, what="The reason", max_length=2000) if reason.strip() else ""
     workflow = workflow_lock(workflow_id)
     if workflow.status in (Workflow.Status.CANCELLING, Workflow.Status.CANCELLED):
         return Outcome.ALREADY_APPLIED
     if workflow.is_terminal:
         raise TransitionRefused(f"Workflow {workflow_id} is already {workflow.status}; there is nothing to cancel.")
+    return _cancel_locked(workflow, reason or "cancelled by an operator", by=_username(user), now=clock.now())
+
+
+@transaction.atomic
+def workflow_deadline_enforce_if_due(*, workflow_id: int) -> bool:
+    """Cancel a workflow whose time limit passed (commitments are compensated as for any cancel).
+
+    Idempotent: a no-op unless the workflow is unfinished, not already cancelling, and past its
+    deadline under its row lock.
+    """
+    workflow = workflow_lock(workflow_id)
     now = clock.now()
-    reason = reason.strip() or "cancelled by an operator"
+    if workflow.deadline is None or workflow.deadline > now or workflow.is_terminal:
+        return False
+    if workflow.status == Workflow.Status.CANCELLING:
+        return False
+    _cancel_locked(workflow, f"time limit reached at {workflow.deadline:%Y-%m-%d %H:%M:%S} UTC", by="", now=now)
+    return True
+
+
+def _cancel_locked(workflow: Workflow, reason: str, *, by: str, now: datetime) -> Outcome:
     workflow.request_cancel(at=now, reason=reason)
     workflow_save(workflow, "status", "reason", at=now)
     for wait in workflow.waits.filter(status=Wait.Status.OPEN):
@@ -332,7 +359,7 @@ def workflow_cancel(*, workflow_id: int, reason: str = "", user: Any = None) -> 
     workflow.activities.filter(status=Activity.Status.SCHEDULED).update(
         status=Activity.Status.CANCELLED, error="workflow cancelled", completed_at=now
     )
-    event_record(workflow=workflow, kind="workflow.cancelling", at=now, reason=reason, by=_username(user))
+    event_record(workflow=workflow, kind="workflow.cancelling", at=now, reason=reason, by=by)
     return _advance_cancellation(workflow)
 
 
@@ -353,6 +380,8 @@ def _advance_cancellation(workflow: Workflow) -> Outcome:
                 input={"operation_id": commitment.activity.operation_id, "data": commitment.data},
             ),
         )
+        if compensation.status == Activity.Status.FAILED:
+            _note_failed_compensation(workflow, compensation, now=now)
         if compensation.status != Activity.Status.SUCCEEDED:
             return Outcome.SUSPENDED
         commitment.compensated(at=now)
@@ -363,6 +392,31 @@ def _advance_cancellation(workflow: Workflow) -> Outcome:
     workflow_save(workflow, "status", at=now)
     return Outcome.APPLIED
 
+
+def _note_failed_compensation(workflow: Workflow, compensation: Activity, *, now: datetime) -> None:
+    """A compensation out of attempts needs a person: say so once, on the workflow."""
+    reason = (f"Compensation {compensation.operation_id} ({compensation.name}) failed after "
+              f"{compensation.attempt} attempts: {compensation.error}. Fix the cause, then run "
+              f"`manage.py agent resume {workflow.pk}` to try it again.")
+    if workflow.reason != reason:
+        workflow.reason = reason
+        event_record(workflow=workflow, kind="compensation.failed", at=now, operation_id=compensation.operation_id)
+        workflow_save(workflow, "reason", at=now)
+
+
+def _compensations_retry(workflow: Workflow, *, now: datetime) -> int:
+    """Give failed compensations a fresh set of attempts under their retry policy."""
+    retried = 0
+    for compensation in workflow.activities.filter(node=COMPENSATION_NODE, status=Activity.Status.FAILED):
+        budget = registry.activity_type(compensation.name).retry.max_attempts
+        Activity.objects.filter(pk=compensation.pk, status=Activity.Status.FAILED).update(
+            status=Activity.Status.SCHEDULED, max_attempts=compensation.attempt + budget, next_attempt_at=now,
+            dispatched_at=now, completed_at=None,
+        )
+        event_record(workflow=workflow, kind="compensation.retried", at=now, operation_id=compensation.operation_id)
+        doorbells.activity_run(activity_id=compensation.pk)
+        retried += 1
+    return retried
 
 
 def _commitments_for_uncertain_effects(workflow: Workflow, *, now: datetime) -> None:
@@ -380,15 +434,19 @@ def _commitments_for_uncertain_effects(workflow: Workflow, *, now: datetime) -> 
 
 @transaction.atomic
 def workflow_resume(*, workflow_id: int, user: Any = None) -> Outcome:
-    """Resume a paused workflow, or re-ring a running one whose doorbell may be lost.
+    """Resume a paused workflow, retry a cancelling workflow's failed compensations, or re-ring
+    a running one whose doorbell may be lost.
 
-    Idempotent: resuming a running workflow only rings its doorbell again.
+    Idempotent: resuming a running workflow only rings its doorbell again; only failed
+    compensations get new attempts (conditional UPDATE on status=failed).
     Raises TransitionRefused for waiting and terminal workflows, naming what they wait for.
     """
     workflow = workflow_lock(workflow_id)
     now = clock.now()
     if workflow.status == Workflow.Status.PAUSED:
         wake_locked(workflow, now=now, cause=f"resumed by {_username(user) or 'an operator'}")
+        return Outcome.APPLIED
+    if workflow.status == Workflow.Status.CANCELLING and _compensations_retry(workflow, now=now):
         return Outcome.APPLIED
     if workflow.status in (Workflow.Status.RUNNING, Workflow.Status.CANCELLING):
         doorbells.workflow_advance(workflow_id=workflow.pk)

@@ -37,6 +37,7 @@ class Command(BaseCommand):
         launch.add_argument("--goal", required=True, help="what the agent should achieve")
         launch.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="launch parameter")
         launch.add_argument("--user", help="username of the requester (may not approve its own candidates)")
+        launch.add_argument("--max-hours", type=float, help="time limit; past it the workflow is cancelled")
         launch.add_argument("--release-policy", default=Workflow.ReleasePolicy.REVALIDATE,
                             choices=Workflow.ReleasePolicy.values, help="what to do when the model release changes")
 
@@ -101,7 +102,7 @@ class Command(BaseCommand):
         params = parse_params(options["param"])
         workflow = services.workflow_launch(
             kind=options["kind"], goal=options["goal"], params=params, user=user_or_none(options["user"]),
-            release_policy=options["release_policy"],
+            release_policy=options["release_policy"], max_hours=options["max_hours"],
         )
         self._emit(options, {"id": workflow.pk, "kind": workflow.kind, "status": workflow.status},
                    f"Launched {workflow.kind} workflow {workflow.pk} on {workflow.release}.\n"
