@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentops
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install demo test docs clean
+.PHONY: install demo lint test docs clean chromium screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,19 @@ demo: $(STAMP)
 	$(BIN)/python manage.py migrate --verbosity 0
 	$(BIN)/python manage.py demo
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(BIN)/pytest
+
+# Debian's Chromium for the browser tests in tests/admin (never `playwright install`: its download is
+# blocked here). Without it those tests skip and say why.
+chromium:
+	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+	  || echo "warning: could not install chromium; the browser tests in tests/admin will be skipped"
+
+# Refresh docs/screenshots/ from the browser test that approves a release and opens its workflow page.
+screenshots: $(STAMP) chromium
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) AGENTOPS_SCREENSHOT_DIR=docs/screenshots \
+	  $(BIN)/pytest tests/admin/test_approval_queue_browser.py -q -k workflow_finishes
 
 clean:
 	rm -rf var .pytest_cache

@@ -1,11 +1,11 @@
 """Celery entry point for activity attempts."""
 import os
 
-from celery import shared_task
+from celery import Task, shared_task
 
 
 @shared_task(name="agentops.activity.run", bind=True, acks_late=True)
-def activity_run(self, activity_id: int) -> str:  # type: ignore[no-untyped-def]
+def activity_run(self: Task, activity_id: int) -> str:
     from workflows import services
 
     worker = f"{self.request.hostname}:{os.getpid()}"

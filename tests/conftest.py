@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -12,6 +13,7 @@ from django.contrib.auth.models import Group, User
 from agentops.deploytarget.server import DeployTargetServer
 from workflows import services
 from workflows.models import Activity, Wait, Workflow
+
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:

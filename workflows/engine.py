@@ -9,8 +9,9 @@ clock: the services load the recorded steps, call ``step`` and persist what it r
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Union
+from typing import Any, ClassVar
 
 from workflows.errors import InvalidInput, NonDeterminismError, Permanent
 
@@ -33,7 +34,7 @@ class Fail:
     reason: str
 
 
-Decision = Union[Goto, Complete, Fail]
+Decision = Goto | Complete | Fail
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class OpenWait:
     timeout_policy: str = "fail"
 
 
-Command = Union[ScheduleActivity, OpenWait]
+Command = ScheduleActivity | OpenWait
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,9 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     created_at = models.DateTimeField(help_text="When the workflow was launched.")
     updated_at = models.DateTimeField(help_text="When the workflow row last changed.")
 
+    # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.
+    objects: models.Manager[Workflow] = models.Manager()
+
     class Meta:
         indexes = [
             models.Index(
@@ -296,6 +299,9 @@ class Wait(ConcurrentTransitionMixin, models.Model):
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField()
 
+    # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.
+    objects: models.Manager[Wait] = models.Manager()
+
     class Meta:
         indexes = [models.Index(fields=["workflow", "status"], name="wait_workflow_status_idx")]
 
@@ -398,6 +404,9 @@ class Commitment(ConcurrentTransitionMixin, models.Model):
     data = models.JSONField(default=dict, blank=True, help_text="What the external system said about it.")
     created_at = models.DateTimeField()
     closed_at = models.DateTimeField(null=True, blank=True)
+
+    # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.
+    objects: models.Manager[Commitment] = models.Manager()
 
     def __str__(self) -> str:
         return f"{self.kind} commitment {self.pk} ({self.status})"

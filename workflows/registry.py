@@ -1,8 +1,9 @@
 """Registries of workflow definitions (by kind) and activity types (by name)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from workflows.errors import InvalidInput
 

@@ -6,8 +6,8 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from datetime import datetime, timezone
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -186,8 +186,8 @@ def _retry_after_seconds(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def _error_detail(exc: urllib.error.HTTPError) -> str:

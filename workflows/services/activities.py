@@ -12,7 +12,7 @@ from django.db import transaction
 
 from workflows import clock, doorbells, faults, registry
 from workflows.activity_context import ActivityContext, Claim
-from workflows.errors import Permanent, Refused, Retryable
+from workflows.errors import Permanent, Refused
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.common import event_record, json_checked, workflow_lock
 from workflows.services.workflows import COMPENSATION_NODE, advance_locked
@@ -20,7 +20,7 @@ from workflows.services.workflows import COMPENSATION_NODE, advance_locked
 logger = logging.getLogger("agentops.activities")
 
 
-class RunOutcome(str, enum.Enum):
+class RunOutcome(enum.StrEnum):
     RECORDED = "recorded"
     RETRY_SCHEDULED = "retry_scheduled"
     FAILED = "failed"

@@ -18,7 +18,7 @@ from workflows.services.workflows import wake_locked
 MAX_COMMENT_CHARS = 5_000
 
 
-class Decision(str, enum.Enum):
+class Decision(enum.StrEnum):
     APPLIED = "applied"
     ALREADY_APPLIED = "already_applied"
 
@@ -104,9 +104,11 @@ def _refusal(
         return (f"Wait {wait.pk} is bound to intent v{wait.intent_version}, but workflow {workflow.pk} is at "
                 f"v{workflow.intent_version}; decide on the new candidate instead.")
     if decision == Wait.Decision.APPROVED and candidate_hash != wait.candidate_hash:
-        return (f"Wait {wait.pk} is bound to candidate {wait.candidate_hash[:12]}…, not {candidate_hash[:12] or '(none)'}…; "
+        return (f"Wait {wait.pk} is bound to candidate {wait.candidate_hash[:12]}…, "
+                f"not {candidate_hash[:12] or '(none)'}…; "
                 "reopen the approval queue or `agent show` to decide on the current candidate.")
-    if workflow.launched_by_id is not None and workflow.launched_by_id == user.pk and not settings.AGENTOPS_ALLOW_SELF_APPROVAL:
+    launched_it = workflow.launched_by_id is not None and workflow.launched_by_id == user.pk
+    if launched_it and not settings.AGENTOPS_ALLOW_SELF_APPROVAL:
         return (f"User {user.username} launched workflow {workflow.pk} and may not decide its approvals "
                 "(AGENTOPS_ALLOW_SELF_APPROVAL is off); ask another approver.")
     if not (user.is_superuser or user.groups.filter(name=wait.required_role).exists()):

@@ -30,7 +30,7 @@ MAX_HOURS = 24 * 366
 COMPENSATION_NODE = "CANCEL"
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     """What a call did, so callers never repeat a side effect."""
 
     APPLIED = "applied"
@@ -59,7 +59,8 @@ def workflow_launch(
     goal = text_checked(goal, what="The goal", max_length=MAX_GOAL_CHARS)
     params = json_checked(definition.validate_params(dict(params or {})), what="The parameters")
     if release_policy not in Workflow.ReleasePolicy.values:
-        raise InvalidInput(f"Release policy {release_policy!r} is not one of {', '.join(Workflow.ReleasePolicy.values)}.")
+        choices = ", ".join(Workflow.ReleasePolicy.values)
+        raise InvalidInput(f"Release policy {release_policy!r} is not one of {choices}.")
     if max_hours is not None and not 0 < max_hours <= MAX_HOURS:
         raise InvalidInput(f"The time limit must be between 0 and {MAX_HOURS} hours; got {max_hours}.")
     now = clock.now()
@@ -167,7 +168,8 @@ def _wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) -
         defaults={
             "workflow": workflow, "kind": command.kind, "node": workflow.current_node,
             "node_visit": workflow.node_visit, "intent_version": workflow.intent_version,
-            "candidate": json_checked(command.candidate, what="The candidate"), "candidate_hash": command.candidate_hash,
+            "candidate": json_checked(command.candidate, what="The candidate"),
+            "candidate_hash": command.candidate_hash,
             "required_role": command.required_role, "state_versions": command.state_versions,
             "event_name": command.event_name, "expires_at": expires_at, "timeout_policy": command.timeout_policy,
             "created_at": now,
@@ -453,7 +455,9 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Outcome:
         return Outcome.ALREADY_APPLIED
     if workflow.status == Workflow.Status.WAITING:
         waits = ", ".join(f"{w.kind} wait {w.pk}" for w in workflow.waits.filter(status=Wait.Status.OPEN))
-        raise TransitionRefused(f"Workflow {workflow_id} is waiting on {waits or 'a wait'}; decide or signal it instead.")
+        raise TransitionRefused(
+            f"Workflow {workflow_id} is waiting on {waits or 'a wait'}; decide or signal it instead."
+        )
     raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; it cannot be resumed.")
 
 

@@ -232,7 +232,8 @@ def render_detail(detail: dict[str, Any]) -> Any:
         line = (f"\n[bold]{w['kind'].capitalize()} wait {w['id']}[/] — {w['status']} (node {w['node']}, "
                 f"intent v{w['intent_version']})")
         if w["kind"] == "approval":
-            line += f"\n  role: {w['required_role']}   expires: {w['expires_at']}\n  candidate hash: {w['candidate_hash']}"
+            line += (f"\n  role: {w['required_role']}   expires: {w['expires_at']}"
+                     f"\n  candidate hash: {w['candidate_hash']}")
             if w["status"] == "open":
                 line += (f"\n  decide: manage.py agent approve {w['id']} --user NAME "
                          f"--candidate-hash {w['candidate_hash']}")

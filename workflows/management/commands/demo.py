@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import Group, Permission, User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows import services
@@ -28,7 +29,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--goal", default="Publish release notes for version 1.0")
-        parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the final state")
+        parser.add_argument("--timeout", type=float, default=None,
+                            help="seconds to wait for the final state (default 180; 1800 with --approve-in-admin)")
+        parser.add_argument("--approve-in-admin", action="store_true",
+                            help="do not approve automatically: serve the admin and wait for you to approve there")
+        parser.add_argument("--web-port", type=int, default=8000, help="admin port with --approve-in-admin")
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.console = console_for(self.stdout)
@@ -39,6 +44,9 @@ class Command(BaseCommand):
         port = free_port()
         env = {**os.environ, "AGENTOPS_DEPLOY_TARGET_URL": f"http://127.0.0.1:{port}"}
         children = start_children(var / "demo", port, env)
+        in_admin = options["approve_in_admin"]
+        if in_admin:
+            children.append(start_web(var / "demo", options["web_port"], env))
         try:
             self.console.print(f"[bold]agentops demo[/]: database {settings.DATABASES['default']['NAME']}, "
                                f"broker {settings.CELERY_BROKER_URL}, provider {settings.AGENTOPS_MODEL_PROVIDER} "
@@ -48,17 +56,23 @@ class Command(BaseCommand):
                 params={"repo": str(repo), "test_command": f"{sys.executable} check.py"},
             )
             self.console.print(f"Launched release workflow {workflow.pk} as {requester.username}.")
-            final = self.follow(workflow.pk, approver, deadline=time.monotonic() + options["timeout"])
+            if in_admin:
+                self.console.print(
+                    f"[bold]Approve it in the admin[/]: http://127.0.0.1:{options['web_port']}"
+                    f"/admin/workflows/wait/approvals/ as {approver.username}, password {admin_password(approver)}")
+            timeout = options["timeout"] or (1800.0 if in_admin else 180.0)
+            final = self.follow(workflow.pk, approver, deadline=time.monotonic() + timeout, auto_approve=not in_admin)
         finally:
             stop_children(children)
         self.console.print(render_detail(workflow_detail(final, events=12)))
         if final.status != Workflow.Status.COMPLETED:
             raise CommandError(f"The demo workflow ended {final.status}: {final.reason or 'timed out'}. "
                                f"Logs are in {var / 'demo'}.")
-        self.console.print(f"[bold green]Workflow {final.pk} completed[/]: deployment "
-                           f"{final.result['deployment_id']}. Inspect it with `manage.py agent show {final.pk}`.")
+        deployment = (final.result or {}).get("deployment_id")
+        self.console.print(f"[bold green]Workflow {final.pk} completed[/]: deployment {deployment}. "
+                           f"Inspect it with `manage.py agent show {final.pk}`.")
 
-    def follow(self, workflow_id: int, approver: User, *, deadline: float) -> Workflow:
+    def follow(self, workflow_id: int, approver: User, *, deadline: float, auto_approve: bool = True) -> Workflow:
         """Print events as they happen; approve the first open approval as the demo approver."""
         seen = 0
         while time.monotonic() < deadline:
@@ -69,7 +83,7 @@ class Command(BaseCommand):
             if workflow.is_terminal:
                 return workflow
             wait = workflow.waits.filter(kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN).first()
-            if wait is not None:
+            if wait is not None and auto_approve:
                 self.console.print(f"  [bold]Approving[/] candidate {wait.candidate_hash[:12]}… "
                                    f"({wait.candidate['title']}) as {approver.username}")
                 services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash,
@@ -101,6 +115,24 @@ def demo_users() -> tuple[User, User]:
     approver, _ = User.objects.get_or_create(username="demo-approver")
     approver.groups.add(group)
     return requester, approver
+
+
+def admin_password(approver: User) -> str:
+    """Make the demo approver an admin user (staff, may view workflows) with a fresh random password."""
+    password = secrets.token_urlsafe(12)
+    approver.is_staff = True
+    approver.set_password(password)
+    approver.save(update_fields=["is_staff", "password"])
+    approver.user_permissions.add(*Permission.objects.filter(
+        content_type__app_label="workflows", codename__in=["view_workflow", "view_wait", "view_activity"]))
+    return password
+
+
+def start_web(logs: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "runserver", f"127.0.0.1:{port}", "--noreload"]
+    with open(logs / "web.log", "ab") as log:
+        return subprocess.Popen(argv, env=env, cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def free_port() -> int:
