@@ -4,6 +4,7 @@ Production differs from the demo by environment variables only:
 DATABASE_URL (PostgreSQL), CELERY_BROKER_URL (Redis), DJANGO_SECRET_KEY, DJANGO_DEBUG,
 DJANGO_ALLOWED_HOSTS and the AGENTOPS_* names below, each of which carries its unit.
 """
+import json
 import os
 from pathlib import Path
 
@@ -183,11 +184,37 @@ AGENTOPS_SWEEP_BATCH_SIZE = env_int("AGENTOPS_SWEEP_BATCH_SIZE", 200)
 AGENTOPS_DEPLOY_TARGET_URL = env_str("AGENTOPS_DEPLOY_TARGET_URL", "http://127.0.0.1:8765")
 AGENTOPS_HTTP_TIMEOUT_SECONDS = env_float("AGENTOPS_HTTP_TIMEOUT_SECONDS", 10.0)
 AGENTOPS_TEST_TIMEOUT_SECONDS = env_int("AGENTOPS_TEST_TIMEOUT_SECONDS", 300)
-# The offline scripted provider is the default; the anthropic provider arrives with the reasoning plane.
-AGENTOPS_MODEL_PROVIDER = env_str("AGENTOPS_MODEL_PROVIDER", "scripted")
-AGENTOPS_MODEL = env_str("AGENTOPS_MODEL", "claude-sonnet-4-5")
-AGENTOPS_PROMPT_VERSION = env_str("AGENTOPS_PROMPT_VERSION", "release-prompt-1")
+# Claude when an API key is set, else the offline scripted provider. The key is a secret: never log it.
+ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY", "")
+ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL", "") or "https://api.anthropic.com"
+AGENTOPS_MODEL_PROVIDER = env_str("AGENTOPS_MODEL_PROVIDER", "anthropic" if ANTHROPIC_API_KEY else "scripted")
+AGENTOPS_MODEL = env_str("AGENTOPS_MODEL", "claude-sonnet-5-5")
+# The SDK's own in-process retries (0–2); 429/529 beyond them become stored retry windows.
+AGENTOPS_ANTHROPIC_MAX_RETRIES = env_int("AGENTOPS_ANTHROPIC_MAX_RETRIES", 1)
+if not 0 <= AGENTOPS_ANTHROPIC_MAX_RETRIES <= 2:
+    raise ImproperlyConfigured(f"AGENTOPS_ANTHROPIC_MAX_RETRIES={AGENTOPS_ANTHROPIC_MAX_RETRIES} must be 0, 1 or 2.")
+AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS = env_float("AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS", 120.0)
+if not AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS > 0:
+    raise ImproperlyConfigured(
+        f"AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS={AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS} must be above 0.")
+AGENTOPS_PROMPT_VERSION = env_str("AGENTOPS_PROMPT_VERSION", "prompts-1")
 AGENTOPS_WORKSPACE_DIR = Path(env_str("AGENTOPS_WORKSPACE_DIR", str(VAR_DIR / "workspaces")))
+# USD per million tokens; cache reads and writes have their own prices. Override the whole
+# table with AGENTOPS_MODEL_PRICES_JSON (same shape). "default" prices unknown models.
+_DEFAULT_PRICES = {
+    "claude-opus-4-5": {"input": 5, "output": 25, "cache_read": 0.5, "cache_write": 6.25},
+    "claude-sonnet-5-5": {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75},
+    "claude-sonnet-4-5": {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75},
+    "claude-haiku-4-5": {"input": 1, "output": 5, "cache_read": 0.1, "cache_write": 1.25},
+    "default": {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75},
+}
+try:
+    AGENTOPS_MODEL_PRICES_USD_PER_MTOK = json.loads(os.environ.get("AGENTOPS_MODEL_PRICES_JSON") or "null") \
+        or _DEFAULT_PRICES
+except json.JSONDecodeError as exc:
+    raise ImproperlyConfigured(f"AGENTOPS_MODEL_PRICES_JSON is not valid JSON: {exc}.") from None
+AGENTOPS_STAGNATION_WINDOW_HOURS = env_float("AGENTOPS_STAGNATION_WINDOW_HOURS", 6.0)
+AGENTOPS_SILENCE_HOURS = env_float("AGENTOPS_SILENCE_HOURS", 2.0)
 # Fault points fire only in test runs that set this; production never does.
 AGENTOPS_TESTING_FAULTS = env_str("AGENTOPS_TESTING_FAULTS", "")
 AGENTOPS_FAULT_LOG = env_str("AGENTOPS_FAULT_LOG", str(VAR_DIR / "faults.log"))
@@ -203,4 +230,10 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": max(10.0, 5 * AGENTOPS_BEAT_INTERVAL_SECONDS)},
     }
     for name in ("fire_timers", "redrive_activities", "reap_leases", "redrive_workflows", "enforce_deadlines")
+}
+AGENTOPS_STAGNATION_CHECK_SECONDS = env_int("AGENTOPS_STAGNATION_CHECK_SECONDS", 60)
+CELERY_BEAT_SCHEDULE["check_stagnation"] = {
+    "task": "agentops.beat.check_stagnation",
+    "schedule": schedule(AGENTOPS_STAGNATION_CHECK_SECONDS),
+    "options": {"expires": float(AGENTOPS_STAGNATION_CHECK_SECONDS)},
 }

@@ -35,3 +35,10 @@ def enforce_deadlines() -> int:
     from workflows import services
 
     return services.deadlines_enforce()
+
+
+@shared_task(name="agentops.beat.check_stagnation", acks_late=True)
+def check_stagnation() -> int:
+    from workflows import services
+
+    return services.stagnation_check()

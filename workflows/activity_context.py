@@ -60,5 +60,13 @@ class ActivityContext:
                 operation_id=self.operation_id,
             )
 
+    def note(self, kind: str, **data: Any) -> None:
+        """Record an event in the workflow's history for this attempt (raises LeaseLost when fenced off)."""
+        from workflows.services import activity_note_if_current
+
+        if not activity_note_if_current(claim=self.claim, kind=kind, data=data):
+            raise LeaseLost(f"Attempt {self.attempt} of {self.operation_id} lost its lease; stopping.",
+                            operation_id=self.operation_id)
+
     def faultpoint(self, point: str) -> None:
         faults.faultpoint(point, activity=self.claim.name, attempt=self.attempt, operation_id=self.operation_id)

@@ -236,6 +236,10 @@ class WorkflowDefinition:
     nodes: ClassVar[tuple[str, ...]]
     start_node: ClassVar[str]
     revalidate_node: ClassVar[str]
+    # Where a stagnation policy of "replan" sends the workflow; empty: the definition cannot re-plan.
+    adapt_node: ClassVar[str] = ""
+    # Time limit applied when the launch gives none; None: no limit.
+    default_max_hours: ClassVar[float | None] = None
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """Check launch parameters; raise InvalidInput with a field-level message."""

@@ -59,3 +59,11 @@ class Permanent(AgentOpsError):
 
 class NonDeterminismError(Permanent):
     """A node handler asked for a different step than the one recorded at the same position."""
+
+
+class BudgetDeferred(Retryable):
+    """Over the hourly budget: the work waits for ``retry_after_seconds`` without using up an attempt."""
+
+
+class BudgetExhausted(AgentOpsError):
+    """Over the total budget: the workflow pauses until a person raises the budget."""

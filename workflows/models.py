@@ -44,6 +44,11 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         REVALIDATE = "revalidate", "Revalidate: adopt the new release and revalidate the candidate"
         FAIL = "fail", "Fail: stop the workflow when its release changed"
 
+    class StagnationPolicy(models.TextChoices):
+        REPLAN = "replan", "Re-plan: go to the definition's adaptation node"
+        PAUSE = "pause", "Pause for a person"
+        RECORD = "record", "Only record it"
+
     TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
     CANCELLABLE = (Status.CREATED, Status.RUNNING, Status.WAITING, Status.PAUSED)
 
@@ -81,6 +86,27 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     checkpoint = models.ForeignKey(
         "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
         help_text="The latest checkpoint.",
+    )
+    priority = models.PositiveSmallIntegerField(
+        default=5, help_text="0–10; work at 9 or above may pass the hourly budget, never the total."
+    )
+    budget_total_usd = models.DecimalField(
+        max_digits=12, decimal_places=4, null=True, blank=True,
+        help_text="Total model spend allowed (USD); over it the workflow pauses for a person. Empty: no limit.",
+    )
+    budget_hourly_usd = models.DecimalField(
+        max_digits=12, decimal_places=4, null=True, blank=True,
+        help_text="Model spend allowed in any hour (USD); over it work is deferred. Empty: no limit.",
+    )
+    stagnation_window_hours = models.FloatField(
+        default=6.0, help_text="Progress must move 5 points within this window, or the workflow is stagnating."
+    )
+    stagnation_policy = models.CharField(
+        max_length=10, choices=StagnationPolicy.choices, default=StagnationPolicy.RECORD,
+        help_text="What beat does when the workflow stagnates.",
+    )
+    stagnation_flagged_at = models.DateTimeField(
+        null=True, blank=True, help_text="When stagnation was last flagged (once per window)."
     )
     deadline = models.DateTimeField(
         null=True, blank=True, help_text="Time limit of the whole run, if any; past it, beat cancels the workflow."
@@ -452,3 +478,63 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.seq} {self.kind}"
+
+
+class UsageEntry(models.Model):
+    """One model call in the usage ledger: reserved before the call, charged after it.
+
+    ``key`` is the activity's operation id plus the call's position in it, so a retried
+    attempt finds its row and is charged once.
+    """
+
+    class Status(models.TextChoices):
+        RESERVED = "reserved", "Reserved: the estimate is held while the call runs"
+        CHARGED = "charged", "Charged: the call's real cost"
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="usage")
+    key = models.CharField(max_length=240, unique=True, help_text="Operation id and call number; unique.")
+    operation_id = models.CharField(max_length=200, help_text="Activity that made the call.")
+    provider = models.CharField(max_length=40)
+    model = models.CharField(max_length=120)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.RESERVED)
+    reserved_usd = models.DecimalField(max_digits=12, decimal_places=6, help_text="Estimate held before the call.")
+    cost_usd = models.DecimalField(
+        max_digits=12, decimal_places=6, null=True, blank=True, help_text="Real cost from the reported usage."
+    )
+    input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cache_read_tokens = models.PositiveIntegerField(default=0)
+    cache_write_tokens = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()
+    charged_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "usage entries"
+        indexes = [models.Index(fields=["workflow", "created_at"], name="usage_workflow_time_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.cost_usd if self.cost_usd is not None else self.reserved_usd} USD ({self.status})"
+
+    @property
+    def amount_usd(self) -> Any:
+        """What the entry counts against the budget: the cost once charged, the estimate before."""
+        return self.cost_usd if self.status == self.Status.CHARGED else self.reserved_usd
+
+
+class ProgressSample(models.Model):
+    """A model-assessed progress reading, taken after a verification."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="progress")
+    operation_id = models.CharField(max_length=200, unique=True, help_text="Activity that assessed it.")
+    percent = models.PositiveSmallIntegerField(help_text="0–100.")
+    achievements = models.JSONField(default=list, blank=True)
+    remaining = models.JSONField(default=list, blank=True, help_text="Work the model says is left.")
+    estimated_completion = models.DateTimeField(null=True, blank=True)
+    confidence = models.FloatField(help_text="0–1, the model's confidence in this reading.")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["workflow", "created_at"], name="progress_workflow_time_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.percent}% for workflow {self.workflow_id}"

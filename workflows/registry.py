@@ -41,6 +41,7 @@ class ActivityType:
     reconcile: ActivityFn | None = None
     commitment: str = ""
     compensation: str = ""
+    records_progress: bool = False
 
 
 _definitions: dict[str, type[WorkflowDefinition]] = {}
@@ -74,8 +75,10 @@ def activity(
     reconcile: ActivityFn | None = None,
     commitment: str = "",
     compensation: str = "",
+    records_progress: bool = False,
 ) -> Callable[[ActivityFn], ActivityFn]:
-    """Register an activity type. ``reconcile`` asks the outside world whether a lost attempt took effect."""
+    """Register an activity type. ``reconcile`` asks the outside world whether a lost attempt took effect;
+    ``records_progress`` stores the result's ``progress`` object as a progress sample."""
 
     def register(fn: ActivityFn) -> ActivityFn:
         if name in _activities:
@@ -83,6 +86,7 @@ def activity(
         _activities[name] = ActivityType(
             name=name, fn=fn, retry=retry or RetryPolicy(), lease_seconds=lease_seconds,
             reconcile=reconcile, commitment=commitment, compensation=compensation,
+            records_progress=records_progress,
         )
         return fn
 

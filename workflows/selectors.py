@@ -1,12 +1,14 @@
 """Reads for the engine, the admin and the commands; no writes."""
 from __future__ import annotations
 
+from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, F, QuerySet, Sum
 
-from workflows import engine
-from workflows.models import Activity, Event, Intent, Wait, Workflow
+from workflows import clock, engine
+from workflows.models import Activity, Event, Intent, UsageEntry, Wait, Workflow
 
 
 def current_goal(workflow: Workflow) -> str:
@@ -94,7 +96,48 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
         for c in workflow.commitments.select_related("activity").order_by("pk")
     ]
     recent = Event.objects.filter(workflow=workflow).order_by("-seq")[:events]
+    detail["tasks"] = [*workflow.state.get("history", []), *workflow.state.get("tasks", [])]
+    detail["spend"] = spend_summary(workflow)
+    detail["progress"] = [
+        {"percent": p.percent, "confidence": p.confidence, "achievements": p.achievements, "remaining": p.remaining,
+         "at": p.created_at.isoformat()}
+        for p in workflow.progress.order_by("-created_at")[:5]
+    ]
     detail["events"] = [
         {"seq": e.seq, "kind": e.kind, "at": e.created_at.isoformat(), "data": e.data} for e in reversed(recent)
     ]
     return detail
+
+
+MICRO_USD = Decimal("0.000001")
+
+
+def spend_summary(workflow: Workflow) -> dict[str, Any]:
+    """Spend, remaining budget, runway at the last hour's rate, and suggestions for a person."""
+    from workflows.services.budgets import spent_usd
+
+    now = clock.now()
+    entries = UsageEntry.objects.filter(workflow=workflow)
+    spent = spent_usd(workflow)
+    last_hour = sum((e.amount_usd for e in entries.filter(created_at__gt=now - timedelta(hours=1))), Decimal(0))
+    totals = entries.aggregate(calls=Count("pk"), tokens=Sum(F("input_tokens") + F("output_tokens")))
+    calls = totals["calls"] or 0
+    tokens_per_call = (totals["tokens"] or 0) // calls if calls else 0
+    remaining = workflow.budget_total_usd - spent if workflow.budget_total_usd is not None else None
+    runway = round(float(remaining / last_hour), 1) if remaining is not None and last_hour > 0 else None
+    suggestions = []
+    if runway is not None and runway < 24:
+        suggestions.append(f"runway is {runway} h at the last hour's rate: reduce how often the agent calls the model")
+    if tokens_per_call > 2000:
+        suggestions.append(f"{tokens_per_call} tokens per call: trim the context sent with each call")
+    return {
+        "spent_usd": str(spent.quantize(MICRO_USD)), "last_hour_usd": str(Decimal(last_hour).quantize(MICRO_USD)),
+        "budget_total_usd": _str(workflow.budget_total_usd), "budget_hourly_usd": _str(workflow.budget_hourly_usd),
+        "remaining_usd": _str(remaining.quantize(MICRO_USD) if remaining is not None else None),
+        "runway_hours": runway, "calls": calls, "tokens_per_call": tokens_per_call,
+        "priority": workflow.priority, "suggestions": suggestions,
+    }
+
+
+def _str(value: Decimal | None) -> str | None:
+    return None if value is None else str(value)

@@ -1,2 +1,2 @@
 """Activity implementations (the execution plane), registered by name on import."""
-from agentops.activities import release  # noqa: F401
+from agentops.activities import autonomous, release  # noqa: F401

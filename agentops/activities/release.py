@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings
 
 from agentops import providers
+from agentops.budgets import metered_complete
 from agentops.deploytarget import client
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent
@@ -53,12 +54,12 @@ PROPOSE_SYSTEM = (
 )
 
 
-@activity("propose_change", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0))
+@activity("propose_change", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0), lease_seconds=300)
 def propose_change(ctx: ActivityContext) -> dict[str, Any]:
     evidence = ctx.input["evidence"]
     provider = providers.get_provider()
-    response = provider.complete(
-        system=PROPOSE_SYSTEM,
+    response = metered_complete(
+        ctx, call=0, system=PROPOSE_SYSTEM,
         messages=[{"role": "user", "content": f"<goal>{ctx.input['goal']}</goal>\n"
                    f"Repository at {evidence['head']} on {evidence['branch']} with {evidence['files']} files."}],
         max_tokens=2000,

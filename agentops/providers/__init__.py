@@ -1,4 +1,4 @@
-"""Model providers behind one interface; the offline scripted provider is the default."""
+"""Model providers behind one interface: anthropic when ANTHROPIC_API_KEY is set, else the offline scripted one."""
 from __future__ import annotations
 
 from typing import Any
@@ -11,17 +11,18 @@ from agentops.providers.scripted import ScriptedProvider
 
 __all__ = ["ModelProvider", "ModelResponse", "Usage", "get_provider", "current_release_spec"]
 
-TOOL_VERSIONS = {"git": "1", "test-runner": "1", "deploy-target": "1"}
+TOOL_VERSIONS = {"git": "1", "test-runner": "1", "deploy-target": "1", "workspace-tools": "1"}
 
 
 def get_provider() -> ModelProvider:
     name = settings.AGENTOPS_MODEL_PROVIDER
     if name == "scripted":
         return ScriptedProvider(model=settings.AGENTOPS_MODEL)
-    raise ImproperlyConfigured(
-        f"AGENTOPS_MODEL_PROVIDER={name!r} is not available in this version; use 'scripted' "
-        "(the anthropic provider ships with the reasoning-plane work)."
-    )
+    if name == "anthropic":
+        from agentops.providers.anthropic import AnthropicProvider  # the SDK takes seconds to import
+
+        return AnthropicProvider.from_settings()
+    raise ImproperlyConfigured(f"AGENTOPS_MODEL_PROVIDER={name!r} is not a provider; use 'anthropic' or 'scripted'.")
 
 
 def current_release_spec() -> dict[str, Any]:

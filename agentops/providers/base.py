@@ -21,6 +21,19 @@ class ModelResponse:
     stop_reason: str
     usage: Usage
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    # The assistant's content blocks as plain JSON-able dicts (text, tool_use, thinking, …), to be
+    # sent back verbatim in a tool_use → tool_result round trip; empty from providers that answer
+    # with text and tool calls only (``assistant_turn`` then rebuilds the blocks).
+    content: list[dict[str, Any]] = field(default_factory=list)
+    request_id: str = ""
+
+    def assistant_turn(self) -> dict[str, Any]:
+        """This answer as the assistant message of the next request."""
+        blocks = self.content or [
+            *([{"type": "text", "text": self.text}] if self.text else []),
+            *({"type": "tool_use", **call} for call in self.tool_calls),
+        ]
+        return {"role": "assistant", "content": blocks}
 
 
 class ModelProvider(Protocol):

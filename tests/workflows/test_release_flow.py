@@ -103,5 +103,5 @@ def test_bad_goals_are_refused(git_repo, goal, message):
 
 
 def test_unknown_kind_is_refused(db):
-    with pytest.raises(InvalidInput, match="Unknown workflow kind 'nope'; known kinds: release"):
+    with pytest.raises(InvalidInput, match="Unknown workflow kind 'nope'; known kinds: autonomous, "):
         services.workflow_launch(kind="nope", goal="g")

@@ -1,2 +1,2 @@
 """Workflow definitions shipped with agentops, registered by kind on import."""
-from workflows.definitions import release  # noqa: F401
+from workflows.definitions import autonomous, release  # noqa: F401

@@ -12,9 +12,11 @@ from django.db import transaction
 
 from workflows import clock, doorbells, faults, registry
 from workflows.activity_context import ActivityContext, Claim
-from workflows.errors import Permanent, Refused
+from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Refused
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
+from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import event_record, json_checked, workflow_lock
+from workflows.services.progress import progress_record_once, progress_validate
 from workflows.services.workflows import COMPENSATION_NODE, advance_locked
 
 logger = logging.getLogger("agentops.activities")
@@ -24,6 +26,8 @@ class RunOutcome(enum.StrEnum):
     RECORDED = "recorded"
     RETRY_SCHEDULED = "retry_scheduled"
     FAILED = "failed"
+    DEFERRED = "deferred"
+    PAUSED = "paused"
     SKIPPED = "skipped"
     STALE = "stale"
 
@@ -72,7 +76,9 @@ def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -
         spec = registry.activity_type(activity.name)
         token = uuid.uuid4().hex
         lease = spec.lease_seconds or settings.AGENTOPS_LEASE_SECONDS
-        claimed = Activity.objects.filter(
+        # A paused workflow (e.g. out of budget) starts no new attempts until a person resumes it.
+        paused = workflow.status == Workflow.Status.PAUSED
+        claimed = not paused and Activity.objects.filter(
             pk=activity_id, status=Activity.Status.SCHEDULED, attempt=activity.attempt, next_attempt_at__lte=now
         ).update(
             status=Activity.Status.RUNNING, attempt=activity.attempt + 1, lease_token=token,
@@ -80,7 +86,8 @@ def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -
         )
         if not claimed:
             event_record(workflow=workflow, kind="activity.doorbell_ignored", at=now,
-                         operation_id=activity.operation_id, status=activity.status, worker=worker)
+                         operation_id=activity.operation_id, status="workflow paused" if paused else activity.status,
+                         worker=worker)
             return None
         number = activity.attempt + 1
         ActivityAttempt.objects.create(
@@ -129,17 +136,26 @@ def activity_result_record_if_current(*, claim: Claim, result: Any, reconciled: 
         result = json_checked(result, what=f"The result of activity {claim.name}")
     except Refused as exc:
         return _record_failure_locked(workflow, claim, exc, retryable=False)
+    spec = registry.activity_type(claim.name)
+    if spec.records_progress:
+        try:
+            progress_validate(result)
+        except Refused as exc:
+            return _record_failure_locked(workflow, claim, exc, retryable=False)
     if not _fenced(claim).update(status=Activity.Status.SUCCEEDED, result=result, error="", completed_at=now,
                                  lease_expires_at=None):
         return _refuse_stale(workflow, claim)
     _attempt_finish(claim, ActivityAttempt.Status.SUCCEEDED)
-    spec = registry.activity_type(claim.name)
     if spec.commitment:
         Commitment.objects.get_or_create(
             activity_id=claim.activity_id,
             defaults={"workflow": workflow, "kind": spec.commitment, "compensation": spec.compensation,
                       "data": result if isinstance(result, dict) else {"result": result}, "created_at": now},
         )
+    if spec.records_progress:
+        sample = progress_record_once(workflow=workflow, operation_id=claim.operation_id, result=result, now=now)
+        event_record(workflow=workflow, kind="progress.sampled", at=now, percent=sample.percent,
+                     confidence=sample.confidence)
     event_record(workflow=workflow, kind="activity.succeeded", at=now, operation_id=claim.operation_id,
                  attempt=claim.attempt, reconciled=reconciled)
     advance_locked(workflow)
@@ -165,13 +181,21 @@ def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseExceptio
     if workflow.status == Workflow.Status.CANCELLING and activity.node != COMPENSATION_NODE:
         updated = _fenced(claim).update(status=Activity.Status.CANCELLED, error=message, completed_at=now)
         outcome = RunOutcome.FAILED
-    elif retryable and claim.attempt < activity.max_attempts:
+    elif isinstance(error, BudgetExhausted):
+        if not _fenced(claim).exists():
+            return _refuse_stale(workflow, claim)
+        _attempt_finish(claim, ActivityAttempt.Status.FAILED, message)
+        pause_for_budget_locked(workflow, activity, error, now=now)
+        return RunOutcome.PAUSED
+    elif retryable and (claim.attempt < activity.max_attempts or isinstance(error, BudgetDeferred)):
         delay = getattr(error, "retry_after_seconds", None) or spec.retry.delay_after(claim.attempt)
+        # A budget deferral is a wait for money, not a failed try: it gives its attempt back.
+        refund = 1 if isinstance(error, BudgetDeferred) else 0
         updated = _fenced(claim).update(
             status=Activity.Status.SCHEDULED, error=message, next_attempt_at=now + timedelta(seconds=delay),
-            dispatched_at=None, lease_expires_at=None,
+            dispatched_at=None, lease_expires_at=None, max_attempts=activity.max_attempts + refund,
         )
-        outcome = RunOutcome.RETRY_SCHEDULED
+        outcome = RunOutcome.DEFERRED if refund else RunOutcome.RETRY_SCHEDULED
     else:
         updated = _fenced(claim).update(status=Activity.Status.FAILED, error=message, completed_at=now,
                                         lease_expires_at=None)
@@ -237,4 +261,18 @@ def activity_lease_expire_if_due(*, activity_id: int) -> bool:
             doorbells.activity_run(activity_id=activity_id)
         else:
             advance_locked(workflow)
+    return True
+
+
+def activity_note_if_current(*, claim: Claim, kind: str, data: dict[str, Any]) -> bool:
+    """Append an event on behalf of a running attempt (e.g. each tool call), fenced like a result.
+
+    Not idempotent: a retried attempt notes its own calls again, under its attempt number.
+    """
+    with transaction.atomic():
+        workflow = workflow_lock(claim.workflow_id)
+        if not _fenced(claim).exists():
+            return False
+        event_record(workflow=workflow, kind=kind, at=clock.now(), operation_id=claim.operation_id,
+                     attempt=claim.attempt, **json_checked(data, what=f"The {kind} note"))
     return True

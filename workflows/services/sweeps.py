@@ -37,7 +37,7 @@ def activities_redrive_due() -> int:
     cutoff = now - timedelta(seconds=settings.AGENTOPS_REDISPATCH_AFTER_SECONDS)
     due = Activity.objects.filter(status=Activity.Status.SCHEDULED, next_attempt_at__lte=now).filter(
         Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=cutoff)
-    )
+    ).exclude(workflow__status=Workflow.Status.PAUSED)
     rung = 0
     for pk, dispatched_at in due.values_list("pk", "dispatched_at")[: _batch()]:
         claim = Activity.objects.filter(pk=pk, status=Activity.Status.SCHEDULED)

@@ -4,8 +4,10 @@ from __future__ import annotations
 import enum
 import logging
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
@@ -26,6 +28,7 @@ logger = logging.getLogger("agentops.workflows")
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
 MAX_HOURS = 24 * 366
+MAX_BUDGET_USD = Decimal(10) ** 8
 # Compensation activities are recorded under this pseudo-node; no handler replays them.
 COMPENSATION_NODE = "CANCEL"
 
@@ -47,6 +50,10 @@ def workflow_launch(
     user: Any = None,
     release_policy: str = Workflow.ReleasePolicy.REVALIDATE,
     max_hours: float | None = None,
+    priority: int = 5,
+    budget_total_usd: Decimal | None = None,
+    budget_hourly_usd: Decimal | None = None,
+    stagnation_policy: str = Workflow.StagnationPolicy.RECORD,
 ) -> Workflow:
     """Create a workflow with intent v1 and ring its first advance.
 
@@ -61,14 +68,27 @@ def workflow_launch(
     if release_policy not in Workflow.ReleasePolicy.values:
         choices = ", ".join(Workflow.ReleasePolicy.values)
         raise InvalidInput(f"Release policy {release_policy!r} is not one of {choices}.")
+    if max_hours is None:
+        max_hours = definition.default_max_hours
     if max_hours is not None and not 0 < max_hours <= MAX_HOURS:
         raise InvalidInput(f"The time limit must be between 0 and {MAX_HOURS} hours; got {max_hours}.")
+    if stagnation_policy not in Workflow.StagnationPolicy.values:
+        choices = ", ".join(Workflow.StagnationPolicy.values)
+        raise InvalidInput(f"Stagnation policy {stagnation_policy!r} is not one of {choices}.")
+    if not 0 <= priority <= 10:
+        raise InvalidInput(f"The priority must be a whole number from 0 to 10; got {priority}.")
+    for name, value in (("total", budget_total_usd), ("hourly", budget_hourly_usd)):
+        if value is not None and not Decimal(0) < value < MAX_BUDGET_USD:
+            raise InvalidInput(f"The {name} budget must be a positive amount of USD under {MAX_BUDGET_USD:,}; "
+                               f"got {value}.")
     now = clock.now()
     with transaction.atomic():
         workflow = Workflow(
             kind=kind, definition_version=definition.version, current_node=definition.start_node, params=params,
             release=release_current(at=now), release_policy=release_policy, launched_by=user,
-            deadline=now + timedelta(hours=max_hours) if max_hours is not None else None,
+            deadline=now + timedelta(hours=max_hours) if max_hours is not None else None, priority=priority,
+            budget_total_usd=budget_total_usd, budget_hourly_usd=budget_hourly_usd,
+            stagnation_policy=stagnation_policy, stagnation_window_hours=settings.AGENTOPS_STAGNATION_WINDOW_HOURS,
             created_at=now, updated_at=now,
         )
         workflow.start(at=now)
@@ -116,7 +136,7 @@ def advance_locked(workflow: Workflow) -> Outcome:
                 continue
             return Outcome.SUSPENDED
         if isinstance(decision, engine.Goto):
-            _enter_node(workflow, decision.node, decision.updates, now=now)
+            enter_node(workflow, decision.node, decision.updates, now=now)
             continue
         if isinstance(decision, engine.Complete):
             _complete(workflow, decision.result, now=now)
@@ -194,7 +214,7 @@ def _wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) -
     return False
 
 
-def _enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: datetime) -> None:
+def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: datetime) -> None:
     previous = workflow.current_node
     workflow.state = json_checked({**workflow.state, **updates}, what=f"State written by node {previous}")
     workflow.enter_node(node, at=now)
@@ -230,6 +250,11 @@ def wake_locked(workflow: Workflow, *, now: datetime, cause: str) -> None:
     event_record(workflow=workflow, kind="workflow.woken", at=now, cause=cause)
     workflow_save(workflow, "status", at=now)
     doorbells.workflow_advance(workflow_id=workflow.pk)
+    # Work parked while the workflow was paused has no doorbell in flight.
+    for pk in workflow.activities.filter(status=Activity.Status.SCHEDULED, next_attempt_at__lte=now).values_list(
+        "pk", flat=True
+    ):
+        doorbells.activity_run(activity_id=pk)
     current = release_current(at=now)
     if current.pk == workflow.release_id:
         return
@@ -248,7 +273,7 @@ def wake_locked(workflow: Workflow, *, now: datetime, cause: str) -> None:
             Q(decision=Wait.Decision.REJECTED) | Q(status=Wait.Status.EXPIRED, timeout_policy="fail")
         )
         if not final.exists():
-            _enter_node(workflow, registry.definition(workflow.kind).revalidate_node, {}, now=now)
+            enter_node(workflow, registry.definition(workflow.kind).revalidate_node, {}, now=now)
 
 
 def _signal_consume(workflow: Workflow, wait: Wait, signal: Signal, *, now: datetime) -> None:
@@ -313,7 +338,7 @@ def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None) -> Inte
     if workflow.status == Workflow.Status.WAITING:
         workflow.wake(at=now)
         workflow_save(workflow, "status", at=now)
-    _enter_node(workflow, registry.definition(workflow.kind).revalidate_node, {}, now=now)
+    enter_node(workflow, registry.definition(workflow.kind).revalidate_node, {}, now=now)
     doorbells.workflow_advance(workflow_id=workflow.pk)
     return intent
 

@@ -5,7 +5,9 @@ request was refused (stale candidate, wrong role, expired wait, workflow in the 
 """
 from __future__ import annotations
 
+import argparse
 import json
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -38,6 +40,11 @@ class Command(BaseCommand):
         launch.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="launch parameter")
         launch.add_argument("--user", help="username of the requester (may not approve its own candidates)")
         launch.add_argument("--max-hours", type=float, help="time limit; past it the workflow is cancelled")
+        launch.add_argument("--budget-total", type=usd, metavar="USD", help="total model spend allowed")
+        launch.add_argument("--budget-hourly", type=usd, metavar="USD", help="model spend allowed per hour")
+        launch.add_argument("--priority", type=int, default=5, help="0–10; 9 and above may pass the hourly budget")
+        launch.add_argument("--stagnation-policy", default=Workflow.StagnationPolicy.RECORD,
+                            choices=Workflow.StagnationPolicy.values, help="what beat does when progress stalls")
         launch.add_argument("--release-policy", default=Workflow.ReleasePolicy.REVALIDATE,
                             choices=Workflow.ReleasePolicy.values, help="what to do when the model release changes")
 
@@ -77,6 +84,12 @@ class Command(BaseCommand):
         cancel.add_argument("--reason", default="")
         cancel.add_argument("--user", help="username of who cancelled")
 
+        budget = verb("budget", "Set a workflow's budget (audited); a workflow paused for budget resumes.")
+        budget.add_argument("id", type=int)
+        budget.add_argument("--total", type=usd, metavar="USD")
+        budget.add_argument("--hourly", type=usd, metavar="USD")
+        budget.add_argument("--user", required=True, help="username of who changed the budget")
+
         resume = verb("resume", "Resume a paused workflow (or re-ring a running one).")
         resume.add_argument("id", type=int)
         resume.add_argument("--user", help="username of who resumed")
@@ -102,7 +115,9 @@ class Command(BaseCommand):
         params = parse_params(options["param"])
         workflow = services.workflow_launch(
             kind=options["kind"], goal=options["goal"], params=params, user=user_or_none(options["user"]),
-            release_policy=options["release_policy"], max_hours=options["max_hours"],
+            release_policy=options["release_policy"], max_hours=options["max_hours"], priority=options["priority"],
+            budget_total_usd=options["budget_total"], budget_hourly_usd=options["budget_hourly"],
+            stagnation_policy=options["stagnation_policy"],
         )
         self._emit(options, {"id": workflow.pk, "kind": workflow.kind, "status": workflow.status},
                    f"Launched {workflow.kind} workflow {workflow.pk} on {workflow.release}.\n"
@@ -173,6 +188,16 @@ class Command(BaseCommand):
         self._emit(options, {"id": options["id"], "outcome": outcome.value, "status": status},
                    text.get(outcome, f"Workflow {options['id']} is {status}; commitments are compensated first."))
 
+    def _budget(self, options: dict[str, Any]) -> None:
+        workflow = services.workflow_budget_set(
+            workflow_id=options["id"], user=user_by_name(options["user"]), total_usd=options["total"],
+            hourly_usd=options["hourly"],
+        )
+        spend = selectors.spend_summary(workflow)
+        self._emit(options, {"id": workflow.pk, "status": workflow.status, "spend": spend},
+                   f"Workflow {workflow.pk} budget: total {spend['budget_total_usd'] or 'unlimited'} USD, "
+                   f"hourly {spend['budget_hourly_usd'] or 'unlimited'} USD; it is {workflow.status}.")
+
     def _resume(self, options: dict[str, Any]) -> None:
         outcome = services.workflow_resume(workflow_id=options["id"], user=user_or_none(options["user"]))
         text = ("Workflow resumed." if outcome == services.Outcome.APPLIED
@@ -183,6 +208,17 @@ class Command(BaseCommand):
 def console_for(stream: Any) -> Console:
     """A rich console on the command's stdout; 120 columns when not a terminal (pipes, logs)."""
     return Console(file=stream, highlight=False, width=None if stream.isatty() else 120)
+
+
+def usd(raw: str) -> Decimal:
+    """An argparse type: a positive amount of US dollars."""
+    try:
+        value = Decimal(raw)
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not an amount of USD, e.g. 12.50") from None
+    if not value.is_finite() or value <= 0:
+        raise argparse.ArgumentTypeError(f"{raw!r} must be a positive amount of USD")
+    return value
 
 
 def parse_params(pairs: list[str]) -> dict[str, str]:
@@ -227,6 +263,13 @@ def render_detail(detail: dict[str, Any]) -> Any:
             f"prompt {detail['release']['prompt_version']}")
     if detail["reason"]:
         head += f"\nReason: {detail['reason']}"
+    spend = detail["spend"]
+    head += (f"\nSpend: {spend['spent_usd']} USD of {spend['budget_total_usd'] or 'unlimited'} "
+             f"(last hour {spend['last_hour_usd']} of {spend['budget_hourly_usd'] or 'unlimited'}) over "
+             f"{spend['calls']} model calls, {spend['tokens_per_call']} tokens per call"
+             + (f"; runway {spend['runway_hours']} h" if spend["runway_hours"] is not None else ""))
+    for suggestion in spend["suggestions"]:
+        head += f"\n  suggestion: {suggestion}"
     parts: list[Any] = [head]
     for w in detail["waits"]:
         line = (f"\n[bold]{w['kind'].capitalize()} wait {w['id']}[/] — {w['status']} (node {w['node']}, "
@@ -240,6 +283,15 @@ def render_detail(detail: dict[str, Any]) -> Any:
             elif w["decision"]:
                 line += f"\n  {w['decision']} by {w['decided_by']}"
         parts.append(line)
+    if detail["progress"]:
+        latest = detail["progress"][0]
+        parts.append(f"Progress: {latest['percent']}% (confidence {latest['confidence']:.0%}) at {latest['at'][:19]}; "
+                     f"remaining: {', '.join(latest['remaining']) or 'nothing'}")
+    if detail["tasks"]:
+        tasks = Table("task", "title", "status", "outcome", title="Tasks")
+        for t in detail["tasks"]:
+            tasks.add_row(str(t["id"]), t["title"], t["status"], (t.get("summary") or t.get("reason") or "")[:70])
+        parts.append(tasks)
     activities = Table("operation", "activity", "status", "attempts", "error", title="Activities")
     for a in detail["activities"]:
         activities.add_row(a["operation_id"], a["name"], a["status"], str(a["attempts"]), a["error"][:60])

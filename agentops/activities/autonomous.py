@@ -1,0 +1,206 @@
+"""Activities of the ``autonomous`` agent: planning, a tool-use loop per task, verification, re-planning.
+
+Every model call goes through ``metered_complete`` (budgets). Tools act only inside the
+workflow's own workspace directory; each tool call is recorded in the event history.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from agentops.budgets import metered_complete
+from workflows.activity_context import ActivityContext
+from workflows.errors import InvalidInput, Permanent
+from workflows.registry import RetryPolicy, activity
+
+MAX_TASKS = 12
+MAX_TURNS = 8
+MAX_OUTPUT_CHARS = 4000
+COMMAND_TIMEOUT_SECONDS = 60
+TASK_RETRY = RetryPolicy(max_attempts=3, initial_interval_seconds=2.0, backoff=2.0)
+# One model call may take the provider's timeout twice over (a retry) plus a short wait: leases
+# of model-calling activities cover that, so a slow call is not mistaken for a dead worker.
+MODEL_CALL_LEASE_SECONDS = 300
+
+TOOLS: list[dict[str, Any]] = [
+    {"name": "list_files", "description": "List files under a directory of the workspace.",
+     "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}},
+    {"name": "read_file", "description": "Read a text file of the workspace.",
+     "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}},
+    {"name": "write_file", "description": "Write a text file in the workspace (creates folders).",
+     "input_schema": {"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                      "required": ["path", "content"]}},
+    {"name": "run_command", "description": "Run a command (no shell) in the workspace with a timeout.",
+     "input_schema": {"type": "object", "properties": {"command": {"type": "string"},
+                                                       "timeout_seconds": {"type": "integer"}},
+                      "required": ["command"]}},
+]
+
+
+def workspace(ctx: ActivityContext) -> Path:
+    root = Path(settings.AGENTOPS_WORKSPACE_DIR) / f"wf-{ctx.workflow_id}"
+    root.mkdir(parents=True, exist_ok=True)
+    return root.resolve()
+
+
+def _json_answer(text: str, *, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"The model's {what} is not JSON ({exc.msg}); it was not used.") from None
+    if not isinstance(data, dict):
+        raise InvalidInput(f"The model's {what} must be a JSON object.")
+    return data
+
+
+def validate_tasks(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Model output is data: a list of 1–12 tasks, each a short title and instructions."""
+    tasks = data.get("tasks")
+    if not isinstance(tasks, list) or not 0 < len(tasks) <= MAX_TASKS:
+        raise InvalidInput(f"The model's plan must list between 1 and {MAX_TASKS} tasks.")
+    clean = []
+    for number, task in enumerate(tasks, start=1):
+        if not isinstance(task, dict) or not isinstance(task.get("title"), str) or not task["title"].strip():
+            raise InvalidInput(f"Task {number} of the model's plan has no title.")
+        instructions = task.get("instructions", "")
+        if not isinstance(instructions, str) or len(instructions) > 4000 or len(task["title"]) > 200:
+            raise InvalidInput(f"Task {number} of the model's plan is too long or malformed.")
+        clean.append({"id": number, "title": task["title"].strip(), "instructions": instructions})
+    return clean
+
+
+PLAN_SYSTEM = ("<task>plan_tasks</task>\nBreak the goal into a short ordered list of concrete tasks. Answer with "
+               'one JSON object: {"tasks": [{"title": str, "instructions": str}]}.')
+
+
+@activity("plan_tasks", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0),
+          lease_seconds=MODEL_CALL_LEASE_SECONDS)
+def plan_tasks(ctx: ActivityContext) -> dict[str, Any]:
+    response = metered_complete(ctx, call=0, system=PLAN_SYSTEM, max_tokens=1500,
+                                messages=[{"role": "user", "content": f"<goal>{ctx.input['goal']}</goal>"}])
+    return {"tasks": validate_tasks(_json_answer(response.text, what="plan"))}
+
+
+EXECUTE_SYSTEM = ("<task>execute_task</task>\nYou carry out one task inside a workspace directory using the tools. "
+                  "When the task is done, answer with a one-paragraph summary of what you did.")
+
+
+@activity("execute_task", retry=TASK_RETRY, lease_seconds=MODEL_CALL_LEASE_SECONDS)
+def execute_task(ctx: ActivityContext) -> dict[str, Any]:
+    """A tool-use loop: the model asks for tools, we run them in the workspace and send results back."""
+    task = ctx.input["task"]
+    root = workspace(ctx)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": (
+        f"<goal>{ctx.input['goal']}</goal>\n<task_title>{task['title']}</task_title>\n"
+        f"<instructions>{task['instructions']}</instructions>")}]
+    for turn in range(MAX_TURNS):
+        ctx.faultpoint("activity.before_external_call")
+        response = metered_complete(ctx, call=turn, system=EXECUTE_SYSTEM, messages=messages, max_tokens=2000,
+                                    tools=TOOLS)
+        if not response.tool_calls:
+            return {"summary": response.text[:2000] or "done", "turns": turn + 1}
+        messages.append(response.assistant_turn())
+        results = []
+        for call in response.tool_calls:
+            ok, output = run_tool(root, call["name"], call.get("input") or {})
+            ctx.note("tool.called", tool=call["name"], input=_short(call.get("input")), ok=ok, output=output[:300])
+            results.append({"type": "tool_result", "tool_use_id": call["id"], "content": output, "is_error": not ok})
+        messages.append({"role": "user", "content": results})
+        ctx.heartbeat(f"task {task['id']} turn {turn + 1}")
+    raise Permanent(f"Task {task['id']} ({task['title']}) did not finish within {MAX_TURNS} model turns.")
+
+
+def _short(value: Any) -> str:
+    return json.dumps(value, default=str)[:300]
+
+
+def run_tool(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str]:
+    """Run one tool confined to ``root``; returns (ok, output). Bad input is an error result, not a crash."""
+    try:
+        if name == "list_files":
+            base = confined(root, str(args.get("path") or "."))
+            files = sorted(str(p.relative_to(root)) for p in base.rglob("*") if p.is_file())
+            return True, "\n".join(files[:500]) or "(no files)"
+        if name == "read_file":
+            return True, confined(root, str(args["path"])).read_text(encoding="utf-8")[:MAX_OUTPUT_CHARS]
+        if name == "write_file":
+            target = confined(root, str(args["path"]))
+            content = str(args["content"])
+            if len(content) > 200_000:
+                return False, "content is over 200,000 characters"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content, encoding="utf-8")
+            return True, f"wrote {len(content)} characters to {target.relative_to(root)}"
+        if name == "run_command":
+            return _run(root, str(args["command"]), int(args.get("timeout_seconds") or 30))
+        return False, f"unknown tool {name!r}; tools are {', '.join(t['name'] for t in TOOLS)}"
+    except (KeyError, ValueError, OSError, UnicodeDecodeError) as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+def confined(root: Path, relative: str) -> Path:
+    """Resolve ``relative`` inside ``root`` (symlinks included) or refuse."""
+    target = (root / relative).resolve()
+    if target != root and not target.is_relative_to(root):
+        raise ValueError(f"{relative!r} is outside the workspace")
+    return target
+
+
+def _run(root: Path, command: str, timeout: int) -> tuple[bool, str]:
+    argv = shlex.split(command)
+    if not argv:
+        return False, "empty command"
+    timeout = max(1, min(timeout, COMMAND_TIMEOUT_SECONDS))
+    try:
+        done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        return False, f"command {argv[0]!r} not found"
+    except subprocess.TimeoutExpired:
+        return False, f"command timed out after {timeout} s"
+    output = (done.stdout + done.stderr)[-MAX_OUTPUT_CHARS:]
+    return done.returncode == 0, f"exit {done.returncode}\n{output}"
+
+
+VERIFY_SYSTEM = ("<task>verify_goal</task>\nJudge whether the goal is met from the tasks and the workspace. Answer "
+                 'with one JSON object: {"goal_met": bool, "reason": str, "progress": {"percent": int 0-100, '
+                 '"achievements": [str], "remaining": [str], "confidence": number 0-1, '
+                 '"estimated_hours_left": number}}.')
+
+
+@activity("verify_goal", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0), records_progress=True,
+          lease_seconds=MODEL_CALL_LEASE_SECONDS)
+def verify_goal(ctx: ActivityContext) -> dict[str, Any]:
+    root = workspace(ctx)
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())[:200]
+    lines = [f"- [{t['status']}] {t['title']}" + (f" ({t.get('reason')})" if t.get("reason") else "")
+             for t in ctx.input["tasks"]]
+    response = metered_complete(ctx, call=0, system=VERIFY_SYSTEM, max_tokens=1000, messages=[{
+        "role": "user", "content": f"<goal>{ctx.input['goal']}</goal>\n<tasks>\n" + "\n".join(lines)
+        + f"\n</tasks>\n<files>{', '.join(files)}</files>"}])
+    data = _json_answer(response.text, what="verdict")
+    if not isinstance(data.get("goal_met"), bool) or not isinstance(data.get("reason"), str):
+        raise InvalidInput("The model's verdict needs goal_met (true or false) and a reason.")
+    return {"goal_met": data["goal_met"], "reason": data["reason"][:2000], "progress": data.get("progress")}
+
+
+REPLAN_SYSTEM = ("<task>replan</task>\nSome tasks failed or the goal is not met. Plan the next tasks from what "
+                 'worked and what did not. Answer with one JSON object: {"tasks": [{"title": str, '
+                 '"instructions": str}]}.')
+
+
+@activity("replan", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0),
+          lease_seconds=MODEL_CALL_LEASE_SECONDS)
+def replan(ctx: ActivityContext) -> dict[str, Any]:
+    lines = [f"- [{t['status']}] {t['title']}: {t.get('summary') or t.get('reason') or ''}"[:400]
+             for t in ctx.input["tasks"]]
+    verdict = ctx.input.get("verdict") or {}
+    response = metered_complete(ctx, call=0, system=REPLAN_SYSTEM, max_tokens=1500, messages=[{
+        "role": "user", "content": f"<goal>{ctx.input['goal']}</goal>\n<tasks>\n" + "\n".join(lines)
+        + f"\n</tasks>\n<verdict>{verdict.get('reason', '')}</verdict>"
+        + (f"\n<stagnation>{ctx.input['stagnation']}</stagnation>" if ctx.input.get("stagnation") else "")}])
+    return {"tasks": validate_tasks(_json_answer(response.text, what="plan"))}

@@ -1,0 +1,281 @@
+"""The anthropic provider: Claude through the official SDK's Messages API.
+
+Errors are mapped here, once, to the agentops families: rate limits, overload, 5xx,
+connection errors and timeouts become ``Retryable`` carrying the server's retry-after as a
+stored retry window; everything retrying will not fix becomes ``Permanent`` with what to do.
+
+The SDK retries a failed request itself (``AGENTOPS_ANTHROPIC_MAX_RETRIES``, 0–2) and honours
+the server's retry-after while doing so, however long it is. A worker must not sleep through a
+long wait, so a response that asks for more than ``INLINE_RETRY_WAIT_LIMIT_SECONDS`` is not
+retried in-process: it surfaces at once as ``Retryable`` and the activity's next attempt is
+stored for the moment the server named.
+
+Importing this module imports the SDK (several seconds); ``agentops.providers`` imports it
+only when the anthropic provider is selected.
+"""
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import json
+import logging
+import math
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import anthropic
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from agentops.providers.base import ModelResponse, Usage
+from workflows.errors import AgentOpsError, Permanent, Retryable
+
+if TYPE_CHECKING:
+    import httpx2
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+CONNECT_TIMEOUT_SECONDS = 5.0
+# The longest server-requested wait the SDK may sleep through inside a worker; longer waits
+# become stored retry windows (a ``Retryable`` with ``retry_after_seconds``).
+INLINE_RETRY_WAIT_LIMIT_SECONDS = 10.0
+CACHE_CONTROL = {"type": "ephemeral"}
+# 429s that are not about request rate: retrying within hours will not help.
+SPEND_LIMIT_CODES = frozenset({"enforced_spend_limit_reached", "contract_spend_limit_reached"})
+
+_shared_clients: dict[tuple[str, str, int, float], anthropic.Anthropic] = {}
+_shared_clients_lock = threading.Lock()
+
+
+class AnthropicProvider:
+    """``ModelProvider`` for Claude. ``http_client`` is for tests (an ``httpx2.MockTransport``)."""
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        model: str,
+        max_retries: int = 1,
+        timeout_seconds: float = 120.0,
+        base_url: str = DEFAULT_BASE_URL,
+        http_client: httpx2.Client | None = None,
+    ) -> None:
+        if not api_key:
+            raise ImproperlyConfigured(
+                "ANTHROPIC_API_KEY is not set; set it to use the anthropic provider, "
+                "or set AGENTOPS_MODEL_PROVIDER=scripted to run offline."
+            )
+        if not 0 <= max_retries <= 2:
+            raise ImproperlyConfigured(f"AGENTOPS_ANTHROPIC_MAX_RETRIES={max_retries} must be 0, 1 or 2.")
+        if not timeout_seconds > 0:
+            raise ImproperlyConfigured(f"AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS={timeout_seconds} must be above 0.")
+        self.model = model
+        self.max_retries = max_retries
+        self.timeout_seconds = float(timeout_seconds)
+        self.base_url = base_url
+        self._api_key = api_key
+        self._http_client = http_client
+        self._client: anthropic.Anthropic | None = None
+
+    @classmethod
+    def from_settings(cls, *, http_client: httpx2.Client | None = None) -> AnthropicProvider:
+        return cls(
+            api_key=settings.ANTHROPIC_API_KEY,
+            model=settings.AGENTOPS_MODEL,
+            max_retries=settings.AGENTOPS_ANTHROPIC_MAX_RETRIES,
+            timeout_seconds=settings.AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS,
+            base_url=settings.ANTHROPIC_BASE_URL,
+            http_client=http_client,
+        )
+
+    def __repr__(self) -> str:  # never the key
+        return f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r})"
+
+    def complete(
+        self, *, system: str, messages: list[dict[str, Any]], max_tokens: int, tools: list[dict[str, Any]] | None = None
+    ) -> ModelResponse:
+        request: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "messages": messages}
+        if system:
+            request["system"] = [{"type": "text", "text": system, "cache_control": CACHE_CONTROL}]
+        if tools:
+            request["tools"] = [*tools[:-1], {**tools[-1], "cache_control": CACHE_CONTROL}]
+        try:
+            message = self._sdk().messages.create(**request)
+        except anthropic.AnthropicError as exc:
+            raise self._mapped(exc) from None
+        except json.JSONDecodeError as exc:  # the SDK lets a 2xx body that is not JSON through as is
+            raise Permanent(
+                f"The Anthropic API answered {self.model} with a body that is not JSON ({exc.msg}); "
+                "check ANTHROPIC_BASE_URL points at the Messages API.", provider=self.name,
+            ) from None
+        return self._response(message)
+
+    def _sdk(self) -> anthropic.Anthropic:
+        if self._client is None:
+            if self._http_client is not None:
+                self._client = self._build_client(self._http_client)
+            else:
+                key = (self._api_key, self.base_url, self.max_retries, self.timeout_seconds)
+                with _shared_clients_lock:
+                    if key not in _shared_clients:
+                        _shared_clients[key] = self._build_client(None)
+                    self._client = _shared_clients[key]
+        return self._client
+
+    def _build_client(self, http_client: httpx2.Client | None) -> anthropic.Anthropic:
+        return anthropic.Anthropic(
+            api_key=self._api_key,
+            base_url=self.base_url,
+            max_retries=self.max_retries,
+            timeout=anthropic.Timeout(self.timeout_seconds, connect=min(CONNECT_TIMEOUT_SECONDS, self.timeout_seconds)),
+            http_client=http_client,
+            middleware=[NoLongInlineRetries()],
+        )
+
+    def _response(self, message: object) -> ModelResponse:
+        """Check the answer's shape (the SDK does not) and turn it into a ``ModelResponse``."""
+        request_id = str(getattr(message, "_request_id", "") or "")
+
+        def malformed(what: str) -> Permanent:
+            return Permanent(
+                f"The Anthropic API's answer for {self.model} is malformed ({what}); it was not used. "
+                "Retrying will not help if the API or a proxy in between keeps answering like this; "
+                "check ANTHROPIC_BASE_URL.", provider=self.name, request_id=request_id,
+            )
+
+        if not isinstance(message, anthropic.types.Message):
+            raise malformed(f"a {type(message).__name__}, not a message")
+        if not isinstance(message.content, list):
+            raise malformed("no content list")
+        if not isinstance(message.stop_reason, str):
+            raise malformed("no stop_reason")
+        usage = message.usage
+        if usage is None or not isinstance(usage.input_tokens, int) or not isinstance(usage.output_tokens, int):
+            raise malformed("no usage")
+        texts: list[str] = []
+        tool_calls: list[dict[str, Any]] = []
+        content: list[dict[str, Any]] = []
+        blocks: list[Any] = list(message.content)  # checked field by field: the SDK does not validate
+        for block in blocks:
+            kind = getattr(block, "type", None)
+            if kind == "text":
+                text = getattr(block, "text", None)
+                if not isinstance(text, str):
+                    raise malformed("a text block without text")
+                texts.append(text)
+                content.append({"type": "text", "text": text})
+            elif kind == "tool_use":
+                call = {"id": getattr(block, "id", None), "name": getattr(block, "name", None),
+                        "input": getattr(block, "input", None)}
+                if not (isinstance(call["id"], str) and isinstance(call["name"], str)
+                        and isinstance(call["input"], dict)):
+                    raise malformed("a tool_use block without id, name or input")
+                tool_calls.append(call)
+                content.append({"type": "tool_use", **call})
+            elif isinstance(kind, str) and hasattr(block, "model_dump"):
+                content.append(block.model_dump(mode="json", exclude_none=True))  # thinking, server tools: kept
+            else:
+                raise malformed("a content block without a type")
+        counted = Usage(
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+        )
+        if message.stop_reason == "refusal":
+            details = message.stop_details
+            category = (details.category if details else None) or "unspecified"
+            explanation = f": {details.explanation}" if details and details.explanation else ""
+            raise Permanent(
+                f"{self.model} declined the request (refusal, category {category}){explanation}. Retrying the same "
+                "request will not change that; rephrase the goal or review what the workflow asked for.",
+                provider=self.name, stop_reason="refusal", category=category, request_id=request_id,
+                usage=dataclasses.asdict(counted),
+            )
+        return ModelResponse(text="".join(texts), stop_reason=message.stop_reason, usage=counted,
+                             tool_calls=tool_calls, content=content, request_id=request_id)
+
+    def _mapped(self, exc: anthropic.AnthropicError) -> AgentOpsError:
+        """The one place SDK errors become agentops errors; messages never carry the key."""
+        where = f"The Anthropic API ({self.model})"
+        if isinstance(exc, anthropic.APIStatusError):
+            status, request_id = exc.status_code, exc.request_id or ""
+            detail = f"{status} {exc.type or 'error'}: {exc.api_message or 'no message'}"
+            attrs: dict[str, Any] = {"provider": self.name, "status_code": status, "request_id": request_id}
+            if isinstance(exc, anthropic.RateLimitError) and exc.error_code in SPEND_LIMIT_CODES:
+                return Permanent(f"{where} refused the call: the organization's spend limit is reached ({detail}); "
+                                 "raise it in the Claude Console, then retry the workflow.", **attrs)
+            if isinstance(exc, anthropic.RateLimitError) or status in (408, 409) or status >= 500:
+                wait = retry_after_seconds(exc.response.headers)
+                when = f"the server asked to wait {wait:g} s" if wait is not None else "no retry-after given"
+                return Retryable(f"{where} is rate limited or unavailable ({detail}); {when}, and the activity "
+                                 "will try again then.", retry_after_seconds=wait, **attrs)
+            if isinstance(exc, anthropic.AuthenticationError):
+                todo = "check ANTHROPIC_API_KEY (a valid, active key for this organization)"
+            elif isinstance(exc, anthropic.PermissionDeniedError):
+                todo = f"check that ANTHROPIC_API_KEY's workspace may use {self.model}"
+            elif isinstance(exc, anthropic.NotFoundError):
+                todo = f"check AGENTOPS_MODEL ({self.model!r}) names a current model and ANTHROPIC_BASE_URL is right"
+            elif isinstance(exc, anthropic.PaymentRequiredError):
+                todo = "check the organization's billing in the Claude Console"
+            elif isinstance(exc, anthropic.ContentTooLargeError):
+                todo = "trim the context the workflow sends"
+            else:
+                todo = "fix the request (prompt, tools or max_tokens); retrying it unchanged will fail again"
+            return Permanent(f"{where} rejected the call ({detail}); {todo}.", **attrs)
+        if isinstance(exc, anthropic.APITimeoutError):
+            return Retryable(f"{where} did not answer within {self.timeout_seconds:g} s "
+                             f"(AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS); the activity will try again.",
+                             provider=self.name, retry_after_seconds=None)
+        if isinstance(exc, anthropic.APIConnectionError):
+            cause = exc.__cause__
+            return Retryable(f"{where} could not be reached ({type(cause).__name__ if cause else 'connection error'}); "
+                             "the activity will try again.", provider=self.name, retry_after_seconds=None)
+        if isinstance(exc, anthropic.APIResponseValidationError):
+            return Permanent(f"{where} answered with data that does not fit the Messages API; it was not used.",
+                             provider=self.name, status_code=exc.status_code)
+        return Permanent(f"{where} call failed before it was sent ({type(exc).__name__}); "
+                         "check ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL.", provider=self.name)
+
+
+class NoLongInlineRetries(anthropic.Middleware):
+    """Let the SDK retry in-process only when the server's retry-after is short.
+
+    ``x-should-retry: false`` is the SDK's own switch for "do not retry this response"; the
+    response then surfaces as its typed error and ``_mapped`` stores the retry window.
+    """
+
+    def handle(self, request: anthropic.APIRequest, call_next: anthropic.CallNext) -> anthropic.APIResponse[Any]:
+        response = call_next(request)
+        wait = retry_after_seconds(response.headers) if response.status_code >= 400 else None
+        if wait is not None and wait > INLINE_RETRY_WAIT_LIMIT_SECONDS:
+            log.info("Anthropic API asked to wait %.0f s; storing a retry window instead of sleeping", wait)
+            response.http_response.headers["x-should-retry"] = "false"
+        return response
+
+
+def retry_after_seconds(headers: Any) -> float | None:
+    """The server's requested wait: ``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date)."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms and _finite(raw_ms):
+        return max(0.0, float(raw_ms) / 1000)
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    if _finite(raw):
+        return max(0.0, float(raw))
+    parsed = email.utils.parsedate_tz(raw)
+    if parsed is None:
+        return None
+    return max(0.0, float(email.utils.mktime_tz(parsed) - time.time()))
+
+
+def _finite(raw: str) -> bool:
+    try:
+        return math.isfinite(float(raw))
+    except ValueError:
+        return False

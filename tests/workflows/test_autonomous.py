@@ -1,0 +1,107 @@
+"""The autonomous agent: plan, one task at a time with tools, verify, adapt, complete — offline."""
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from agentops.activities.autonomous import confined, run_tool, validate_tasks
+from tests.conftest import drive
+from workflows import services
+from workflows.errors import InvalidInput
+from workflows.models import Activity, Event, ProgressSample, UsageEntry
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def workspaces(settings, tmp_path):
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
+    return settings.AGENTOPS_WORKSPACE_DIR
+
+
+def test_runs_to_completion_offline_with_tools_spend_and_progress(workspaces):
+    workflow = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk)
+
+    assert workflow.status == "completed", workflow.reason
+    assert workflow.result["tasks_done"] == 3 and workflow.result["tasks_skipped"] == 0
+    assert [t["status"] for t in workflow.state["tasks"]] == ["done", "done", "done"]
+    tool_events = Event.objects.filter(workflow=workflow, kind="tool.called")
+    assert [e.data["tool"] for e in tool_events] == ["write_file", "list_files"] * 3
+    notes = sorted(p.name for p in (workspaces / f"wf-{workflow.pk}" / "notes").iterdir())
+    assert notes == ["lay-out-the-steps.md", "record-the-outcome.md", "write-a-brief.md"]
+    assert ProgressSample.objects.get(workflow=workflow).percent == 100
+    assert UsageEntry.objects.filter(workflow=workflow, status="charged").count() == 11
+    assert services.spent_usd(workflow) > Decimal(0)
+
+
+def test_a_task_that_keeps_failing_is_skipped_then_replanned(settings, tmp_path):
+    """The first task fails on all three attempts: it is skipped with the reason, verification finds
+    the goal unmet, adaptation plans a retry, and the second round completes it."""
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    settings.AGENTOPS_FAULT_LOG = str(tmp_path / "faults.log")
+    settings.AGENTOPS_TESTING_FAULTS = json.dumps([{
+        "point": "activity.before_external_call", "action": "raise",
+        "when": {"operation_id": f"wf-{workflow.pk}/EXECUTION.2/i1/0"},
+    }])
+    for _ in range(10):
+        workflow = drive(workflow.pk)
+        Activity.objects.filter(workflow=workflow, status="scheduled").update(next_attempt_at=workflow.created_at)
+        if workflow.is_terminal:
+            break
+
+    assert workflow.status == "completed", workflow.reason
+    first = Activity.objects.get(operation_id=f"wf-{workflow.pk}/EXECUTION.2/i1/0")
+    assert (first.status, first.attempt) == ("failed", 3)
+    assert len((tmp_path / "faults.log").read_text().splitlines()) == 3
+    history = {t["title"]: t for t in workflow.state["history"]}
+    assert history["Write a brief"]["status"] == "skipped"
+    assert "fault injected" in history["Write a brief"]["reason"]
+    assert [t["title"] for t in workflow.state["tasks"]] == ["Retry Write a brief"]
+    assert workflow.result == {"rounds": 2, "tasks_done": 3, "tasks_skipped": 1,
+                               "summary": "1 of 1 tasks done; the goal is met."}
+    assert [s.percent for s in ProgressSample.objects.filter(workflow=workflow).order_by("created_at")] == [67, 100]
+
+
+def test_tools_stay_inside_the_workspace(tmp_path):
+    root = tmp_path.resolve()
+    (tmp_path / "outside").symlink_to("/etc")
+    for args in ({"path": "../x"}, {"path": "/etc/passwd"}, {"path": "outside/passwd"}):
+        ok, output = run_tool(root, "read_file", args)
+        assert not ok and "outside the workspace" in output
+    ok, output = run_tool(root, "write_file", {"path": "../escape.txt", "content": "x"})
+    assert not ok and not (tmp_path.parent / "escape.txt").exists()
+    assert confined(root, "a/b.txt") == root / "a" / "b.txt"
+    assert run_tool(root, "delete_everything", {}) == (False, "unknown tool 'delete_everything'; tools are "
+                                                              "list_files, read_file, write_file, run_command")
+    ok, output = run_tool(root, "run_command", {"command": "python3 -c 'print(6*7)'"})
+    assert ok and "42" in output
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [
+        ({"tasks": []}, "between 1 and 12 tasks"),
+        ({"tasks": [{"title": ""}]}, "has no title"),
+        ({"tasks": [{"title": "x", "instructions": 5}]}, "too long or malformed"),
+        ({"state": "completed"}, "between 1 and 12 tasks"),
+    ],
+)
+def test_malformed_plans_from_the_model_are_refused(plan, message):
+    with pytest.raises(InvalidInput, match=message):
+        validate_tasks(plan)
+
+
+def test_bad_parameters_are_refused():
+    with pytest.raises(InvalidInput, match="max_rounds=0 must be between 1 and 20"):
+        services.workflow_launch(kind="autonomous", goal="g", params={"max_rounds": "0"})
+    with pytest.raises(InvalidInput, match="Unknown parameter"):
+        services.workflow_launch(kind="autonomous", goal="g", params={"repo": "/tmp"})
+
+
+def test_workspace_path_is_per_workflow(workspaces):
+    a = drive(services.workflow_launch(kind="autonomous", goal="one").pk)
+    b = drive(services.workflow_launch(kind="autonomous", goal="two").pk)
+    assert Path(workspaces / f"wf-{a.pk}").is_dir() and Path(workspaces / f"wf-{b.pk}").is_dir()

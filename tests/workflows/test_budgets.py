@@ -1,0 +1,131 @@
+"""Budgets are durable: reservations under the row lock, hourly deferral, total exhaustion pauses."""
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+
+from tests.conftest import drive, open_approval, release_params
+from workflows import clock, services
+from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput
+from workflows.models import Activity, Event, UsageEntry, Workflow
+
+pytestmark = pytest.mark.django_db
+
+
+def launch(repo, **budget) -> Workflow:
+    return services.workflow_launch(kind="release", goal="Ship the notes", params=release_params(repo), **budget)
+
+
+def reserve(workflow: Workflow, key: str, usd: str) -> UsageEntry:
+    return services.budget_reserve_ensure(workflow_id=workflow.pk, key=key, operation_id=key.split("#")[0],
+                                          provider="scripted", model="scripted/m", estimate_usd=Decimal(usd))
+
+
+def test_hourly_deferral_waits_until_enough_of_the_last_hour_ages_out(git_repo, time_machine):
+    """Spend 0.4 at t0, t0+10m and t0+20m under a 1.20/h limit: at t0+30m a 0.50 call must wait
+    until t0+10m's entry leaves the window, at t0+70m, 40 minutes from now."""
+    t0 = clock.now().replace(microsecond=0)
+    time_machine.move_to(t0, tick=False)
+    workflow = launch(git_repo, budget_hourly_usd=Decimal("1.20"))
+    for minutes in (0, 10, 20):
+        time_machine.move_to(t0 + timedelta(minutes=minutes), tick=False)
+        reserve(workflow, f"op{minutes}#0", "0.40")
+    time_machine.move_to(t0 + timedelta(minutes=30), tick=False)
+
+    with pytest.raises(BudgetDeferred, match="waits until") as excinfo:
+        reserve(workflow, "late#0", "0.50")
+    assert excinfo.value.retry_after_seconds == 40 * 60
+    assert not UsageEntry.objects.filter(key="late#0").exists()
+
+
+def test_priority_nine_passes_the_hourly_limit_but_never_the_total(git_repo):
+    workflow = launch(git_repo, budget_hourly_usd=Decimal("0.10"), budget_total_usd=Decimal("1.00"), priority=9)
+    reserve(workflow, "a#0", "0.60")
+    with pytest.raises(BudgetExhausted, match="has used 0.6000 of its 1.0000 USD"):
+        reserve(workflow, "b#0", "0.50")
+
+
+def test_a_repeated_reservation_and_charge_count_once(git_repo):
+    """A retried attempt reuses its ledger key: one row, one charge."""
+    workflow = launch(git_repo, budget_total_usd=Decimal("1.00"))
+    first = reserve(workflow, "op#0", "0.50")
+    assert reserve(workflow, "op#0", "0.50").pk == first.pk
+    usage = {"input_tokens": 100, "output_tokens": 10, "cache_read_tokens": 0, "cache_write_tokens": 0}
+    assert services.budget_charge_once(key="op#0", cost_usd=Decimal("0.02"), usage=usage) is True
+    assert services.budget_charge_once(key="op#0", cost_usd=Decimal("0.02"), usage=usage) is False
+    assert services.spent_usd(workflow) == Decimal("0.02")
+    assert UsageEntry.objects.filter(workflow=workflow).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_racing_for_the_last_dollars_reserve_at_most_the_budget(git_repo):
+    """Twenty rounds of two threads reserving 0.60 of a 1.00 budget at once: one wins each round."""
+    for round_ in range(20):
+        workflow = launch(git_repo, budget_total_usd=Decimal("1.00"))
+        barrier = threading.Barrier(2)
+        outcomes: list[str] = []
+
+        def race(name: str, workflow_id: int = workflow.pk, barrier: threading.Barrier = barrier,
+                 outcomes: list[str] = outcomes) -> None:
+            try:
+                barrier.wait()
+                services.budget_reserve_ensure(workflow_id=workflow_id, key=f"{name}#0", operation_id=name,
+                                               provider="scripted", model="m", estimate_usd=Decimal("0.60"))
+                outcomes.append("reserved")
+            except BudgetExhausted:
+                outcomes.append("exhausted")
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=race, args=(f"r{round_}w{i}",)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        assert sorted(outcomes) == ["exhausted", "reserved"], f"round {round_}: {outcomes}"
+        assert services.spent_usd(workflow) == Decimal("0.60")
+
+
+def test_total_exhaustion_pauses_the_workflow_and_a_raise_resumes_it(git_repo, deploy_target, approver):
+    """The proposal call does not fit: the workflow pauses with the reason and the command to fix it,
+    the attempt is given back, nothing runs while paused, and a budget raise carries on."""
+    workflow = drive(launch(git_repo, budget_total_usd=Decimal("0.001")).pk)
+    assert workflow.status == "paused"
+    assert f"manage.py agent budget {workflow.pk} --total USD" in workflow.reason
+    propose = Activity.objects.get(workflow=workflow, name="propose_change")
+    assert (propose.status, propose.max_attempts - propose.attempt) == ("scheduled", 4)
+    assert services.activity_run_if_runnable(activity_id=propose.pk) == services.RunOutcome.SKIPPED
+
+    services.workflow_budget_set(workflow_id=workflow.pk, user=approver, total_usd=Decimal("5"))
+    workflow = drive(workflow.pk)
+    assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
+    changed = Event.objects.get(workflow=workflow, kind="budget.changed")
+    assert changed.data["by"] == "alice" and changed.data["new"]["total"] == "5"
+    assert Decimal(0) < services.spent_usd(workflow) <= Decimal(5)
+    assert open_approval(workflow.pk)
+
+
+def test_hourly_limit_defers_the_activity_without_using_an_attempt(git_repo, deploy_target):
+    """With the hour nearly spent, the proposal call is deferred to when the earlier spend ages out:
+    a stored retry window, and the attempt is given back."""
+    workflow = launch(git_repo, budget_hourly_usd=Decimal("0.05"))
+    earlier = reserve(workflow, "earlier#0", "0.04")
+    drive(workflow.pk)
+
+    propose = Activity.objects.get(workflow=workflow, name="propose_change")
+    assert (propose.status, propose.attempt, propose.max_attempts) == ("scheduled", 1, 5)
+    assert abs(propose.next_attempt_at - (earlier.created_at + timedelta(hours=1))) < timedelta(seconds=1)
+    assert "waits until" in propose.error
+    assert Event.objects.filter(workflow=workflow, kind="activity.deferred").count() == 1
+    assert services.activities_redrive_due() == 0
+
+
+@pytest.mark.parametrize("field", ["budget_total_usd", "budget_hourly_usd"])
+def test_budgets_must_be_positive(git_repo, field):
+    with pytest.raises(InvalidInput, match="must be a positive amount of USD"):
+        launch(git_repo, **{field: Decimal("-1")})
+    assert not Workflow.objects.exists()

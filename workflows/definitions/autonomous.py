@@ -1,0 +1,82 @@
+"""The ``autonomous`` agent: plan, execute one task at a time, verify, adapt, complete."""
+from __future__ import annotations
+
+from typing import Any
+
+from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition
+from workflows.errors import InvalidInput
+from workflows.registry import register_definition
+
+DEFAULT_ROUNDS = 3
+
+
+def _with_status(tasks: list[dict[str, Any]], task_id: int, **changes: Any) -> list[dict[str, Any]]:
+    return [{**t, **changes} if t["id"] == task_id else t for t in tasks]
+
+
+@register_definition
+class Autonomous(WorkflowDefinition):
+    kind = "autonomous"
+    version = 1
+    nodes = ("PLANNING", "EXECUTION", "VERIFICATION", "ADAPTATION", "COMPLETED")
+    start_node = "PLANNING"
+    revalidate_node = "PLANNING"
+    adapt_node = "ADAPTATION"
+    default_max_hours = 72.0
+
+    def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(params) - {"max_rounds"})
+        if unknown:
+            raise InvalidInput(f"Unknown parameter(s) {', '.join(unknown)} for kind 'autonomous'; allowed: max_rounds.")
+        try:
+            rounds = int(params.get("max_rounds", DEFAULT_ROUNDS))
+        except (TypeError, ValueError):
+            raise InvalidInput("Parameter max_rounds must be a whole number.") from None
+        if not 1 <= rounds <= 20:
+            raise InvalidInput(f"Parameter max_rounds={rounds} must be between 1 and 20.")
+        return {"max_rounds": rounds}
+
+    def planning(self, ctx: NodeContext) -> Decision:
+        plan = ctx.activity("plan_tasks", goal=ctx.goal)
+        tasks = [{**task, "status": "pending"} for task in plan["tasks"]]
+        return Goto("EXECUTION", {"tasks": tasks, "round": 1, "history": []})
+
+    def execution(self, ctx: NodeContext) -> Decision:
+        """One task per visit: a failed task (after its retries) is skipped with the reason."""
+        tasks: list[dict[str, Any]] = ctx.state["tasks"]
+        pending = [t for t in tasks if t["status"] == "pending"]
+        if not pending:
+            return Goto("VERIFICATION")
+        task = pending[0]
+        try:
+            outcome = ctx.activity("execute_task", goal=ctx.goal, task=task)
+        except ActivityFailed as exc:
+            return Goto("EXECUTION", {"tasks": _with_status(tasks, task["id"], status="skipped", reason=exc.error)})
+        return Goto("EXECUTION", {"tasks": _with_status(tasks, task["id"], status="done", summary=outcome["summary"])})
+
+    def verification(self, ctx: NodeContext) -> Decision:
+        verdict = ctx.activity("verify_goal", goal=ctx.goal, tasks=ctx.state["tasks"])
+        if verdict["goal_met"]:
+            return Goto("COMPLETED", {"verdict": verdict})
+        if ctx.state["round"] >= ctx.params["max_rounds"]:
+            return Fail(f"The goal was not met after {ctx.state['round']} rounds: {verdict['reason']}")
+        return Goto("ADAPTATION", {"verdict": verdict})
+
+    def adaptation(self, ctx: NodeContext) -> Decision:
+        """Re-plan from what worked and what did not; task ids keep counting up."""
+        tasks: list[dict[str, Any]] = ctx.state["tasks"]
+        plan = ctx.activity("replan", goal=ctx.goal, tasks=tasks, verdict=ctx.state.get("verdict"),
+                            stagnation=ctx.state.get("stagnation"))
+        first_id = max((t["id"] for t in tasks), default=0) + 1
+        fresh = [{**task, "id": first_id + i, "status": "pending"} for i, task in enumerate(plan["tasks"])]
+        return Goto("EXECUTION", {
+            "tasks": fresh, "round": ctx.state["round"] + 1, "history": [*ctx.state["history"], *tasks],
+            "stagnation": None,
+        })
+
+    def completed(self, ctx: NodeContext) -> Decision:
+        tasks: list[dict[str, Any]] = [*ctx.state["history"], *ctx.state["tasks"]]
+        return Complete({
+            "rounds": ctx.state["round"], "tasks_done": sum(t["status"] == "done" for t in tasks),
+            "tasks_skipped": sum(t["status"] == "skipped" for t in tasks), "summary": ctx.state["verdict"]["reason"],
+        })

@@ -1,0 +1,155 @@
+"""The usage ledger: reserve before a model call, charge after it, defer or pause at the limits."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Sum
+
+from workflows import clock
+from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
+from workflows.models import Activity, UsageEntry, Workflow
+from workflows.services.common import event_record, workflow_lock, workflow_save
+from workflows.services.workflows import MAX_BUDGET_USD, wake_locked
+
+HOUR = timedelta(hours=1)
+PRIORITY_PASSES_HOURLY = 9
+BUDGET_PAUSE_PREFIX = "Budget exhausted"
+
+
+@transaction.atomic
+def budget_reserve_ensure(
+    *, workflow_id: int, key: str, operation_id: str, provider: str, model: str, estimate_usd: Decimal
+) -> UsageEntry:
+    """Hold the estimated cost of one model call, or refuse it at the limits.
+
+    Idempotent: get-or-create on the unique ``key`` (operation id + call number), so a
+    retried attempt reuses its reservation. The workflow's row lock serializes workers
+    racing for the last dollars, so reservations never exceed the total budget.
+    Raises BudgetExhausted over the total, BudgetDeferred (with the time the hourly
+    window frees up) over the hourly limit unless the workflow's priority is 9 or more.
+    """
+    workflow = workflow_lock(workflow_id)
+    existing = UsageEntry.objects.filter(key=key).first()
+    if existing is not None:
+        return existing
+    now = clock.now()
+    _check_total(workflow, estimate_usd)
+    if workflow.priority < PRIORITY_PASSES_HOURLY:
+        _check_hourly(workflow, estimate_usd, now=now)
+    return UsageEntry.objects.create(
+        workflow=workflow, key=key, operation_id=operation_id, provider=provider, model=model,
+        reserved_usd=estimate_usd, created_at=now,
+    )
+
+
+def _check_total(workflow: Workflow, estimate: Decimal) -> None:
+    if workflow.budget_total_usd is None:
+        return
+    committed = spent_usd(workflow)
+    if committed + estimate > workflow.budget_total_usd:
+        raise BudgetExhausted(
+            f"{BUDGET_PAUSE_PREFIX}: workflow {workflow.pk} has used {committed:.4f} of its "
+            f"{workflow.budget_total_usd:.4f} USD and the next call may cost up to {estimate:.4f}; raise the budget "
+            f"with `manage.py agent budget {workflow.pk} --total USD` to resume.",
+            workflow_id=workflow.pk,
+        )
+
+
+def _check_hourly(workflow: Workflow, estimate: Decimal, *, now: datetime) -> None:
+    limit = workflow.budget_hourly_usd
+    if limit is None:
+        return
+    window = list(_entries(workflow).filter(created_at__gt=now - HOUR).order_by("created_at", "pk"))
+    spend = total = sum((e.amount_usd for e in window), Decimal(0))
+    if spend + estimate <= limit:
+        return
+    if estimate > limit:
+        raise BudgetExhausted(
+            f"{BUDGET_PAUSE_PREFIX}: one call of workflow {workflow.pk} may cost {estimate:.4f} USD, more than its "
+            f"hourly budget of {limit:.4f}; raise it with `manage.py agent budget {workflow.pk} --hourly USD`.",
+            workflow_id=workflow.pk,
+        )
+    for entry in window:
+        spend -= entry.amount_usd
+        if spend + estimate <= limit:
+            retry_at = entry.created_at + HOUR
+            break
+    raise BudgetDeferred(
+        f"Workflow {workflow.pk} spent {total:.4f} USD in the last hour "
+        f"(limit {limit:.4f}); the next call waits until {retry_at:%H:%M:%S} UTC.",
+        workflow_id=workflow.pk, retry_after_seconds=max((retry_at - now).total_seconds(), 1.0),
+    )
+
+
+def _entries(workflow: Workflow) -> Any:
+    return UsageEntry.objects.filter(workflow=workflow)
+
+
+def spent_usd(workflow: Workflow) -> Decimal:
+    """Charged costs plus open reservations."""
+    charged = _entries(workflow).filter(status=UsageEntry.Status.CHARGED).aggregate(s=Sum("cost_usd"))["s"]
+    held = _entries(workflow).filter(status=UsageEntry.Status.RESERVED).aggregate(s=Sum("reserved_usd"))["s"]
+    return (charged or Decimal(0)) + (held or Decimal(0))
+
+
+def budget_charge_once(*, key: str, cost_usd: Decimal, usage: dict[str, int]) -> bool:
+    """Replace the reservation with the real cost. True when this call charged it.
+
+    Idempotent: conditional UPDATE on status=reserved; a retried attempt's second charge
+    updates nothing, so a call is never counted twice.
+    """
+    return bool(UsageEntry.objects.filter(key=key, status=UsageEntry.Status.RESERVED).update(
+        status=UsageEntry.Status.CHARGED, cost_usd=cost_usd, charged_at=clock.now(), **usage
+    ))
+
+
+@transaction.atomic
+def workflow_budget_set(
+    *, workflow_id: int, user: Any, total_usd: Decimal | None = None, hourly_usd: Decimal | None = None
+) -> Workflow:
+    """An operator sets the budget (audited in the event history); a workflow paused for
+    budget resumes when the new limits leave room.
+
+    Not idempotent in its history: every call records a ``budget.changed`` event.
+    """
+    if total_usd is None and hourly_usd is None:
+        raise InvalidInput("Give --total USD, --hourly USD or both.")
+    for name, value in (("total", total_usd), ("hourly", hourly_usd)):
+        if value is not None and not Decimal(0) < value < MAX_BUDGET_USD:
+            raise InvalidInput(f"The {name} budget must be a positive amount of USD under {MAX_BUDGET_USD:,}; "
+                               f"got {value}.")
+    workflow = workflow_lock(workflow_id)
+    if workflow.is_terminal:
+        raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; its budget no longer matters.")
+    now = clock.now()
+    old = {"total": _str(workflow.budget_total_usd), "hourly": _str(workflow.budget_hourly_usd)}
+    if total_usd is not None:
+        workflow.budget_total_usd = total_usd
+    if hourly_usd is not None:
+        workflow.budget_hourly_usd = hourly_usd
+    workflow_save(workflow, "budget_total_usd", "budget_hourly_usd", at=now)
+    event_record(workflow=workflow, kind="budget.changed", at=now, by=getattr(user, "username", ""), old=old,
+                 new={"total": _str(workflow.budget_total_usd), "hourly": _str(workflow.budget_hourly_usd)})
+    if workflow.status == Workflow.Status.PAUSED and workflow.reason.startswith(BUDGET_PAUSE_PREFIX):
+        wake_locked(workflow, now=now, cause=f"budget raised by {getattr(user, 'username', '') or 'an operator'}")
+    return workflow
+
+
+def _str(value: Decimal | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def pause_for_budget_locked(workflow: Workflow, activity: Activity, error: BudgetExhausted, *, now: datetime) -> None:
+    """Park the activity (its attempt is given back) and pause the workflow for a person."""
+    Activity.objects.filter(pk=activity.pk).update(
+        status=Activity.Status.SCHEDULED, max_attempts=activity.max_attempts + 1, next_attempt_at=now,
+        dispatched_at=now, lease_expires_at=None, error=str(error),
+    )
+    if workflow.status in (Workflow.Status.RUNNING, Workflow.Status.WAITING):
+        workflow.pause(at=now, reason=str(error))
+        event_record(workflow=workflow, kind="workflow.paused", at=now, reason=str(error))
+        workflow_save(workflow, "status", "reason", at=now)
+

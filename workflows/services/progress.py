@@ -1,0 +1,130 @@
+"""Progress samples (model-assessed, validated as data) and the stagnation check."""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from workflows import clock, registry
+from workflows.errors import InvalidInput
+from workflows.models import Activity, Event, ProgressSample, Workflow
+from workflows.services.common import event_record, workflow_lock, workflow_save
+
+logger = logging.getLogger("agentops.progress")
+
+STAGNATION_POINTS = 5
+MAX_ITEMS = 20
+
+
+def progress_validate(result: Any) -> dict[str, Any]:
+    """Check the ``progress`` object of an activity result; model output is data, refused when malformed."""
+    progress = result.get("progress") if isinstance(result, dict) else None
+    if not isinstance(progress, dict):
+        raise InvalidInput("The result has no progress object; expected percent, achievements, remaining, confidence.")
+    percent, confidence = progress.get("percent"), progress.get("confidence")
+    if isinstance(percent, bool) or not isinstance(percent, int) or not 0 <= percent <= 100:
+        raise InvalidInput(f"Progress percent must be a whole number from 0 to 100; got {percent!r}.")
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0 <= confidence <= 1:
+        raise InvalidInput(f"Progress confidence must be a number from 0 to 1; got {confidence!r}.")
+    for field in ("achievements", "remaining"):
+        items = progress.get(field, [])
+        if not isinstance(items, list) or len(items) > MAX_ITEMS or not all(
+            isinstance(i, str) and len(i) <= 500 for i in items
+        ):
+            raise InvalidInput(f"Progress {field} must be a list of at most {MAX_ITEMS} short texts.")
+    hours = progress.get("estimated_hours_left")
+    bad_hours = isinstance(hours, bool) or not isinstance(hours, (int, float)) or not 0 <= hours < 10_000
+    if hours is not None and bad_hours:
+        raise InvalidInput(f"Progress estimated_hours_left must be a number of hours; got {hours!r}.")
+    return progress
+
+
+def progress_record_once(*, workflow: Workflow, operation_id: str, result: Any, now: datetime) -> ProgressSample:
+    """Store the sample of one verification. Idempotent: unique ``operation_id``."""
+    progress = progress_validate(result)
+    hours = progress.get("estimated_hours_left")
+    sample, _ = ProgressSample.objects.get_or_create(
+        operation_id=operation_id,
+        defaults={
+            "workflow": workflow, "percent": progress["percent"], "confidence": float(progress["confidence"]),
+            "achievements": progress.get("achievements", []), "remaining": progress.get("remaining", []),
+            "estimated_completion": now + timedelta(hours=hours) if hours is not None else None, "created_at": now,
+        },
+    )
+    return sample
+
+
+def stagnation_check() -> int:
+    """Flag running workflows that stopped moving; each at most once per its window."""
+    now = clock.now()
+    silence = timedelta(hours=settings.AGENTOPS_SILENCE_HOURS)
+    flagged = 0
+    for workflow in Workflow.objects.filter(status=Workflow.Status.RUNNING).only(
+        "pk", "stagnation_window_hours", "stagnation_flagged_at", "created_at"
+    ):
+        window = timedelta(hours=workflow.stagnation_window_hours)
+        if workflow.stagnation_flagged_at and workflow.stagnation_flagged_at > now - window:
+            continue
+        reason = _stalled_progress(workflow, now=now, window=window) or _silent(workflow, now=now, silence=silence)
+        if reason:
+            flagged += stagnation_flag_if_due(workflow_id=workflow.pk, reason=reason)
+    return flagged
+
+
+def _stalled_progress(workflow: Workflow, *, now: datetime, window: timedelta) -> str:
+    samples = ProgressSample.objects.filter(workflow=workflow)
+    baseline = samples.filter(created_at__lte=now - window).order_by("-created_at").first()
+    latest = samples.order_by("-created_at").first()
+    if baseline is None or latest is None or latest.percent - baseline.percent >= STAGNATION_POINTS:
+        return ""
+    return (f"progress moved {latest.percent - baseline.percent} points ({baseline.percent}% → {latest.percent}%) "
+            f"in {workflow.stagnation_window_hours:g} h, under {STAGNATION_POINTS}")
+
+
+def _silent(workflow: Workflow, *, now: datetime, silence: timedelta) -> str:
+    """No event for too long while nothing legitimate is pending (a heartbeating activity or
+    a retry window in the future are legitimate)."""
+    last = Event.objects.filter(workflow=workflow).order_by("-seq").values_list("created_at", flat=True).first()
+    if last is None or last > now - silence:
+        return ""
+    activities = Activity.objects.filter(workflow=workflow)
+    if activities.filter(status=Activity.Status.RUNNING, heartbeat_at__gt=now - silence).exists():
+        return ""
+    if activities.filter(status=Activity.Status.SCHEDULED, next_attempt_at__gt=now).exists():
+        return ""
+    return f"no event for {(now - last).total_seconds() / 3600:.1f} h and nothing is pending"
+
+
+@transaction.atomic
+def stagnation_flag_if_due(*, workflow_id: int, reason: str) -> int:
+    """Apply the workflow's stagnation policy once per window: re-plan, pause, or only record.
+
+    Idempotent within a window: ``stagnation_flagged_at`` checked under the row lock.
+    """
+    workflow = workflow_lock(workflow_id)
+    now = clock.now()
+    window = timedelta(hours=workflow.stagnation_window_hours)
+    if workflow.status != Workflow.Status.RUNNING or (
+        workflow.stagnation_flagged_at and workflow.stagnation_flagged_at > now - window
+    ):
+        return 0
+    workflow.stagnation_flagged_at = now
+    workflow_save(workflow, "stagnation_flagged_at", at=now)
+    policy = workflow.stagnation_policy
+    event_record(workflow=workflow, kind="workflow.stagnating", at=now, reason=reason, policy=policy)
+    logger.warning("workflow.stagnating", extra={"workflow_id": workflow.pk, "policy": policy})
+    if policy == Workflow.StagnationPolicy.PAUSE:
+        workflow.pause(at=now, reason=f"Stagnating: {reason}. Look at it, then `manage.py agent resume {workflow.pk}`.")
+        workflow_save(workflow, "status", "reason", at=now)
+    elif policy == Workflow.StagnationPolicy.REPLAN:
+        from workflows import doorbells
+        from workflows.services.workflows import enter_node
+
+        adapt = registry.definition(workflow.kind).adapt_node
+        if adapt:
+            enter_node(workflow, adapt, {"stagnation": reason}, now=now)
+            doorbells.workflow_advance(workflow_id=workflow.pk)
+    return 1
