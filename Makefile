@@ -21,7 +21,11 @@ demo: $(STAMP)
 	$(BIN)/python manage.py migrate --verbosity 0
 	$(BIN)/python manage.py demo
 
-test: $(STAMP) chromium
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: lint chromium
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(BIN)/pytest
 
 # Debian's Chromium for the browser tests in tests/admin (never `playwright install`: its download is

@@ -57,9 +57,10 @@ class Command(BaseCommand):
             )
             self.console.print(f"Launched release workflow {workflow.pk} as {requester.username}.")
             if in_admin:
-                self.console.print(
-                    f"[bold]Approve it in the admin[/]: http://127.0.0.1:{options['web_port']}"
-                    f"/admin/workflows/wait/approvals/ as {approver.username}, password {admin_password(approver)}")
+                # Plain write: rich would wrap the URL and the password at the console width.
+                self.stdout.write(f"Approve it in the admin: http://127.0.0.1:{options['web_port']}"
+                                  f"/admin/workflows/wait/approvals/ as {approver.username}, "
+                                  f"password {admin_password(approver)}")
             timeout = options["timeout"] or (1800.0 if in_admin else 180.0)
             final = self.follow(workflow.pk, approver, deadline=time.monotonic() + timeout, auto_approve=not in_admin)
         finally:

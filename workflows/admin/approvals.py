@@ -1,0 +1,169 @@
+"""The approval queue: who may decide a wait, what approvers see, and the decide endpoint."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.views.decorators.http import require_POST
+
+from workflows import clock, services
+from workflows.admin.common import ReadOnlyAdmin, forbidden, pretty_json, time_left
+from workflows.errors import Refused
+from workflows.models import Intent, Wait
+from workflows.services.waits import MAX_COMMENT_CHARS
+
+logger = logging.getLogger("agentops.admin")
+
+CANDIDATE_KEYS = ("title", "summary", "files", "head", "tests")
+
+
+def decide_refusal(user: Any, wait: Wait, *, groups: set[str] | None = None) -> str:
+    """Why ``user`` may not decide ``wait``, or "" when they may (``groups``: the user's group names).
+
+    Mirrors the role and self-approval rules of ``services.wait_approve`` so the queue hides
+    buttons and a forged POST gets 403 before the service runs (which checks again).
+    """
+    if wait.kind != Wait.Kind.APPROVAL:
+        return f"Wait {wait.pk} is a {wait.kind} wait, not an approval; nobody decides it here."
+    launched_by = wait.workflow.launched_by_id
+    if launched_by is not None and launched_by == user.pk and not settings.AGENTOPS_ALLOW_SELF_APPROVAL:
+        return (f"You launched workflow {wait.workflow_id}, so you may not decide its approvals "
+                "(AGENTOPS_ALLOW_SELF_APPROVAL is off); another approver must decide.")
+    if groups is None:
+        groups = set(user.groups.values_list("name", flat=True))
+    if not (user.is_superuser or wait.required_role in groups):
+        return (f"Wait {wait.pk} needs a member of group {wait.required_role!r}, and you are not one; "
+                "ask an administrator to add you, or ask a member of that group to decide.")
+    return ""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A candidate split into the parts approvers read first and the rest."""
+
+    title: str
+    summary: str
+    files: list[tuple[str, str]]
+    head: str
+    tests: Any
+    other: str
+
+
+def candidate_parts(candidate: Any) -> Candidate:
+    if not isinstance(candidate, dict):
+        return Candidate("", "", [], "", None, json.dumps(candidate, indent=2, sort_keys=True, default=str))
+    files = candidate.get("files")
+    file_list = sorted((str(p), str(c)) for p, c in files.items()) if isinstance(files, dict) else []
+    rest = {k: v for k, v in candidate.items() if k not in CANDIDATE_KEYS or (k == "files" and not file_list)}
+    return Candidate(
+        title=str(candidate.get("title", "")), summary=str(candidate.get("summary", "")), files=file_list,
+        head=str(candidate.get("head", "")), tests=candidate.get("tests"),
+        other=json.dumps(rest, indent=2, sort_keys=True, default=str) if rest else "",
+    )
+
+
+def open_approvals(now: datetime) -> QuerySet[Wait]:
+    """Approval waits that are open and not yet past their expiry, soonest expiry first."""
+    goal = Intent.objects.filter(workflow=OuterRef("workflow_id"), version=OuterRef("intent_version"))
+    return (
+        Wait.objects.filter(kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+        .select_related("workflow", "workflow__launched_by")
+        .annotate(goal=Subquery(goal.values("goal")[:1]))
+        .order_by("expires_at", "pk")
+    )
+
+
+def approval_queue(user: Any, now: datetime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(waits ``user`` may decide, open approvals waiting for someone else and why)."""
+    mine, others = [], []
+    groups = set(user.groups.values_list("name", flat=True))
+    for wait in open_approvals(now):
+        refusal = decide_refusal(user, wait, groups=groups)
+        item = {
+            "wait": wait, "workflow": wait.workflow, "goal": wait.__dict__.get("goal", ""),  # annotated by open_approvals
+            "time_left": time_left(wait.expires_at, now),
+            "decide_url": reverse("admin:workflows_wait_decide", args=[wait.pk]),
+            "workflow_url": reverse("admin:workflows_workflow_change", args=[wait.workflow_id]),
+        }
+        if refusal:
+            others.append({**item, "why_not": refusal})
+        else:
+            mine.append({**item, "candidate": candidate_parts(wait.candidate)})
+    return mine, others
+
+
+@admin.register(Wait)
+class WaitAdmin(ReadOnlyAdmin):
+    list_display = ("id", "workflow_link", "kind", "status", "node", "required_role", "expires_at", "decision",
+                    "decided_by", "decided_at")
+    list_filter = ("kind", "status", "required_role")
+    list_select_related = ("workflow", "decided_by")
+    search_fields = ("=id", "=workflow__id", "candidate_hash")
+    ordering = ("-pk",)
+    readonly_fields = ("candidate_pretty",)
+    exclude = ("candidate",)
+
+    @admin.display(description="workflow", ordering="workflow_id")
+    def workflow_link(self, wait: Wait) -> str:
+        url = reverse("admin:workflows_workflow_change", args=[wait.workflow_id])
+        return format_html('<a href="{}">workflow {}</a>', url, wait.workflow_id)
+
+    @admin.display(description="candidate")
+    def candidate_pretty(self, wait: Wait) -> str:
+        return pretty_json(wait.candidate)
+
+    def get_urls(self) -> list[Any]:
+        view = self.admin_site.admin_view
+        return [
+            path("approvals/", view(self.approvals_view), name="workflows_wait_approvals"),
+            path("<int:wait_id>/decide/", view(require_POST(self.decide_view)), name="workflows_wait_decide"),
+            *super().get_urls(),
+        ]
+
+    def approvals_view(self, request: HttpRequest) -> TemplateResponse:
+        """Every open approval the current user may decide, with the candidate in full."""
+        now = clock.now()
+        mine, others = approval_queue(request.user, now)
+        context = {
+            **self.admin_site.each_context(request), "title": "Approval queue", "opts": self.model._meta,
+            "mine": mine, "others": others, "now": now, "comment_max": MAX_COMMENT_CHARS,
+        }
+        return TemplateResponse(request, "admin/workflows/wait/approvals.html", context)
+
+    def decide_view(self, request: HttpRequest, wait_id: int) -> HttpResponse:
+        """Approve or reject one wait through the same service as `manage.py agent approve`."""
+        wait = get_object_or_404(Wait.objects.select_related("workflow"), pk=wait_id)
+        decision = request.POST.get("decision", "")
+        if decision not in ("approve", "reject"):
+            return forbidden(request, self.admin_site, title="Unknown decision", status=400,
+                             reason=f"A decision must be approve or reject, not {decision[:20]!r}.")
+        refusal = decide_refusal(request.user, wait)
+        if refusal:
+            logger.warning("approval.forbidden",
+                           extra={"wait_id": wait.pk, "workflow_id": wait.workflow_id, "user": request.user.username})
+            return forbidden(request, self.admin_site, title=f"You may not decide wait {wait.pk}", reason=refusal)
+        comment = request.POST.get("comment", "")
+        try:
+            if decision == "approve":
+                result = services.wait_approve(wait_id=wait.pk, user=request.user, comment=comment,
+                                               candidate_hash=request.POST.get("candidate_hash", ""))
+            else:
+                result = services.wait_reject(wait_id=wait.pk, user=request.user, comment=comment)
+        except Refused as exc:
+            self.message_user(request, str(exc), level=messages.ERROR)
+        else:
+            applied = result.outcome == services.Decision.APPLIED
+            self.message_user(request, result.message, level=messages.SUCCESS if applied else messages.WARNING)
+        return HttpResponseRedirect(reverse("admin:workflows_wait_approvals"))

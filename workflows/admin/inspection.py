@@ -1,0 +1,157 @@
+"""What the workflow page shows below its fields: the path through the nodes, history, work and waits."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+
+from workflows import registry
+from workflows.admin.approvals import candidate_parts
+from workflows.admin.common import time_left
+from workflows.errors import Refused
+from workflows.models import (
+    Activity,
+    ActivityAttempt,
+    BehavioralRelease,
+    Checkpoint,
+    Commitment,
+    Event,
+    Intent,
+    Timer,
+    Wait,
+    Workflow,
+)
+from workflows.services.workflows import COMPENSATION_NODE
+
+# The timeline shows the newest events; older ones stay in the Event table (and `agent show --json`).
+MAX_EVENTS = 500
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    if start is None or end is None:
+        return ""
+    seconds = (end - start).total_seconds()
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min {seconds} s"
+
+
+def _attempt_row(attempt: ActivityAttempt, now: datetime) -> dict[str, Any]:
+    running = attempt.status == ActivityAttempt.Status.RUNNING
+    end = attempt.finished_at or (now if running else None)
+    return {"attempt": attempt, "duration": duration(attempt.started_at, end), "running": running,
+            "flower_url": flower_task_url(attempt.task_id)}
+
+
+def flower_task_url(task_id: str) -> str:
+    base = settings.AGENTOPS_FLOWER_URL.rstrip("/")
+    return f"{base}/task/{task_id}" if base and task_id else ""
+
+
+@dataclass(frozen=True)
+class PathPoint:
+    x: int
+    y: int
+    node: str
+    visit: int
+    at: datetime
+
+
+@dataclass(frozen=True)
+class PathChart:
+    """The semantic nodes visited so far, as a step chart: one row per node, one column per visit."""
+
+    width: int
+    height: int
+    rows: list[tuple[int, str, bool]]
+    points: list[PathPoint]
+    polyline: str
+    status: str
+
+    LEFT = 190
+    STEP = 40
+    ROW = 24
+    TOP = 18
+
+
+def path_chart(workflow: Workflow, checkpoints: list[Checkpoint]) -> PathChart:
+    """Visit 1 is the start node (entered at launch, without a checkpoint); each checkpoint is one more visit."""
+    try:
+        definition = registry.definition(workflow.kind)
+        nodes, start = list(definition.nodes), definition.start_node
+    except Refused:  # a kind no longer registered: draw what was visited
+        nodes, start = [], "(start)"
+    if not checkpoints:
+        start = workflow.current_node
+    visits = [(start, 1, workflow.created_at)] + [(c.node, c.node_visit, c.created_at) for c in checkpoints]
+    for node, _, _ in visits:
+        if node not in nodes:
+            nodes.append(node)
+    row_of = {node: i for i, node in enumerate(nodes)}
+    visited = {node for node, _, _ in visits}
+    y = lambda node: PathChart.TOP + row_of[node] * PathChart.ROW  # noqa: E731
+    points = [PathPoint(PathChart.LEFT + i * PathChart.STEP, y(node), node, visit, at)
+              for i, (node, visit, at) in enumerate(visits)]
+    return PathChart(
+        width=PathChart.LEFT + max(len(points), 1) * PathChart.STEP + 90,
+        height=PathChart.TOP + len(nodes) * PathChart.ROW,
+        rows=[(y(node), node, node in visited) for node in nodes],
+        points=points, polyline=" ".join(f"{p.x},{p.y}" for p in points), status=workflow.status,
+    )
+
+
+def inspect_workflow(workflow: Workflow, *, now: datetime) -> dict[str, Any]:
+    """Everything the workflow page shows below its fields, read in a handful of queries."""
+    activities = list(workflow.activities.order_by("pk").prefetch_related("attempts"))
+    by_operation = {a.operation_id: a for a in activities}
+    checkpoints = list(workflow.checkpoints.order_by("node_visit"))
+    events = list(reversed(workflow.events.order_by("-seq")[:MAX_EVENTS]))
+    commitments = [
+        {"commitment": c, "compensation": by_operation.get(f"{c.activity.operation_id}/compensate")}
+        for c in workflow.commitments.select_related("activity").order_by("pk")
+    ]
+    waits = [
+        {"wait": w, "candidate": candidate_parts(w.candidate) if w.candidate is not None else None,
+         "time_left": time_left(w.expires_at, now) if w.status == Wait.Status.OPEN else ""}
+        for w in workflow.waits.select_related("decided_by").order_by("pk")
+    ]
+    return {
+        "path": path_chart(workflow, checkpoints),
+        "intents": list(workflow.intents.select_related("created_by").order_by("version")),
+        "events": [{"event": e, "offset": duration(workflow.created_at, e.created_at), "details": _details(e.data)}
+                   for e in events],
+        "events_hidden": max(workflow.event_seq - len(events), 0),
+        "activities": [{"activity": a, "attempts": [_attempt_row(t, now) for t in a.attempts.all()],
+                        "is_compensation": a.node == COMPENSATION_NODE} for a in activities],
+        "waits": waits,
+        "timers": list(workflow.timers.order_by("fire_at", "pk")),
+        "commitments": commitments,
+        "checkpoints": [{"checkpoint": c, "state": json.dumps(c.state, indent=2, sort_keys=True, default=str)}
+                        for c in checkpoints],
+        "release": workflow.release,
+        "release_tools": json.dumps(workflow.release.tool_versions, sort_keys=True),
+        "flower_configured": bool(settings.AGENTOPS_FLOWER_URL),
+        "help": {
+            "activity": _help(Activity), "attempt": _help(ActivityAttempt), "wait": _help(Wait),
+            "timer": _help(Timer), "commitment": _help(Commitment), "intent": _help(Intent),
+            "checkpoint": _help(Checkpoint), "event": _help(Event), "release": _help(BehavioralRelease),
+        },
+    }
+
+
+def _details(data: Any) -> list[tuple[str, str]]:
+    """An event's data as (key, value) pairs: strings as they are, anything else as JSON."""
+    if not isinstance(data, dict):
+        return [("", json.dumps(data, default=str))]
+    return [(key, value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str))
+            for key, value in sorted(data.items())]
+
+
+def _help(model: type[Any]) -> dict[str, str]:
+    """Field name → help text, shown as column-header tooltips."""
+    return {f.name: str(getattr(f, "help_text", "") or "") for f in model._meta.get_fields() if hasattr(f, "help_text")}

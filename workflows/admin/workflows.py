@@ -1,0 +1,261 @@
+"""Workflows: the list with its filters, the inspection page and the operator actions."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Exists, OuterRef, Prefetch, QuerySet, Subquery
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+
+from workflows import clock, services
+from workflows.admin.common import ReadOnlyAdmin, forbidden, pretty_json
+from workflows.admin.inspection import inspect_workflow
+from workflows.errors import Refused
+from workflows.models import Commitment, Intent, Wait, Workflow
+from workflows.services.workflows import MAX_GOAL_CHARS
+
+# The permission that lets an operator cancel, resume or re-goal a workflow. Generic
+# change forms stay disabled whoever holds it: the services are the only writers.
+OPERATE_PERMISSION = "workflows.change_workflow"
+
+
+class WaitingOnFilter(admin.SimpleListFilter):
+    title = "waiting on"
+    parameter_name = "waiting_on"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(kind.value, f"an open {kind.label.lower()} wait") for kind in Wait.Kind]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
+        if not self.value():
+            return queryset
+        open_wait = Wait.objects.filter(workflow=OuterRef("pk"), kind=self.value(), status=Wait.Status.OPEN)
+        return queryset.filter(Exists(open_wait))
+
+
+class QuietFilter(admin.SimpleListFilter):
+    """Unfinished workflows whose row has not changed for a while: stuck, or just waiting long."""
+
+    title = "unchanged for"
+    parameter_name = "quiet"
+    HOURS = {"1h": 1, "24h": 24, "7d": 24 * 7}
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("1h", "over an hour (unfinished)"), ("24h", "over a day (unfinished)"),
+                ("7d", "over a week (unfinished)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
+        hours = self.HOURS.get(self.value() or "")
+        if hours is None:
+            return queryset
+        cutoff = clock.now() - timedelta(hours=hours)
+        return queryset.exclude(status__in=Workflow.TERMINAL).filter(updated_at__lt=cutoff)
+
+
+class CancelForm(forms.Form):
+    reason = forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        help_text="Recorded on the workflow and in its history; say why, for whoever reads it later.",
+    )
+
+
+class SupersedeForm(forms.Form):
+    goal = forms.CharField(
+        max_length=MAX_GOAL_CHARS, widget=forms.Textarea(attrs={"rows": 5, "cols": 80}),
+        help_text="The new goal, in the requester's words. It becomes the next intent version.",
+    )
+
+
+class ResumeForm(forms.Form):
+    pass
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    name: str
+    label: str
+    form: type[forms.Form]
+    statuses: tuple[str, ...]
+
+
+ACTIONS = {
+    "cancel": OperatorAction("cancel", "Cancel workflow", CancelForm,
+                             ("created", "running", "waiting", "paused")),
+    "resume": OperatorAction("resume", "Resume workflow", ResumeForm, ("paused", "running", "cancelling")),
+    "supersede": OperatorAction("supersede", "Change the goal", SupersedeForm,
+                                ("created", "running", "waiting", "paused")),
+}
+
+
+def _help(field: str) -> str:
+    return str(Workflow._meta.get_field(field).help_text)
+
+
+class WorkflowForm(forms.ModelForm):
+    """Only here to lend the model's help text to the page's computed fields (Meta.help_texts)."""
+
+    class Meta:
+        model = Workflow
+        fields = ["kind"]  # the admin passes its own field list (from fieldsets) to modelform_factory
+        help_texts = {
+            "status_badge": _help("status"),
+            "goal_full": "The goal of the current intent version; every version is under “Goal history” below.",
+            "params_pretty": _help("params"), "result_pretty": _help("result"), "state_pretty": _help("state"),
+        }
+
+
+@admin.register(Workflow)
+class WorkflowAdmin(ReadOnlyAdmin):
+    form = WorkflowForm
+    list_display = ("id", "kind", "status_badge", "current_node", "intent_label", "goal_short", "waiting_on",
+                    "launched_by", "updated_at")
+    list_display_links = ("id", "goal_short")
+    list_filter = ("status", "kind", "current_node", WaitingOnFilter, QuietFilter)
+    list_select_related = ("launched_by",)
+    search_fields = ("intents__goal",)
+    search_help_text = "Search by workflow id (a number) or by words of any of its goals."
+    ordering = ("-pk",)
+    readonly_fields = ("status_badge", "goal_full", "params_pretty", "result_pretty", "state_pretty")
+    fieldsets = (
+        ("Where it is", {"fields": ("status_badge", "current_node", "node_visit", "intent_version", "goal_full",
+                                    "reason")}),
+        ("What it runs", {"fields": ("kind", "definition_version", "release", "release_policy", "params_pretty")}),
+        ("Who and when", {"fields": ("launched_by", "created_at", "updated_at", "deadline")}),
+        ("Outcome and durable state", {"fields": ("result_pretty", "state_pretty", "version", "event_seq"),
+                                       "classes": ("collapse",)}),
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Workflow]:
+        goal = Intent.objects.filter(workflow=OuterRef("pk"), version=OuterRef("intent_version")).values("goal")
+        open_waits = Wait.objects.filter(status=Wait.Status.OPEN).order_by("pk")
+        return (super().get_queryset(request).annotate(goal=Subquery(goal[:1]))
+                .prefetch_related(Prefetch("waits", queryset=open_waits, to_attr="open_waits")))
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Workflow], search_term: str
+    ) -> tuple[QuerySet[Workflow], bool]:
+        results, duplicates = super().get_search_results(request, queryset, search_term)
+        if search_term.strip().isdigit():
+            results = results | queryset.filter(pk=int(search_term.strip()))
+        return results, duplicates
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, workflow: Workflow) -> str:
+        return format_html('<span class="ao-badge ao-{}">{}</span>', workflow.status, workflow.status)
+
+    @admin.display(description="intent", ordering="intent_version")
+    def intent_label(self, workflow: Workflow) -> str:
+        return f"v{workflow.intent_version}"
+
+    @admin.display(description="goal")
+    def goal_short(self, workflow: Workflow) -> str:
+        goal = getattr(workflow, "goal", None) or ""
+        return goal if len(goal) <= 80 else goal[:79] + "…"
+
+    @admin.display(description="current goal")
+    def goal_full(self, workflow: Workflow) -> str:
+        return getattr(workflow, "goal", None) or ""
+
+    @admin.display(description="waiting on")
+    def waiting_on(self, workflow: Workflow) -> str:
+        waits = getattr(workflow, "open_waits", [])
+        if not waits:
+            return "—"
+        queue = reverse("admin:workflows_wait_approvals")
+        return format_html_join(", ", "{}", (
+            (format_html('<a href="{}">approval by {}</a>', queue, w.required_role) if w.kind == Wait.Kind.APPROVAL
+             else f"{w.kind} {w.event_name}".strip(),) for w in waits
+        ))
+
+    @admin.display(description="parameters")
+    def params_pretty(self, workflow: Workflow) -> str:
+        return pretty_json(workflow.params)
+
+    @admin.display(description="result")
+    def result_pretty(self, workflow: Workflow) -> str:
+        return pretty_json(workflow.result)
+
+    @admin.display(description="durable state")
+    def state_pretty(self, workflow: Workflow) -> str:
+        return pretty_json(workflow.state)
+
+    def get_urls(self) -> list[Any]:
+        # One path per action: a generic "<id>/<action>/" would shadow the admin's own "<id>/change/".
+        view = self.admin_site.admin_view(self.action_view)
+        return [
+            *(path(f"<int:workflow_id>/{name}/", view, {"action": name}, name=f"workflows_workflow_{name}")
+              for name in ACTIONS),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        workflow = self.get_object(request, object_id)
+        extra = dict(extra_context or {})
+        if workflow is not None:
+            extra["inspection"] = inspect_workflow(workflow, now=clock.now())
+            may_operate = request.user.has_perm(OPERATE_PERMISSION)
+            extra["operator_actions"] = [
+                {"label": a.label, "url": reverse(f"admin:workflows_workflow_{a.name}", args=[workflow.pk])}
+                for a in ACTIONS.values() if may_operate and workflow.status in a.statuses
+            ]
+        return super().change_view(request, object_id, form_url, extra)
+
+    def action_view(self, request: HttpRequest, workflow_id: int, action: str) -> HttpResponse:
+        """Confirm (GET) and perform (POST) cancel, resume or supersede through the services."""
+        spec = ACTIONS.get(action)
+        workflow = self.get_object(request, str(workflow_id))
+        if spec is None or workflow is None:
+            raise Http404(f"Workflow {workflow_id} does not exist, or {action!r} is not an operator action.")
+        if not request.user.has_perm(OPERATE_PERMISSION):
+            return forbidden(request, self.admin_site, title=f"You may not {action} workflows",
+                             reason=f"{spec.label} needs the permission {OPERATE_PERMISSION!r} "
+                                    "(“Can change workflow”); ask an administrator to grant it to you or your group.")
+        change_url = reverse("admin:workflows_workflow_change", args=[workflow.pk])
+        initial = {"goal": workflow.goal} if action == "supersede" else {}
+        form = spec.form(request.POST if request.method == "POST" else None, initial=initial)
+        if request.method == "POST" and form.is_valid():
+            try:
+                text, level = perform_action(action, workflow.pk, form.cleaned_data, request.user)
+            except Refused as exc:
+                self.message_user(request, str(exc), level=messages.ERROR)
+            else:
+                self.message_user(request, text, level=level)
+            return HttpResponseRedirect(change_url)
+        context = {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "original": workflow,
+            "title": f"{spec.label} {workflow.pk}?", "action": action, "spec": spec, "form": form,
+            "change_url": change_url,
+            "open_waits": list(workflow.waits.filter(status=Wait.Status.OPEN).order_by("pk")),
+            "active_commitments": list(workflow.commitments.filter(status=Commitment.Status.ACTIVE)
+                                       .select_related("activity").order_by("-created_at", "-pk")),
+        }
+        return TemplateResponse(request, "admin/workflows/workflow/action_confirm.html", context)
+
+
+def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: Any) -> tuple[str, int]:
+    """Call the service for ``action``; return the message for the operator and its level."""
+    if action == "cancel":
+        outcome = services.workflow_cancel(workflow_id=workflow_id, reason=data["reason"], user=user)
+        status = Workflow.objects.values_list("status", flat=True).get(pk=workflow_id)
+        if outcome == services.Outcome.ALREADY_APPLIED:
+            return f"Workflow {workflow_id} was already {status}; nothing changed.", messages.WARNING
+        if status == Workflow.Status.CANCELLED:
+            return f"Workflow {workflow_id} is cancelled.", messages.SUCCESS
+        return (f"Workflow {workflow_id} is {status}: its active commitments are compensated, newest first, "
+                "before it ends cancelled.", messages.SUCCESS)
+    if action == "resume":
+        outcome = services.workflow_resume(workflow_id=workflow_id, user=user)
+        if outcome == services.Outcome.APPLIED:
+            return f"Workflow {workflow_id} resumed.", messages.SUCCESS
+        return f"Workflow {workflow_id} was already running; its doorbell was rung again.", messages.WARNING
+    intent = services.workflow_supersede(workflow_id=workflow_id, goal=data["goal"], user=user)
+    return (f"Workflow {workflow_id} now pursues intent v{intent.version}; its open approvals were withdrawn "
+            "and it revalidates before going on.", messages.SUCCESS)
