@@ -56,7 +56,7 @@ class TestQueuePage:
         page = logged_in(staff_requester).get(QUEUE).content.decode()
 
         assert 'value="approve"' not in page
-        assert f"You launched workflow {wait.workflow_id}" in page
+        assert f"{staff_requester.username} launched workflow {wait.workflow_id}" in page
 
     def test_a_superuser_may_decide_without_being_in_the_group(self, waiting_gate, admin_user):
         page = logged_in(admin_user).get(QUEUE).content.decode()

@@ -173,9 +173,9 @@ class TestDecisionRules:
     def test_user_without_the_role_may_not_decide(self, gate_wait, outsider):
         """A user outside the required group can neither approve nor reject."""
         before = snapshot(gate_wait)
-        with pytest.raises(WaitRefused, match="oscar is not in group 'release-approvers'"):
+        with pytest.raises(WaitRefused, match="needs a member of group 'release-approvers', and oscar is not one"):
             services.wait_approve(wait_id=gate_wait.pk, user=outsider, candidate_hash=GATE_HASH)
-        with pytest.raises(WaitRefused, match="oscar is not in group 'release-approvers'"):
+        with pytest.raises(WaitRefused, match="needs a member of group 'release-approvers', and oscar is not one"):
             services.wait_reject(wait_id=gate_wait.pk, user=outsider, comment="no")
         assert snapshot(gate_wait) == before
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -21,7 +20,7 @@ from workflows import clock, services
 from workflows.admin.common import ReadOnlyAdmin, forbidden, pretty_json, time_left
 from workflows.errors import Refused
 from workflows.models import Intent, Wait
-from workflows.services.waits import MAX_COMMENT_CHARS
+from workflows.services.waits import MAX_COMMENT_CHARS, wait_authority_refusal
 
 logger = logging.getLogger("agentops.admin")
 
@@ -29,23 +28,10 @@ CANDIDATE_KEYS = ("title", "summary", "files", "head", "tests")
 
 
 def decide_refusal(user: Any, wait: Wait, *, groups: set[str] | None = None) -> str:
-    """Why ``user`` may not decide ``wait``, or "" when they may (``groups``: the user's group names).
-
-    Mirrors the role and self-approval rules of ``services.wait_approve`` so the queue hides
-    buttons and a forged POST gets 403 before the service runs (which checks again).
-    """
+    """Why ``user`` may not decide ``wait`` from the queue, or "" when they may."""
     if wait.kind != Wait.Kind.APPROVAL:
         return f"Wait {wait.pk} is a {wait.kind} wait, not an approval; nobody decides it here."
-    launched_by = wait.workflow.launched_by_id
-    if launched_by is not None and launched_by == user.pk and not settings.AGENTOPS_ALLOW_SELF_APPROVAL:
-        return (f"You launched workflow {wait.workflow_id}, so you may not decide its approvals "
-                "(AGENTOPS_ALLOW_SELF_APPROVAL is off); another approver must decide.")
-    if groups is None:
-        groups = set(user.groups.values_list("name", flat=True))
-    if not (user.is_superuser or wait.required_role in groups):
-        return (f"Wait {wait.pk} needs a member of group {wait.required_role!r}, and you are not one; "
-                "ask an administrator to add you, or ask a member of that group to decide.")
-    return ""
+    return wait_authority_refusal(wait=wait, user=user, groups=groups)
 
 
 @dataclass(frozen=True)
@@ -92,7 +78,8 @@ def approval_queue(user: Any, now: datetime) -> tuple[list[dict[str, Any]], list
     for wait in open_approvals(now):
         refusal = decide_refusal(user, wait, groups=groups)
         item = {
-            "wait": wait, "workflow": wait.workflow, "goal": wait.__dict__.get("goal", ""),  # annotated by open_approvals
+            # "goal" is annotated onto each wait by open_approvals.
+            "wait": wait, "workflow": wait.workflow, "goal": wait.__dict__.get("goal", ""),
             "time_left": time_left(wait.expires_at, now),
             "decide_url": reverse("admin:workflows_wait_decide", args=[wait.pk]),
             "workflow_url": reverse("admin:workflows_workflow_change", args=[wait.workflow_id]),

@@ -107,13 +107,25 @@ def _refusal(
         return (f"Wait {wait.pk} is bound to candidate {wait.candidate_hash[:12]}…, "
                 f"not {candidate_hash[:12] or '(none)'}…; "
                 "reopen the approval queue or `agent show` to decide on the current candidate.")
-    launched_it = workflow.launched_by_id is not None and workflow.launched_by_id == user.pk
-    if launched_it and not settings.AGENTOPS_ALLOW_SELF_APPROVAL:
-        return (f"User {user.username} launched workflow {workflow.pk} and may not decide its approvals "
-                "(AGENTOPS_ALLOW_SELF_APPROVAL is off); ask another approver.")
-    if not (user.is_superuser or user.groups.filter(name=wait.required_role).exists()):
-        return (f"User {user.username} is not in group {wait.required_role!r}, which wait {wait.pk} requires; "
-                "ask an administrator to add them, or have a member of that group decide.")
+    return wait_authority_refusal(wait=wait, user=user)
+    return ""
+
+
+def wait_authority_refusal(*, wait: Wait, user: Any, groups: set[str] | None = None) -> str:
+    """Why ``user`` may not decide ``wait`` at all (role, self-approval), or "" when they may.
+
+    The approval service checks this under lock; the admin uses it to hide buttons and
+    answer a forged POST with 403. ``groups`` saves a query per wait in a list.
+    """
+    launched_by = wait.workflow.launched_by_id
+    if launched_by is not None and launched_by == user.pk and not settings.AGENTOPS_ALLOW_SELF_APPROVAL:
+        return (f"{user.username} launched workflow {wait.workflow_id} and may not decide its approvals "
+                "(AGENTOPS_ALLOW_SELF_APPROVAL is off); another approver must decide.")
+    if groups is None:
+        groups = set(user.groups.values_list("name", flat=True))
+    if not (user.is_superuser or wait.required_role in groups):
+        return (f"Wait {wait.pk} needs a member of group {wait.required_role!r}, and {user.username} is not one; "
+                "ask an administrator to add them, or ask a member of that group to decide.")
     return ""
 
 
