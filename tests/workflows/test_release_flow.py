@@ -105,3 +105,9 @@ def test_bad_goals_are_refused(git_repo, goal, message):
 def test_unknown_kind_is_refused(db):
     with pytest.raises(InvalidInput, match="Unknown workflow kind 'nope'; known kinds: autonomous, "):
         services.workflow_launch(kind="nope", goal="g")
+
+
+def test_a_doorbell_for_a_missing_workflow_is_a_no_op(db):
+    """A message outliving its workflow (deleted by an operator) changes nothing and does not fail."""
+    assert services.workflow_advance_if_runnable(workflow_id=987654) == services.Outcome.NOT_RUNNABLE
+    assert services.activity_run_if_runnable(activity_id=987654) == services.RunOutcome.SKIPPED

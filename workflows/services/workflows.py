@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from workflows import clock, doorbells, engine, registry, selectors
-from workflows.errors import InvalidInput, Permanent, TransitionRefused
+from workflows.errors import InvalidInput, NotFound, Permanent, TransitionRefused
 from workflows.models import Activity, Checkpoint, Commitment, Intent, Signal, Timer, Wait, Workflow
 from workflows.services.common import (
     event_record,
@@ -109,8 +109,14 @@ def workflow_advance_if_runnable(*, workflow_id: int) -> Outcome:
 
     Idempotent: a no-op unless the workflow is running (or cancelling) under its row lock;
     recorded steps are replayed, never re-run, so a duplicate doorbell changes nothing.
+    A doorbell for a workflow that no longer exists is a no-op too.
     """
-    return advance_locked(workflow_lock(workflow_id))
+    try:
+        workflow = workflow_lock(workflow_id)
+    except NotFound:
+        logger.warning("workflow.doorbell.unknown", extra={"workflow_id": workflow_id})
+        return Outcome.NOT_RUNNABLE
+    return advance_locked(workflow)
 
 
 def advance_locked(workflow: Workflow) -> Outcome:
