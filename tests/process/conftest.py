@@ -1,0 +1,97 @@
+"""Fixtures for process tests: a dedicated broker DB, a cluster of real workers and beats, and figures."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from agentops.deploytarget.server import DeployTargetServer
+from tests.process.harness import (
+    Broker,
+    Cluster,
+    db_report,
+    point_celery_app_at,
+    redis_ping,
+    subprocess_database_url,
+)
+
+# A Redis DB of its own, flushed before every test; DB 0 belongs to the in-process suite.
+PROCESS_BROKER_URL = os.environ.get("AGENTOPS_PROCESS_BROKER_URL", "redis://127.0.0.1:6379/15")
+
+_REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
+FIGURES: list[tuple[str, dict[str, Any]]] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    item.stash.setdefault(_REPORTS, {})[report.when] = report
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not FIGURES:
+        return
+    terminalreporter.section("process test figures")
+    for scenario, values in FIGURES:
+        terminalreporter.write_line(f"{scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+
+
+@pytest.fixture
+def figures() -> Callable[..., None]:
+    """Record the measured figures of a scenario; printed at once and in the terminal summary."""
+
+    def record(scenario: str, **values: Any) -> None:
+        FIGURES.append((scenario, values))
+        print(f"\n[figures] {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
+
+    return record
+
+
+@pytest.fixture
+def process_broker() -> Iterator[Broker]:
+    """Flush the dedicated broker DB and make this process publish its doorbells there."""
+    if connection.vendor != "postgresql":
+        pytest.skip("process tests need PostgreSQL: run with DATABASE_URL=postgres://…")
+    if not redis_ping(PROCESS_BROKER_URL):
+        pytest.fail(f"Redis at {PROCESS_BROKER_URL} does not answer; start it (see tests/process/harness.py "
+                    "REDIS_SERVER_COMMAND).")
+    broker = Broker(PROCESS_BROKER_URL)
+    broker.flushdb()
+    # Celery reads CELERY_BROKER_URL from the environment before its configuration.
+    saved = {name: os.environ.pop(name, None) for name in ("CELERY_BROKER_URL", "CELERY_BROKER_WRITE_URL")}
+    os.environ["CELERY_BROKER_URL"] = PROCESS_BROKER_URL
+    point_celery_app_at(PROCESS_BROKER_URL)
+    yield broker
+    os.environ.pop("CELERY_BROKER_URL", None)
+    os.environ.update({name: value for name, value in saved.items() if value is not None})
+    point_celery_app_at(saved["CELERY_BROKER_URL"] or settings.CELERY_BROKER_URL)
+    if redis_ping(PROCESS_BROKER_URL):
+        broker.flushdb()
+
+
+@pytest.fixture
+def cluster(
+    request: pytest.FixtureRequest, transactional_db: None, deploy_target: DeployTargetServer,
+    process_broker: Broker, tmp_path: Path,
+) -> Iterator[Cluster]:
+    """Workers and beats started by the test; all stopped (SIGTERM, then SIGKILL) before the DB is flushed."""
+    procs = Cluster(tmp_path=tmp_path, broker_url=PROCESS_BROKER_URL, database_url=subprocess_database_url(),
+                    deploy_target_url=deploy_target.url)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
+        reports = request.node.stash.get(_REPORTS, {})
+        if any(r.failed for r in reports.values()):
+            print(f"\n===== process logs of {request.node.name} (in {procs.log_dir}) =====")
+            print(procs.logs(lines=400))
+            try:
+                print(db_report())
+            except Exception as exc:  # the dump must not hide the test's own failure
+                print(f"(durable state unavailable: {exc!r})")
