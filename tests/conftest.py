@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 
 from agentops.deploytarget.server import DeployTargetServer
-from workflows import services
+from workflows import doorbells, services
 from workflows.models import Activity, Wait, Workflow
 
 
@@ -23,6 +23,22 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
     db = settings.DATABASES["default"]
     if db["ENGINE"] != "django.db.backends.sqlite3":
         db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    """The user fixtures hash passwords; PBKDF2 costs half a second per user."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Doorbells rung by the services, recorded instead of published (service tests that commit)."""
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(doorbells, "activity_run", lambda *, activity_id: calls.append(("activity", activity_id)))
+    monkeypatch.setattr(doorbells, "workflow_advance",
+                        lambda *, workflow_id: calls.append(("workflow", workflow_id)))
+    return calls
 
 
 GIT_IDENTITY = ["-c", "user.name=agentops tests", "-c", "user.email=tests@agentops.local"]

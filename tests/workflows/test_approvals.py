@@ -10,7 +10,7 @@ from django.contrib.auth.models import Group, User
 from django.db import connection
 
 from tests.conftest import drive, open_approval, release_params
-from workflows import clock, doorbells, engine, registry, services
+from workflows import clock, engine, registry, services
 from workflows.errors import InvalidInput, NotFound, WaitRefused
 from workflows.models import Activity, Event, Wait, Workflow
 from workflows.services import Decision
@@ -50,22 +50,6 @@ try:
     registry.activity_type("test_gate_commit")
 except InvalidInput:
     registry.activity("test_gate_commit")(lambda ctx: {"committed": ctx.operation_id})
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    """The user fixtures hash passwords; PBKDF2 costs half a second per user."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Doorbells rung by the services, recorded instead of published to the broker."""
-    calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(doorbells, "activity_run", lambda *, activity_id: calls.append(("activity", activity_id)))
-    monkeypatch.setattr(doorbells, "workflow_advance",
-                        lambda *, workflow_id: calls.append(("workflow", workflow_id)))
-    return calls
 
 
 def launch(repo: Any, user: User | None = None, **extra: Any) -> Workflow:

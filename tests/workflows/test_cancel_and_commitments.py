@@ -11,29 +11,13 @@ from agentops.activities.release import deploy
 from agentops.deploytarget import client
 from agentops.deploytarget.server import Fault
 from tests.conftest import drive, open_approval, release_params
-from workflows import clock, doorbells, services
+from workflows import clock, services
 from workflows.activity_context import ActivityContext, LeaseLost
 from workflows.errors import NotFound, TransitionRefused, WaitRefused
 from workflows.models import Activity, ActivityAttempt, Commitment, Event, Timer, Workflow
 from workflows.services import Outcome, RunOutcome
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    """The user fixtures hash passwords; PBKDF2 costs half a second per user."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
-def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Doorbells rung by the services, recorded instead of published to the broker."""
-    calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(doorbells, "activity_run", lambda *, activity_id: calls.append(("activity", activity_id)))
-    monkeypatch.setattr(doorbells, "workflow_advance",
-                        lambda *, workflow_id: calls.append(("workflow", workflow_id)))
-    return calls
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rung")]
 
 
 def approved(repo: Any, requester: Any, approver: Any) -> Workflow:

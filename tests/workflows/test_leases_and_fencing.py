@@ -11,13 +11,15 @@ from django.db import connection
 from agentops.activities.release import deploy, inspect_repository
 from agentops.deploytarget.server import Fault
 from tests.conftest import drive, open_approval, release_params
-from workflows import clock, doorbells, engine, registry, services
+from workflows import clock, engine, registry, services
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Retryable
 from workflows.models import Activity, ActivityAttempt, Event, Workflow
 from workflows.services import RunOutcome
 
 BAD_OUTPUT_KIND = "test-bad-output"
+
+pytestmark = pytest.mark.usefixtures("rung")
 
 
 # One node that runs an activity returning whatever the launch goal names (see BAD_OUTPUTS).
@@ -48,22 +50,6 @@ try:
     registry.activity_type("test_bad_output")
 except InvalidInput:
     registry.activity("test_bad_output")(lambda ctx: BAD_OUTPUTS[ctx.input["which"]])
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    """The user fixtures hash passwords; PBKDF2 costs half a second per user."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
-def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Doorbells rung by the services, recorded instead of published to the broker."""
-    calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(doorbells, "activity_run", lambda *, activity_id: calls.append(("activity", activity_id)))
-    monkeypatch.setattr(doorbells, "workflow_advance",
-                        lambda *, workflow_id: calls.append(("workflow", workflow_id)))
-    return calls
 
 
 def launched(repo: Any) -> tuple[Workflow, Activity]:

@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import drive, open_approval, release_params
-from workflows import clock, doorbells, engine, registry, services
+from workflows import clock, engine, registry, services
 from workflows.errors import InvalidInput, NotFound, TransitionRefused
 from workflows.models import Activity, BehavioralRelease, Event, Signal, Timer, Wait, Workflow
 from workflows.services import Outcome
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rung")]
 
 EVENT_KIND = "test-event"
 
@@ -34,22 +34,6 @@ class WaitForGo(engine.WorkflowDefinition):
 
 if EVENT_KIND not in registry.definition_kinds():
     registry.register_definition(WaitForGo)
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    """The user fixtures hash passwords; PBKDF2 costs half a second per user."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
-def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Doorbells rung by the services, recorded instead of published to the broker."""
-    calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(doorbells, "activity_run", lambda *, activity_id: calls.append(("activity", activity_id)))
-    monkeypatch.setattr(doorbells, "workflow_advance",
-                        lambda *, workflow_id: calls.append(("workflow", workflow_id)))
-    return calls
 
 
 def waiting_for_approval(repo: Any, requester: Any, policy: str) -> tuple[Workflow, Wait]:

@@ -9,12 +9,14 @@ import pytest
 from django.db import connection
 
 from tests.conftest import drive, open_approval, release_params
-from workflows import clock, doorbells, engine, registry, services
+from workflows import clock, engine, registry, services
 from workflows.errors import InvalidInput, TransitionRefused
 from workflows.models import Activity, Event, Intent, Timer, Wait, Workflow
 
 SLEEP_KIND = "test-sleep"
 NAP_SECONDS = 3 * 3600
+
+pytestmark = pytest.mark.usefixtures("rung")
 
 
 # A definition that sleeps three hours, then completes with the goal it was pursuing.
@@ -34,22 +36,6 @@ class Sleeper(engine.WorkflowDefinition):
 
 if SLEEP_KIND not in registry.definition_kinds():
     registry.register_definition(Sleeper)
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    """The user fixtures hash passwords; PBKDF2 costs half a second per user."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
-def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Doorbells rung by the services, recorded instead of published to the broker."""
-    calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(doorbells, "activity_run", lambda *, activity_id: calls.append(("activity", activity_id)))
-    monkeypatch.setattr(doorbells, "workflow_advance",
-                        lambda *, workflow_id: calls.append(("workflow", workflow_id)))
-    return calls
 
 
 def sleeping(goal: str = "Nap, then report") -> Workflow:
