@@ -24,7 +24,7 @@ from workflows.models import (
     Wait,
     Workflow,
 )
-from workflows.services.workflows import COMPENSATION_NODE
+from workflows.services.steps import COMPENSATION_NODE
 
 # The timeline shows the newest events; older ones stay in the Event table (and `agent show --json`).
 MAX_EVENTS = 500

@@ -18,7 +18,7 @@ from workflows.admin.common import ReadOnlyAdmin, forbidden, pretty_json
 from workflows.admin.inspection import inspect_workflow
 from workflows.errors import Refused
 from workflows.models import Commitment, Intent, Wait, Workflow
-from workflows.services.workflows import MAX_GOAL_CHARS
+from workflows.services.steps import MAX_GOAL_CHARS
 
 # The permission that lets an operator cancel, resume or re-goal a workflow. Generic
 # change forms stay disabled whoever holds it: the services are the only writers.

@@ -10,7 +10,9 @@ from workflows.services.activities import (
     activity_run_if_runnable,
 )
 from workflows.services.budgets import budget_charge_once, budget_reserve_ensure, spent_usd, workflow_budget_set
+from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
 from workflows.services.progress import stagnation_check, stagnation_flag_if_due
+from workflows.services.steps import Outcome
 from workflows.services.sweeps import (
     activities_redrive_due,
     deadlines_enforce,
@@ -20,10 +22,7 @@ from workflows.services.sweeps import (
 )
 from workflows.services.waits import Decision, DecisionResult, timer_fire_if_due, wait_approve, wait_reject
 from workflows.services.workflows import (
-    Outcome,
     workflow_advance_if_runnable,
-    workflow_cancel,
-    workflow_deadline_enforce_if_due,
     workflow_launch,
     workflow_resume,
     workflow_signal,

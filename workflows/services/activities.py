@@ -17,7 +17,8 @@ from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import event_record, json_checked, workflow_lock
 from workflows.services.progress import progress_record_once, progress_validate
-from workflows.services.workflows import COMPENSATION_NODE, advance_locked
+from workflows.services.steps import COMPENSATION_NODE
+from workflows.services.workflows import advance_locked
 
 logger = logging.getLogger("agentops.activities")
 

@@ -12,7 +12,7 @@ from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import Activity, UsageEntry, Workflow
 from workflows.services.common import event_record, workflow_lock, workflow_save
-from workflows.services.workflows import MAX_BUDGET_USD, wake_locked
+from workflows.services.steps import MAX_BUDGET_USD, wake_locked
 
 HOUR = timedelta(hours=1)
 PRIORITY_PASSES_HOURLY = 9

@@ -121,7 +121,7 @@ def stagnation_flag_if_due(*, workflow_id: int, reason: str) -> int:
         workflow_save(workflow, "status", "reason", at=now)
     elif policy == Workflow.StagnationPolicy.REPLAN:
         from workflows import doorbells
-        from workflows.services.workflows import enter_node
+        from workflows.services.steps import enter_node
 
         adapt = registry.definition(workflow.kind).adapt_node
         if adapt:

@@ -14,8 +14,8 @@ from django.db.models import Q
 from workflows import clock, doorbells
 from workflows.models import Activity, Timer, Workflow
 from workflows.services.activities import activity_lease_expire_if_due
+from workflows.services.cancellation import workflow_deadline_enforce_if_due
 from workflows.services.waits import timer_fire_if_due
-from workflows.services.workflows import workflow_deadline_enforce_if_due
 
 logger = logging.getLogger("agentops.sweeps")
 

@@ -13,7 +13,7 @@ from workflows import clock
 from workflows.errors import NotFound, WaitRefused
 from workflows.models import Timer, Wait, Workflow
 from workflows.services.common import event_record, text_checked, workflow_lock
-from workflows.services.workflows import wake_locked
+from workflows.services.steps import wake_locked
 
 MAX_COMMENT_CHARS = 5_000
 

@@ -1,0 +1,234 @@
+"""The workflow, its goal versions, its history and its checkpoints."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+
+
+class BehavioralRelease(models.Model):
+    """The model, prompt and tool versions a workflow was started with."""
+
+    fingerprint = models.CharField(
+        max_length=64, unique=True, help_text="SHA-256 over provider, model, prompt version and tool versions."
+    )
+    provider = models.CharField(max_length=40, help_text="Model provider name, e.g. 'scripted' or 'anthropic'.")
+    model = models.CharField(max_length=120, help_text="Model identifier sent to the provider.")
+    prompt_version = models.CharField(max_length=80, help_text="Version label of the prompts in use.")
+    tool_versions = models.JSONField(default=dict, blank=True, help_text="Tool name to tool version.")
+    created_at = models.DateTimeField(help_text="When this release was first seen.")
+
+    def __str__(self) -> str:
+        return f"{self.provider}:{self.model} prompt={self.prompt_version} ({self.fingerprint[:10]})"
+
+
+class Workflow(ConcurrentTransitionMixin, models.Model):
+    """One agent run: a definition kind, a status, a current semantic node and durable state."""
+
+    class Status(models.TextChoices):
+        CREATED = "created"
+        RUNNING = "running"
+        WAITING = "waiting"
+        PAUSED = "paused"
+        CANCELLING = "cancelling"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    class ReleasePolicy(models.TextChoices):
+        PIN = "pin", "Pin: keep running on the release it started with"
+        REVALIDATE = "revalidate", "Revalidate: adopt the new release and revalidate the candidate"
+        FAIL = "fail", "Fail: stop the workflow when its release changed"
+
+    class StagnationPolicy(models.TextChoices):
+        REPLAN = "replan", "Re-plan: go to the definition's adaptation node"
+        PAUSE = "pause", "Pause for a person"
+        RECORD = "record", "Only record it"
+
+    TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+    CANCELLABLE = (Status.CREATED, Status.RUNNING, Status.WAITING, Status.PAUSED)
+
+    kind = models.CharField(max_length=60, db_index=True, help_text="Workflow definition kind, e.g. 'release'.")
+    definition_version = models.PositiveIntegerField(
+        default=1, help_text="Version of the definition recorded at launch; handlers branch on it."
+    )
+    status = FSMField(
+        default=Status.CREATED, choices=Status.choices, protected=True, db_index=True,
+        help_text="Lifecycle status; changes only through the workflow services.",
+    )
+    current_node = models.CharField(max_length=60, help_text="Semantic node the workflow is at.")
+    node_visit = models.PositiveIntegerField(
+        default=1, help_text="How many node entries so far; part of every operation identity."
+    )
+    version = models.PositiveIntegerField(default=1, help_text="Optimistic-concurrency version, bumped on every write.")
+    intent_version = models.PositiveIntegerField(default=1, help_text="Version of the current intent (goal).")
+    params = models.JSONField(default=dict, blank=True, help_text="Launch parameters (validated by the definition).")
+    state = models.JSONField(default=dict, blank=True, help_text="Durable variables written by node handlers.")
+    release = models.ForeignKey(
+        BehavioralRelease, on_delete=models.PROTECT, related_name="workflows",
+        help_text="Behavioral release the workflow runs on.",
+    )
+    release_policy = models.CharField(
+        max_length=12, choices=ReleasePolicy.choices, default=ReleasePolicy.REVALIDATE,
+        help_text="What to do on resume when the current release differs from this workflow's.",
+    )
+    launched_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="User who launched the workflow; may not approve its own candidates.",
+    )
+    result = models.JSONField(null=True, blank=True, help_text="Final result when completed.")
+    reason = models.TextField(blank=True, help_text="Why the workflow failed, paused or was cancelled.")
+    event_seq = models.PositiveIntegerField(default=0, help_text="Sequence number of the last event recorded.")
+    checkpoint = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="The latest checkpoint.",
+    )
+    priority = models.PositiveSmallIntegerField(
+        default=5, help_text="0–10; work at 9 or above may pass the hourly budget, never the total."
+    )
+    budget_total_usd = models.DecimalField(
+        max_digits=12, decimal_places=4, null=True, blank=True,
+        help_text="Total model spend allowed (USD); over it the workflow pauses for a person. Empty: no limit.",
+    )
+    budget_hourly_usd = models.DecimalField(
+        max_digits=12, decimal_places=4, null=True, blank=True,
+        help_text="Model spend allowed in any hour (USD); over it work is deferred. Empty: no limit.",
+    )
+    stagnation_window_hours = models.FloatField(
+        default=6.0, help_text="Progress must move 5 points within this window, or the workflow is stagnating."
+    )
+    stagnation_policy = models.CharField(
+        max_length=10, choices=StagnationPolicy.choices, default=StagnationPolicy.RECORD,
+        help_text="What beat does when the workflow stagnates.",
+    )
+    stagnation_flagged_at = models.DateTimeField(
+        null=True, blank=True, help_text="When stagnation was last flagged (once per window)."
+    )
+    deadline = models.DateTimeField(
+        null=True, blank=True, help_text="Time limit of the whole run, if any; past it, beat cancels the workflow."
+    )
+    created_at = models.DateTimeField(help_text="When the workflow was launched.")
+    updated_at = models.DateTimeField(help_text="When the workflow row last changed.")
+
+    # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.
+    objects: models.Manager[Workflow] = models.Manager()
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["updated_at"], name="wf_running_updated_idx", condition=Q(status__in=["running", "cancelling"])
+            ),
+            models.Index(
+                fields=["deadline"], name="wf_open_deadline_idx",
+                condition=Q(status__in=["created", "running", "waiting", "paused"]),  # CANCELLABLE
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"workflow {self.pk} ({self.kind}, {self.status} at {self.current_node})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in self.TERMINAL
+
+    @transition(field=status, source=Status.CREATED, target=Status.RUNNING)
+    def start(self, *, at: datetime) -> None:
+        self.updated_at = at
+
+    @transition(field=status, source=Status.RUNNING, target=Status.WAITING)
+    def park(self, *, at: datetime) -> None:
+        self.updated_at = at
+
+    @transition(field=status, source=[Status.WAITING, Status.PAUSED], target=Status.RUNNING)
+    def wake(self, *, at: datetime) -> None:
+        self.updated_at = at
+
+    @transition(field=status, source=[Status.RUNNING, Status.WAITING], target=Status.PAUSED)
+    def pause(self, *, at: datetime, reason: str) -> None:
+        self.updated_at = at
+        self.reason = reason
+
+    @transition(field=status, source=Status.RUNNING, target=Status.COMPLETED)
+    def complete(self, *, at: datetime, result: Any) -> None:
+        self.updated_at = at
+        self.result = result
+
+    @transition(field=status, source=[Status.RUNNING, Status.WAITING, Status.PAUSED], target=Status.FAILED)
+    def fail(self, *, at: datetime, reason: str) -> None:
+        self.updated_at = at
+        self.reason = reason
+
+    @transition(
+        field=status, source=[Status.CREATED, Status.RUNNING, Status.WAITING, Status.PAUSED], target=Status.CANCELLING
+    )
+    def request_cancel(self, *, at: datetime, reason: str) -> None:
+        self.updated_at = at
+        self.reason = reason
+
+    @transition(field=status, source=Status.CANCELLING, target=Status.CANCELLED)
+    def finish_cancel(self, *, at: datetime) -> None:
+        self.updated_at = at
+
+    def enter_node(self, node: str, *, at: datetime) -> None:
+        self.current_node = node
+        self.node_visit += 1
+        self.updated_at = at
+
+
+class Intent(models.Model):
+    """A version of the workflow's goal; a newer version supersedes the older ones."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="intents")
+    version = models.PositiveIntegerField(help_text="1 for the launch goal, then 2, 3, … per supersession.")
+    goal = models.TextField(help_text="What the agent should achieve, in the requester's words.")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="Who set this goal.",
+    )
+    created_at = models.DateTimeField(help_text="When this version was recorded.")
+    superseded_at = models.DateTimeField(null=True, blank=True, help_text="When a newer version replaced it.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workflow", "version"], name="uniq_intent_version")]
+        ordering = ["workflow", "version"]
+
+    def __str__(self) -> str:
+        return f"intent v{self.version} of workflow {self.workflow_id}"
+
+
+class Checkpoint(models.Model):
+    """A snapshot of the durable state at a semantic boundary."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="checkpoints")
+    node = models.CharField(max_length=60, help_text="Node being entered.")
+    node_visit = models.PositiveIntegerField()
+    intent_version = models.PositiveIntegerField()
+    state = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["workflow", "node_visit"]
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.node}#{self.node_visit} of workflow {self.workflow_id}"
+
+
+class Event(models.Model):
+    """Append-only history, with a contiguous sequence per workflow."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField(help_text="1, 2, 3, … per workflow, without gaps.")
+    kind = models.CharField(max_length=60, help_text="Dotted event name, e.g. 'activity.succeeded'.")
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workflow", "seq"], name="uniq_event_seq")]
+        ordering = ["workflow", "seq"]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.kind}"

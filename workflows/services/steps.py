@@ -1,0 +1,170 @@
+"""The steps every workflow service is made of: schedule, wait, enter a node, finish, wake."""
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Q
+
+from workflows import doorbells, engine, registry
+from workflows.models import Activity, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
+from workflows.services.common import (
+    event_record,
+    json_checked,
+    release_current,
+    workflow_save,
+)
+
+MAX_GOAL_CHARS = 10_000
+MAX_STEPS_PER_ADVANCE = 100
+MAX_HOURS = 24 * 366
+MAX_BUDGET_USD = Decimal(10) ** 8
+# Compensation activities are recorded under this pseudo-node; no handler replays them.
+COMPENSATION_NODE = "CANCEL"
+
+
+class Outcome(enum.StrEnum):
+    """What a call did, so callers never repeat a side effect."""
+
+    APPLIED = "applied"
+    ALREADY_APPLIED = "already_applied"
+    NOT_RUNNABLE = "not_runnable"
+    SUSPENDED = "suspended"
+
+
+def activity_schedule_ensure(
+    *, workflow: Workflow, command: engine.ScheduleActivity, now: datetime, node: str = ""
+) -> Activity:
+    """Create the activity for ``command.operation_id`` if absent and ring its doorbell.
+
+    Idempotent: unique constraint on ``Activity.operation_id``.
+    """
+    spec = registry.activity_type(command.name)
+    activity, created = Activity.objects.get_or_create(
+        operation_id=command.operation_id,
+        defaults={
+            "workflow": workflow, "name": command.name, "node": node or workflow.current_node,
+            "node_visit": workflow.node_visit, "intent_version": workflow.intent_version,
+            "input": json_checked(command.input, what=f"Input of activity {command.name}"),
+            "max_attempts": spec.retry.max_attempts, "next_attempt_at": now, "dispatched_at": now,
+            "created_at": now,
+        },
+    )
+    if created:
+        event_record(workflow=workflow, kind="activity.scheduled", at=now, operation_id=activity.operation_id,
+                     name=activity.name)
+        doorbells.activity_run(activity_id=activity.pk)
+    return activity
+
+
+def wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) -> bool:
+    seconds = command.expires_in_seconds
+    expires_at = now + timedelta(seconds=seconds) if seconds is not None else None
+    wait, created = Wait.objects.get_or_create(
+        operation_id=command.operation_id,
+        defaults={
+            "workflow": workflow, "kind": command.kind, "node": workflow.current_node,
+            "node_visit": workflow.node_visit, "intent_version": workflow.intent_version,
+            "candidate": json_checked(command.candidate, what="The candidate"),
+            "candidate_hash": command.candidate_hash,
+            "required_role": command.required_role, "state_versions": command.state_versions,
+            "event_name": command.event_name, "expires_at": expires_at, "timeout_policy": command.timeout_policy,
+            "created_at": now,
+        },
+    )
+    if not created:
+        return False
+    if expires_at is not None:
+        purpose = Timer.Purpose.WAKE if wait.kind == Wait.Kind.TIMER else Timer.Purpose.EXPIRE
+        Timer.objects.create(workflow=workflow, wait=wait, purpose=purpose, fire_at=expires_at,
+                             intent_version=workflow.intent_version)
+    event_record(workflow=workflow, kind="wait.opened", at=now, wait_id=wait.pk, wait_kind=wait.kind,
+                 candidate_hash=wait.candidate_hash, required_role=wait.required_role,
+                 expires_at=expires_at.isoformat() if expires_at else None)
+    if wait.kind == Wait.Kind.EVENT:
+        signal = Signal.objects.filter(workflow=workflow, name=wait.event_name, consumed_by__isnull=True).first()
+        if signal is not None:
+            signal_consume(workflow, wait, signal, now=now)
+            return True
+    workflow.park(at=now)
+    workflow_save(workflow, "status", at=now)
+    return False
+
+
+def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: datetime) -> None:
+    previous = workflow.current_node
+    workflow.state = json_checked({**workflow.state, **updates}, what=f"State written by node {previous}")
+    workflow.enter_node(node, at=now)
+    workflow.checkpoint = Checkpoint.objects.create(
+        workflow=workflow, node=node, node_visit=workflow.node_visit, intent_version=workflow.intent_version,
+        state=workflow.state, created_at=now,
+    )
+    event_record(workflow=workflow, kind="node.entered", at=now, node=node, previous=previous,
+                 visit=workflow.node_visit)
+    workflow_save(workflow, "state", "current_node", "node_visit", "checkpoint", at=now)
+
+
+def complete_locked(workflow: Workflow, result: Any, *, now: datetime) -> None:
+    for commitment in workflow.commitments.filter(status=Commitment.Status.ACTIVE):
+        commitment.release(at=now)
+        commitment.save(update_fields=["status", "closed_at"])
+        event_record(workflow=workflow, kind="commitment.released", at=now, commitment_id=commitment.pk,
+                     commitment_kind=commitment.kind)
+    workflow.complete(at=now, result=json_checked(result, what="The workflow result"))
+    event_record(workflow=workflow, kind="workflow.completed", at=now)
+    workflow_save(workflow, "status", "result", at=now)
+
+
+def fail_locked(workflow: Workflow, reason: str, *, now: datetime) -> None:
+    workflow.fail(at=now, reason=reason)
+    event_record(workflow=workflow, kind="workflow.failed", at=now, reason=reason)
+    workflow_save(workflow, "status", "reason", at=now)
+
+
+def wake_locked(workflow: Workflow, *, now: datetime, cause: str) -> None:
+    """Resume a waiting or paused workflow and check its behavioral release (per its policy)."""
+    workflow.wake(at=now)
+    event_record(workflow=workflow, kind="workflow.woken", at=now, cause=cause)
+    workflow_save(workflow, "status", at=now)
+    doorbells.workflow_advance(workflow_id=workflow.pk)
+    # Work parked while the workflow was paused has no doorbell in flight.
+    for pk in workflow.activities.filter(status=Activity.Status.SCHEDULED, next_attempt_at__lte=now).values_list(
+        "pk", flat=True
+    ):
+        doorbells.activity_run(activity_id=pk)
+    current = release_current(at=now)
+    if current.pk == workflow.release_id:
+        return
+    policy = workflow.release_policy
+    event_record(workflow=workflow, kind="release.changed", at=now, policy=policy,
+                 old=workflow.release.fingerprint, new=current.fingerprint)
+    if policy == Workflow.ReleasePolicy.FAIL:
+        fail_locked(workflow, f"The behavioral release changed from {workflow.release} to {current} while the "
+                    "workflow waited, and its release policy is 'fail'.", now=now)
+    elif policy == Workflow.ReleasePolicy.REVALIDATE:
+        workflow.release = current
+        workflow_save(workflow, "release", at=now)
+        # A rejection, or an expiry whose policy is fail, is final: the node's handler must see it
+        # instead of being sent back to rebuild a candidate and ask again.
+        final = workflow.waits.filter(node_visit=workflow.node_visit).filter(
+            Q(decision=Wait.Decision.REJECTED) | Q(status=Wait.Status.EXPIRED, timeout_policy="fail")
+        )
+        if not final.exists():
+            enter_node(workflow, registry.definition(workflow.kind).revalidate_node, {}, now=now)
+
+
+def signal_consume(workflow: Workflow, wait: Wait, signal: Signal, *, now: datetime) -> None:
+    wait.satisfy(at=now, payload=signal.payload)
+    wait.version += 1
+    wait.save(update_fields=["status", "decided_at", "payload", "version"])
+    signal.consumed_by = wait
+    signal.save(update_fields=["consumed_by"])
+    event_record(workflow=workflow, kind="wait.satisfied", at=now, wait_id=wait.pk, signal=signal.name)
+
+
+
+def username_of(user: Any) -> str:
+    return getattr(user, "username", "") or ""
+
