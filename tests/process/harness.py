@@ -6,8 +6,10 @@ bounded by a deadline; a timeout dumps the durable rows and the process logs.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -443,3 +445,47 @@ def assert_one_effect_per_key(server: Any, keys: set[str]) -> dict[str, Any]:
     assert all(v == {"created": 1, "deleted": 0} for v in stats["effects"].values()), stats["effects"]
     assert stats["deployments"] == len(keys), stats
     return stats
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    """One request the in-process deploy target answered: what came in and the status it sent."""
+
+    method: str
+    path: str
+    key: str
+    status: str
+    body_sha256: str | None
+    at: float
+
+
+def record_deploy_requests(monkeypatch: Any) -> list[DeployRequest]:
+    """Record every request the deploy target answers (method, key, status, SHA-256 of a POST body).
+
+    The store's stats count effects per key; this is the per-request view (a 503 or a repeated
+    DELETE leaves no effect but is still a request). Patched on the handler class for this test only.
+    """
+    from agentops.deploytarget import server as target
+
+    seen: list[DeployRequest] = []
+    read_body, log = target._Handler._read_body, target._Handler._log
+
+    def recording_read_body(self: Any) -> bytes:
+        raw: bytes = read_body(self)
+        self._recorded_body_sha256 = hashlib.sha256(raw).hexdigest()
+        return raw
+
+    def recording_log(self: Any, status: int | str) -> None:
+        seen.append(DeployRequest(method=self.command, path=self.path, key=self._key, status=str(status),
+                                  body_sha256=self.__dict__.pop("_recorded_body_sha256", None), at=time.time()))
+        log(self, status)
+
+    monkeypatch.setattr(target._Handler, "_read_body", recording_read_body)
+    monkeypatch.setattr(target._Handler, "_log", recording_log)
+    return seen
+
+
+def pool_kills_reported(cluster: Cluster) -> set[int]:
+    """Pool-process pids whose SIGKILL a worker of ``cluster`` reported (WorkerLostError)."""
+    pattern = re.compile(r"pid:(\d+) exited with 'signal 9 \(SIGKILL\)'")
+    return {int(pid) for p in cluster.procs if p.role == "worker" for pid in pattern.findall(p.log())}
