@@ -87,7 +87,7 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
     detail["activities"] = [
         {
             "operation_id": a.operation_id, "name": a.name, "node": a.node, "status": a.status,
-            "attempts": a.attempt, "error": a.error,
+            "attempts": a.attempt, "error": a.error, "heartbeat": a.heartbeat_detail if a.status == "running" else "",
         }
         for a in workflow.activities.order_by("pk")
     ]

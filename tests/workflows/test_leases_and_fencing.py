@@ -167,10 +167,11 @@ def test_heartbeat_extends_the_lease_of_the_current_attempt(git_repo, time_machi
     first_expiry = activity.lease_expires_at
     time_machine.shift(timedelta(seconds=50))
 
-    assert services.activity_heartbeat_if_current(claim=claim) is True
+    assert services.activity_heartbeat_if_current(claim=claim, detail="cloned, tests running") is True
 
     activity.refresh_from_db()
     assert activity.lease_expires_at - first_expiry == timedelta(seconds=50)
+    assert activity.heartbeat_detail == "cloned, tests running"
     time_machine.shift(timedelta(seconds=30))  # past the first lease, within the extended one
     assert services.leases_reap_expired() == 0
     activity.refresh_from_db()

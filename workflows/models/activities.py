@@ -41,6 +41,9 @@ class Activity(models.Model):
     lease_token = models.CharField(max_length=32, blank=True, help_text="Token of the attempt holding the lease.")
     lease_expires_at = models.DateTimeField(null=True, blank=True, help_text="When the running attempt's lease ends.")
     heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="Last heartbeat of the running attempt.")
+    heartbeat_detail = models.CharField(
+        max_length=200, blank=True, help_text="What the running attempt said it was doing at its last heartbeat."
+    )
     next_attempt_at = models.DateTimeField(help_text="Earliest time the next attempt may start (the retry window).")
     dispatched_at = models.DateTimeField(null=True, blank=True, help_text="When a doorbell was last rung for it.")
     result = models.JSONField(null=True, blank=True, help_text="Recorded result; never recomputed.")

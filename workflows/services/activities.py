@@ -222,7 +222,8 @@ def activity_heartbeat_if_current(*, claim: Claim, detail: str = "") -> bool:
     cancelling = Workflow.objects.filter(pk=claim.workflow_id, status=Workflow.Status.CANCELLING).exists()
     if cancelling and not Activity.objects.filter(pk=claim.activity_id, node=COMPENSATION_NODE).exists():
         return False
-    return bool(_fenced(claim).update(heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease)))
+    return bool(_fenced(claim).update(heartbeat_at=now, heartbeat_detail=detail[:200],
+                                      lease_expires_at=now + timedelta(seconds=lease)))
 
 
 def activity_lease_expire_if_due(*, activity_id: int) -> bool:
