@@ -1,8 +1,11 @@
 """The approval queue in a real browser: Debian's Chromium, headless, against a live server."""
 from __future__ import annotations
 
+import json
 import os
 import re
+from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +15,8 @@ from playwright.sync_api import Page, expect
 
 from tests.admin.conftest import state_of
 from tests.conftest import drive
-from workflows import services
-from workflows.models import Event, Wait, Workflow
+from workflows import clock, services
+from workflows.models import Activity, Event, ProgressSample, UsageEntry, Wait, Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -127,3 +130,44 @@ def test_approving_a_stale_candidate_shows_the_refusal_and_changes_nothing(
                    "decide on the new candidate instead."))
     assert state_of(waiting_release) == before
     assert waiting_release.status == Wait.Status.INVALIDATED and waiting_release.decision == ""
+
+
+def test_an_autonomous_workflow_finishes_and_its_page_draws_spend_progress_and_tasks(
+    page: Page, live_server: Any, staff_outsider: Any, requester: Any, settings: Any, tmp_path: Path,
+    time_machine: Any,
+) -> None:
+    """An offline agent whose first task keeps failing: skipped, re-planned and done in round two. The
+    clock moves ten minutes per step, so the charts span two hours as a real run's would."""
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
+    real_now = clock.now()
+    start = real_now - timedelta(hours=2)
+    time_machine.move_to(start, tick=True)
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes for new operators",
+                                        user=requester, budget_total_usd=Decimal("0.05"))
+    settings.AGENTOPS_FAULT_LOG = str(tmp_path / "faults.log")
+    settings.AGENTOPS_TESTING_FAULTS = json.dumps([{
+        "point": "activity.before_external_call", "action": "raise",
+        "when": {"operation_id": f"wf-{workflow.pk}/EXECUTION.2/i1/0"},
+    }])
+    for step in range(1, 30):
+        time_machine.move_to(start + timedelta(minutes=10 * step), tick=True)
+        Activity.objects.filter(workflow=workflow, status="scheduled").update(next_attempt_at=clock.now())
+        workflow = drive(workflow.pk, max_rounds=1)
+        if workflow.is_terminal:
+            break
+    time_machine.move_to(real_now, tick=True)
+    assert workflow.status == Workflow.Status.COMPLETED, workflow.reason
+
+    log_in(page, live_server, "oscar", "oscar-password",
+           then=reverse("admin:workflows_workflow_change", args=[workflow.pk]))
+
+    expect(page.locator("#budget")).to_contain_text("simulated spend")
+    spend = page.locator(f"#spend-{workflow.pk} svg")
+    expect(spend).to_be_visible()
+    expect(spend.locator("circle.ao-point")).to_have_count(UsageEntry.objects.filter(workflow=workflow).count())
+    progress = page.locator(f"#progress-{workflow.pk} svg")
+    expect(progress.locator("circle.ao-point")).to_have_count(ProgressSample.objects.filter(workflow=workflow).count())
+    expect(page.locator("#task-1")).to_contain_text(re.compile(r"1\s+Write a brief.*skipped.*fault injected", re.S))
+    expect(page.locator("#task-4")).to_contain_text(re.compile(r"2\s+Retry Write a brief.*done", re.S))
+    page.set_viewport_size({"width": 1280, "height": 1800})  # from the header down to the task list
+    screenshot(page, "autonomous-workflow.png", full_page=False)

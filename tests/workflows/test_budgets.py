@@ -10,7 +10,7 @@ from django.db import connection
 
 from tests.conftest import drive, open_approval, release_params
 from workflows import clock, services
-from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput
+from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import Activity, Event, UsageEntry, Workflow
 
 pytestmark = pytest.mark.django_db
@@ -99,6 +99,8 @@ def test_total_exhaustion_pauses_the_workflow_and_a_raise_resumes_it(git_repo, d
     propose = Activity.objects.get(workflow=workflow, name="propose_change")
     assert (propose.status, propose.max_attempts - propose.attempt) == ("scheduled", 4)
     assert services.activity_run_if_runnable(activity_id=propose.pk) == services.RunOutcome.SKIPPED
+    with pytest.raises(TransitionRefused, match="paused because its budget ran out"):
+        services.workflow_resume(workflow_id=workflow.pk)
 
     services.workflow_budget_set(workflow_id=workflow.pk, user=approver, total_usd=Decimal("5"))
     workflow = drive(workflow.pk)

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Exists, OuterRef, Prefetch, QuerySet, Subquery
+from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -16,11 +17,13 @@ from django.utils.html import format_html, format_html_join
 from workflows import clock, services
 from workflows.admin.common import ReadOnlyAdmin, forbidden, pretty_json
 from workflows.admin.inspection import inspect_workflow
+from workflows.admin.reasoning import is_budget_paused, reasoning_panel
 from workflows.errors import Refused
 from workflows.models import Commitment, Intent, Wait, Workflow
-from workflows.services.steps import MAX_GOAL_CHARS
+from workflows.selectors import spend_summary
+from workflows.services.steps import BUDGET_PAUSE_PREFIX, MAX_BUDGET_USD, MAX_GOAL_CHARS, STAGNATION_PAUSE_PREFIX
 
-# The permission that lets an operator cancel, resume or re-goal a workflow. Generic
+# The permission that lets an operator cancel, resume, re-goal or re-budget a workflow. Generic
 # change forms stay disabled whoever holds it: the services are the only writers.
 OPERATE_PERMISSION = "workflows.change_workflow"
 
@@ -58,6 +61,30 @@ class QuietFilter(admin.SimpleListFilter):
         return queryset.exclude(status__in=Workflow.TERMINAL).filter(updated_at__lt=cutoff)
 
 
+class AttentionFilter(admin.SimpleListFilter):
+    """Workflows that beat found stagnating, and workflows paused because their budget ran out."""
+
+    title = "stagnating or out of budget"
+    parameter_name = "attention"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("stagnating", "stagnating (flagged within its window)"), ("budget", "paused for budget")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
+        if self.value() == "budget":
+            return queryset.filter(status=Workflow.Status.PAUSED, reason__startswith=BUDGET_PAUSE_PREFIX)
+        if self.value() != "stagnating":
+            return queryset
+        # Each workflow has its own window, so "recent" is decided here rather than in SQL
+        # (portable to SQLite); few unfinished workflows carry a flag at all.
+        now = clock.now()
+        flagged = (Workflow.objects.exclude(status__in=Workflow.TERMINAL).filter(stagnation_flagged_at__isnull=False)
+                   .values_list("pk", "stagnation_flagged_at", "stagnation_window_hours"))
+        recent = [pk for pk, at, hours in flagged if at > now - timedelta(hours=hours)]
+        paused = Q(status=Workflow.Status.PAUSED, reason__startswith=STAGNATION_PAUSE_PREFIX)
+        return queryset.filter(Q(pk__in=recent) | paused)
+
+
 class CancelForm(forms.Form):
     reason = forms.CharField(
         required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
@@ -76,6 +103,32 @@ class ResumeForm(forms.Form):
     pass
 
 
+def _positive_usd(value: Decimal) -> None:
+    if value <= 0:
+        raise forms.ValidationError("A budget must be a positive amount of USD, such as 2.50.")
+
+
+class BudgetForm(forms.Form):
+    total_usd = forms.DecimalField(
+        label="Total budget (USD)", required=False, max_digits=12, decimal_places=4, validators=[_positive_usd],
+        max_value=MAX_BUDGET_USD - Decimal("0.0001"),
+        help_text="Model spend allowed over the whole run. Over it, the workflow pauses for a person. "
+                  "Empty keeps the current value.",
+    )
+    hourly_usd = forms.DecimalField(
+        label="Hourly budget (USD)", required=False, max_digits=12, decimal_places=4, validators=[_positive_usd],
+        max_value=MAX_BUDGET_USD - Decimal("0.0001"),
+        help_text="Model spend allowed in any hour. Over it, work waits until the last hour's spend falls under "
+                  "it. Empty keeps the current value.",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if not self.errors and data.get("total_usd") is None and data.get("hourly_usd") is None:
+            raise forms.ValidationError("Give a total budget, an hourly budget or both.")
+        return data
+
+
 @dataclass(frozen=True)
 class OperatorAction:
     name: str
@@ -90,6 +143,7 @@ ACTIONS = {
     "resume": OperatorAction("resume", "Resume workflow", ResumeForm, ("paused", "running", "cancelling")),
     "supersede": OperatorAction("supersede", "Change the goal", SupersedeForm,
                                 ("created", "running", "waiting", "paused")),
+    "budget": OperatorAction("budget", "Change budget", BudgetForm, ("created", "running", "waiting", "paused")),
 }
 
 
@@ -116,7 +170,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
     list_display = ("id", "kind", "status_badge", "current_node", "intent_label", "goal_short", "waiting_on",
                     "launched_by", "updated_at")
     list_display_links = ("id", "goal_short")
-    list_filter = ("status", "kind", "current_node", WaitingOnFilter, QuietFilter)
+    list_filter = ("status", "kind", "current_node", WaitingOnFilter, AttentionFilter, QuietFilter)
     list_select_related = ("launched_by",)
     search_fields = ("intents__goal",)
     search_help_text = "Search by workflow id (a number) or by words of any of its goals."
@@ -200,16 +254,20 @@ class WorkflowAdmin(ReadOnlyAdmin):
         workflow = self.get_object(request, object_id)
         extra = dict(extra_context or {})
         if workflow is not None:
-            extra["inspection"] = inspect_workflow(workflow, now=clock.now())
+            now = clock.now()
+            extra["inspection"] = inspect_workflow(workflow, now=now)
+            extra["reasoning"] = reasoning_panel(workflow, now=now)
             may_operate = request.user.has_perm(OPERATE_PERMISSION)
             extra["operator_actions"] = [
                 {"label": a.label, "url": reverse(f"admin:workflows_workflow_{a.name}", args=[workflow.pk])}
                 for a in ACTIONS.values() if may_operate and workflow.status in a.statuses
             ]
+            if may_operate and workflow.status in ACTIONS["budget"].statuses:
+                extra["budget_url"] = reverse("admin:workflows_workflow_budget", args=[workflow.pk])
         return super().change_view(request, object_id, form_url, extra)
 
     def action_view(self, request: HttpRequest, workflow_id: int, action: str) -> HttpResponse:
-        """Confirm (GET) and perform (POST) cancel, resume or supersede through the services."""
+        """Confirm (GET) and perform (POST) cancel, resume, supersede or a budget change through the services."""
         spec = ACTIONS.get(action)
         workflow = self.get_object(request, str(workflow_id))
         if spec is None or workflow is None:
@@ -219,7 +277,10 @@ class WorkflowAdmin(ReadOnlyAdmin):
                              reason=f"{spec.label} needs the permission {OPERATE_PERMISSION!r} "
                                     "(“Can change workflow”); ask an administrator to grant it to you or your group.")
         change_url = reverse("admin:workflows_workflow_change", args=[workflow.pk])
-        initial = {"goal": workflow.goal} if action == "supersede" else {}
+        initial = {
+            "supersede": {"goal": workflow.goal},
+            "budget": {"total_usd": workflow.budget_total_usd, "hourly_usd": workflow.budget_hourly_usd},
+        }.get(action, {})
         form = spec.form(request.POST if request.method == "POST" else None, initial=initial)
         if request.method == "POST" and form.is_valid():
             try:
@@ -236,6 +297,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
             "open_waits": list(workflow.waits.filter(status=Wait.Status.OPEN).order_by("pk")),
             "active_commitments": list(workflow.commitments.filter(status=Commitment.Status.ACTIVE)
                                        .select_related("activity").order_by("-created_at", "-pk")),
+            "spend": spend_summary(workflow) if action == "budget" else None,
+            "budget_paused": is_budget_paused(workflow),
         }
         return TemplateResponse(request, "admin/workflows/workflow/action_confirm.html", context)
 
@@ -251,6 +314,16 @@ def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: An
             return f"Workflow {workflow_id} is cancelled.", messages.SUCCESS
         return (f"Workflow {workflow_id} is {status}: its active commitments are compensated, newest first, "
                 "before it ends cancelled.", messages.SUCCESS)
+    if action == "budget":
+        was_paused = is_budget_paused(Workflow.objects.get(pk=workflow_id))
+        workflow = services.workflow_budget_set(
+            workflow_id=workflow_id, user=user, total_usd=data["total_usd"], hourly_usd=data["hourly_usd"])
+        total, hourly = workflow.budget_total_usd, workflow.budget_hourly_usd
+        text = (f"Budget of workflow {workflow_id}: total {f'{total} USD' if total is not None else 'unlimited'}, "
+                f"hourly {f'{hourly} USD' if hourly is not None else 'unlimited'}.")
+        if was_paused and workflow.status == Workflow.Status.RUNNING:
+            text += " It was paused for budget and goes on now."
+        return text, messages.SUCCESS
     if action == "resume":
         outcome = services.workflow_resume(workflow_id=workflow_id, user=user)
         if outcome == services.Outcome.APPLIED:

@@ -38,7 +38,7 @@ class Autonomous(WorkflowDefinition):
 
     def planning(self, ctx: NodeContext) -> Decision:
         plan = ctx.activity("plan_tasks", goal=ctx.goal)
-        tasks = [{**task, "status": "pending"} for task in plan["tasks"]]
+        tasks = [{**task, "status": "pending", "round": 1} for task in plan["tasks"]]
         return Goto("EXECUTION", {"tasks": tasks, "round": 1, "history": []})
 
     def execution(self, ctx: NodeContext) -> Decision:
@@ -68,9 +68,11 @@ class Autonomous(WorkflowDefinition):
         plan = ctx.activity("replan", goal=ctx.goal, tasks=tasks, verdict=ctx.state.get("verdict"),
                             stagnation=ctx.state.get("stagnation"))
         first_id = max((t["id"] for t in tasks), default=0) + 1
-        fresh = [{**task, "id": first_id + i, "status": "pending"} for i, task in enumerate(plan["tasks"])]
+        round_ = ctx.state["round"] + 1
+        fresh = [{**task, "id": first_id + i, "status": "pending", "round": round_}
+                 for i, task in enumerate(plan["tasks"])]
         return Goto("EXECUTION", {
-            "tasks": fresh, "round": ctx.state["round"] + 1, "history": [*ctx.state["history"], *tasks],
+            "tasks": fresh, "round": round_, "history": [*ctx.state["history"], *tasks],
             "stagnation": None,
         })
 

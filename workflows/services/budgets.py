@@ -12,11 +12,10 @@ from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import Activity, UsageEntry, Workflow
 from workflows.services.common import event_record, workflow_lock, workflow_save
-from workflows.services.steps import MAX_BUDGET_USD, wake_locked
+from workflows.services.steps import BUDGET_PAUSE_PREFIX, MAX_BUDGET_USD, wake_locked
 
 HOUR = timedelta(hours=1)
 PRIORITY_PASSES_HOURLY = 9
-BUDGET_PAUSE_PREFIX = "Budget exhausted"
 
 
 @transaction.atomic
@@ -110,8 +109,8 @@ def budget_charge_once(*, key: str, cost_usd: Decimal, usage: dict[str, int]) ->
 def workflow_budget_set(
     *, workflow_id: int, user: Any, total_usd: Decimal | None = None, hourly_usd: Decimal | None = None
 ) -> Workflow:
-    """An operator sets the budget (audited in the event history); a workflow paused for
-    budget resumes when the new limits leave room.
+    """An operator sets the budget (audited in the event history) and a workflow paused for
+    budget resumes; if the new limits still leave no room, its next model call pauses it again.
 
     Not idempotent in its history: every call records a ``budget.changed`` event.
     """

@@ -12,6 +12,7 @@ from workflows import clock, registry
 from workflows.errors import InvalidInput
 from workflows.models import Activity, Event, ProgressSample, Workflow
 from workflows.services.common import event_record, workflow_lock, workflow_save
+from workflows.services.steps import STAGNATION_PAUSE_PREFIX
 
 logger = logging.getLogger("agentops.progress")
 
@@ -117,7 +118,8 @@ def stagnation_flag_if_due(*, workflow_id: int, reason: str) -> int:
     event_record(workflow=workflow, kind="workflow.stagnating", at=now, reason=reason, policy=policy)
     logger.warning("workflow.stagnating", extra={"workflow_id": workflow.pk, "policy": policy})
     if policy == Workflow.StagnationPolicy.PAUSE:
-        workflow.pause(at=now, reason=f"Stagnating: {reason}. Look at it, then `manage.py agent resume {workflow.pk}`.")
+        workflow.pause(at=now, reason=f"{STAGNATION_PAUSE_PREFIX} {reason}. Look at it, then "
+                                      f"`manage.py agent resume {workflow.pk}`.")
         workflow_save(workflow, "status", "reason", at=now)
     elif policy == Workflow.StagnationPolicy.REPLAN:
         from workflows import doorbells

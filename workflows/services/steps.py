@@ -21,6 +21,9 @@ MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
 MAX_HOURS = 24 * 366
 MAX_BUDGET_USD = Decimal(10) ** 8
+# Reasons a workflow is paused start with one of these, so people and filters can tell them apart.
+BUDGET_PAUSE_PREFIX = "Budget exhausted"
+STAGNATION_PAUSE_PREFIX = "Stagnating:"
 # Compensation activities are recorded under this pseudo-node; no handler replays them.
 COMPENSATION_NODE = "CANCEL"
 

@@ -22,6 +22,7 @@ from workflows.services.common import (
     workflow_save,
 )
 from workflows.services.steps import (
+    BUDGET_PAUSE_PREFIX,
     MAX_BUDGET_USD,
     MAX_GOAL_CHARS,
     MAX_HOURS,
@@ -229,6 +230,10 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Outcome:
     """
     workflow = workflow_lock(workflow_id)
     now = clock.now()
+    if workflow.status == Workflow.Status.PAUSED and workflow.reason.startswith(BUDGET_PAUSE_PREFIX):
+        raise TransitionRefused(f"Workflow {workflow_id} is paused because its budget ran out; resuming would pause "
+                                f"it again at its next model call. Raise it with `manage.py agent budget "
+                                f"{workflow_id} --total USD --user NAME`, which resumes it.")
     if workflow.status == Workflow.Status.PAUSED:
         wake_locked(workflow, now=now, cause=f"resumed by {username_of(user) or 'an operator'}")
         return Outcome.APPLIED
