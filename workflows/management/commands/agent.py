@@ -264,7 +264,8 @@ def render_detail(detail: dict[str, Any]) -> Any:
     if detail["reason"]:
         head += f"\nReason: {detail['reason']}"
     spend = detail["spend"]
-    head += (f"\nSpend: {spend['spent_usd']} USD of {spend['budget_total_usd'] or 'unlimited'} "
+    simulated = " (simulated: scripted provider)" if detail["release"]["provider"] == "scripted" else ""
+    head += (f"\nSpend{simulated}: {spend['spent_usd']} USD of {spend['budget_total_usd'] or 'unlimited'} "
              f"(last hour {spend['last_hour_usd']} of {spend['budget_hourly_usd'] or 'unlimited'}) over "
              f"{spend['calls']} model calls, {spend['tokens_per_call']} tokens per call"
              + (f"; runway {spend['runway_hours']} h" if spend["runway_hours"] is not None else ""))
