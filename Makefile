@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentops
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install demo lint test docs clean chromium screenshots
+.PHONY: install demo lint test docs clean chromium screenshots bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,16 @@ chromium:
 screenshots: $(STAMP) chromium
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) AGENTOPS_SCREENSHOT_DIR=docs/screenshots \
 	  $(BIN)/pytest tests/admin/test_approval_queue_browser.py -q -k workflow_finishes
+
+# Benchmarks against PostgreSQL and Redis on 127.0.0.1 (see bench/README.md): a table, and
+# var/bench/latest.json. `make bench BENCH_ARGS=--quick` is the 2-minute run that checks the suite.
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf var .pytest_cache

@@ -1,0 +1,1 @@
+"""Benchmarks of agentops against plain Celery and DBOS, run by ``make bench`` (``python -m bench``)."""

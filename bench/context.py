@@ -1,0 +1,52 @@
+"""What every benchmark gets: sizes for the mode, the database and broker, the cluster, a logger."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.infra import Broker, Cluster, Postgres
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each benchmark is; ``--quick`` shrinks everything so the whole run takes about 2 minutes."""
+
+    throughput_workflows: int = 200
+    steps: int = 10
+    warmup_workflows: int = 20
+    parked: int = 100_000
+    sweep_repeats: int = 30
+    timers: int = 1000
+    timer_window_s: float = 60.0
+    recovery_runs: int = 20
+    growth_concurrency: tuple[int, ...] = (10, 100, 1000)
+    rss_activities: tuple[int, int] = (1000, 10_000)
+    ablations: bool = True
+    profile_seconds: float = 20.0
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(throughput_workflows=20, warmup_workflows=4, parked=2000, sweep_repeats=10, timers=50,
+                   timer_window_s=10.0, recovery_runs=3, growth_concurrency=(5, 20, 50),
+                   rss_activities=(100, 500), ablations=False, profile_seconds=3.0)
+
+
+@dataclass
+class Bench:
+    sizes: Sizes
+    quick: bool
+    pg: Postgres
+    db_name: str
+    dbos_db_name: str
+    database_url: str
+    broker: Broker
+    cluster: Cluster
+    out_dir: Path
+    results: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    def log(self, message: str) -> None:
+        print(f"[bench {time.monotonic() - self.started:6.1f}s] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,138 @@
+"""The printed table: every figure next to its target, met or not."""
+from __future__ import annotations
+
+from typing import Any
+
+Row = tuple[str, str, str, str, str]
+
+
+def _met(ok: bool | None) -> str:
+    return "-" if ok is None else ("met" if ok else "NOT MET")
+
+
+def _throughput(r: dict[str, Any]) -> list[Row]:
+    a, c, d = r["agentops"], r["celery_chain"], r["dbos"]
+    rows: list[Row] = [
+        ("1 throughput", f"agentops, {a['workflows']} x {a['steps']} on {a['workers']} workers",
+         f"{a['steps_per_s']} steps/s", "", ""),
+        ("1 throughput", "Celery chain, same shape and workers", f"{c['steps_per_s']} steps/s", "", ""),
+        ("1 throughput", "agentops / Celery chain", f"{r['ratio_vs_chain']:.2f}x", ">= 0.5x",
+         _met(r["ratio_vs_chain"] >= 0.5)),
+    ]
+    if "steps_per_s" in d:
+        rows += [("1 throughput", d["label"], f"{d['steps_per_s']} steps/s", "", ""),
+                 ("1 throughput", "agentops / DBOS", f"{r['ratio_vs_dbos']:.2f}x", ">= 1.0x",
+                  _met(r["ratio_vs_dbos"] >= 1.0))]
+    else:
+        rows.append(("1 throughput", "DBOS", "skipped", ">= 1.0x", d.get("skipped", "")))
+    rows += [
+        ("2 cost", "PostgreSQL commits per activity", f"{a['commits_per_activity']:.2f}", "<= 3",
+         _met(a["commits_per_activity"] <= 3)),
+        ("2 cost", "Redis publishes per activity (LPUSH + PUBLISH)", f"{a['publishes_per_activity']:.2f}", "<= 1",
+         _met(a["publishes_per_activity"] <= 1)),
+        ("2 cost", "  of which task messages (LPUSH)", f"{a['task_messages_per_activity']:.2f}", "", ""),
+        ("2 cost", "  of which monitoring events (PUBLISH)", f"{a['event_publishes_per_activity']:.2f}", "", ""),
+        ("2 cost", "Celery chain: publishes per step", f"{c['publishes_per_activity']:.2f}", "", ""),
+    ]
+    if "commits_per_activity" in d:
+        rows.append(("2 cost", "DBOS: commits per step", f"{d['commits_per_activity']:.2f}", "", ""))
+    for ab in r.get("ablations", []):
+        ratio = f", {ab['ratio_vs_chain']:.2f}x chain" if "ratio_vs_chain" in ab else ""
+        rows.append(("1 ablation", ab["label"].removeprefix("agentops, "),
+                     f"{ab['steps_per_s']} steps/s{ratio}, {ab['commits_per_activity']:.2f} commits, "
+                     f"{ab['publishes_per_activity']:.2f} publishes", "", ""))
+    return rows
+
+
+def _growth(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = [("6 growth", row["label"], f"{row['steps_per_s']} steps/s, "
+                        f"{row['commits_per_activity']:.2f} commits, {row['publishes_per_activity']:.2f} publishes",
+                        "", "") for row in r["rows"]]
+    commits = [row["commits_per_activity"] for row in r["rows"]]
+    spread = max(commits) / min(commits)
+    rows.append(("6 growth", "commits per activity, largest / smallest", f"{spread:.2f}", "flat (<= 1.10)",
+                 _met(spread <= 1.10)))
+    if r.get("one_vs_two_workers"):
+        rows.append(("6 growth", "1 worker / 2 workers", f"{r['one_vs_two_workers']:.2f}x", "", ""))
+    low, high = r.get("memory_activities_in_all", ["?", "?"])
+    for name, m in (r.get("memory") or {}).items():
+        before, after = m[f"rss_after_{low}_mb"], m[f"rss_after_{high}_mb"]
+        rows.append(("6 growth", f"{name} pool RSS after {low} -> {high} activities (2 workers)",
+                     f"{before} -> {after} MB ({m['growth_ratio']:.3f}x)", "<= 1.10x", _met(m["growth_ratio"] <= 1.10)))
+    return rows
+
+
+def _parked(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = [
+        ("3 parked", "beat tick, all sweeps, none parked", f"{r['tick_ms_none']:.2f} ms", "", ""),
+        ("3 parked", f"beat tick, all sweeps, {r['parked']:,} parked", f"{r['tick_ms_parked']:.2f} ms", "", ""),
+        ("3 parked", "tick ratio", f"{r['ratio']:.2f}x", "<= 2x", _met(r["ratio"] <= 2)),
+    ]
+    rows += [("3 parked", f"  {name}", f"{v['none']['median_ms']:.2f} -> {v['parked']['median_ms']:.2f} ms "
+              f"({v['ratio']:.2f}x)", "", "") for name, v in r["per_sweep"].items()]
+    rows.append(("3 parked", "database bytes per parked workflow", f"{r['bytes_per_parked_workflow']:,}", "", ""))
+    return rows
+
+
+def _timers(r: dict[str, Any]) -> list[Row]:
+    lat = r["lateness"]
+    return [
+        ("4 timers", f"{r['timers']} timers over {r['window_s']:.0f} s: lateness p50 / max",
+         f"{lat['p50_s']:.2f} / {lat['max_s']:.2f} s", "", ""),
+        ("4 timers", "lateness p99", f"{lat['p99_s']:.2f} s", f"<= {r['target_p99_s']} s",
+         _met(lat["p99_s"] <= r["target_p99_s"])),
+        ("4 timers", "early fires / duplicate fires", f"{r['early_fires']} / {r['duplicate_fires']}", "0 / 0",
+         _met(r["early_fires"] == 0 and r["duplicate_fires"] == 0)),
+        ("4 timers", "due -> workflow completed p50 / p99",
+         f"{r['due_to_workflow_completed']['p50_s']:.2f} / {r['due_to_workflow_completed']['p99_s']:.2f} s", "", ""),
+    ]
+
+
+def _recovery(r: dict[str, Any]) -> list[Row]:
+    return [
+        ("5 recovery", f"{r['runs']} kills: kill -> next attempt p50", f"{r['p50_s']:.2f} s", "", ""),
+        ("5 recovery", f"max (lease {r['lease_s']} s + beat {r['beat_interval_s']} s)", f"{r['max_s']:.2f} s",
+         f"<= {r['bound_s']} s (<= 15)", _met(r["max_s"] <= r["bound_s"] and r["bound_s"] <= 15)),
+    ]
+
+
+def _profile(r: dict[str, Any]) -> list[Row]:
+    return [("profile", label, f"{pct:.1f} %", "", "") for label, pct in list(r["categories_pct"].items())[:6]]
+
+
+def _ablations(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = [("1 ablation", "baseline (product settings)", f"{r['baseline']['steps_per_s']} steps/s", "", "")]
+    for ab in r["rows"]:
+        ratio = f", {ab['ratio_vs_chain']:.2f}x chain" if "ratio_vs_chain" in ab else ""
+        rows.append(("1 ablation", ab["label"].removeprefix("agentops, "),
+                     f"{ab['steps_per_s']} steps/s{ratio}, {ab['commits_per_activity']:.2f} commits, "
+                     f"{ab['publishes_per_activity']:.2f} publishes", "", ""))
+    return rows
+
+
+SECTIONS = {"throughput": _throughput, "ablations": _ablations, "growth": _growth, "parked": _parked, "timers": _timers,
+            "recovery": _recovery, "profile": _profile}
+
+
+def table(results: dict[str, Any]) -> str:
+    rows: list[Row] = []
+    for name, result in results["benchmarks"].items():
+        if "error" in result:
+            rows.append((name, "FAILED", result["error"][:80], "", ""))
+        elif "skipped" in result:
+            rows.append((name, "skipped", result["skipped"][:80], "", ""))
+        else:
+            try:
+                rows += SECTIONS[name](result)
+            except (KeyError, ZeroDivisionError, TypeError, ValueError) as exc:
+                rows.append((name, "incomplete", f"{type(exc).__name__}: {exc}"[:80], "", ""))
+        if result.get("disturbed_by"):
+            rows.append((name, "WARNING: disturbed", result["disturbed_by"][0][:80], "", ""))
+    header: Row = ("benchmark", "figure", "value", "target", "")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
+    quick = " (--quick: sizes too small for the figures to mean much)" if results["quick"] else ""
+    title = f"agentops benchmarks {results['date']}{quick}"
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(line.rstrip() for line in lines)

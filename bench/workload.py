@@ -1,0 +1,112 @@
+"""Bench-only workflow definitions and activities, registered in the orchestrator and in the workers.
+
+Nothing in the product imports this module: the workers load it through ``bench.celery_app``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from workflows.activity_context import ActivityContext
+from workflows.engine import Complete, Decision, Goto, NodeContext, WorkflowDefinition
+from workflows.errors import InvalidInput
+from workflows.registry import RetryPolicy, activity, register_definition
+
+NOOP = "bench.noop"
+# A heartbeating activity whose first attempt sleeps (and is killed by the recovery benchmark);
+# later attempts return at once. Lease 10 s with a heartbeat every 2 s: with the 2 s beat
+# interval a dead attempt is re-run at most lease + one sweep interval = 12 s after its last beat.
+SLEEP = "bench.heartbeat_sleep"
+SLEEP_LEASE_SECONDS = 10
+SLEEP_HEARTBEAT_SECONDS = 2.0
+# The same with a 3 s lease (heartbeat every 1 s), so that --quick finishes quickly.
+SLEEP_SHORT = "bench.heartbeat_sleep_short"
+SLEEP_SHORT_LEASE_SECONDS = 3
+SLEEP_SHORT_HEARTBEAT_SECONDS = 1.0
+
+
+@activity(NOOP, retry=RetryPolicy(max_attempts=3))
+def noop(ctx: ActivityContext) -> dict[str, Any]:
+    return {"i": ctx.input.get("i", 0)}
+
+
+def _sleep_first_attempt(ctx: ActivityContext, heartbeat_seconds: float) -> dict[str, Any]:
+    if ctx.attempt > 1:
+        return {"attempt": ctx.attempt}
+    deadline = time.monotonic() + float(ctx.input.get("seconds", 60))
+    while time.monotonic() < deadline:
+        time.sleep(heartbeat_seconds)
+        ctx.heartbeat("sleeping")
+    return {"attempt": ctx.attempt}
+
+
+@activity(SLEEP, retry=RetryPolicy(max_attempts=5), lease_seconds=SLEEP_LEASE_SECONDS)
+def heartbeat_sleep(ctx: ActivityContext) -> dict[str, Any]:
+    return _sleep_first_attempt(ctx, SLEEP_HEARTBEAT_SECONDS)
+
+
+@activity(SLEEP_SHORT, retry=RetryPolicy(max_attempts=5), lease_seconds=SLEEP_SHORT_LEASE_SECONDS)
+def heartbeat_sleep_short(ctx: ActivityContext) -> dict[str, Any]:
+    return _sleep_first_attempt(ctx, SLEEP_SHORT_HEARTBEAT_SECONDS)
+
+
+def _int_param(params: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
+    try:
+        value = int(params.get(name, default))
+    except (TypeError, ValueError):
+        raise InvalidInput(f"Parameter {name} must be a whole number.") from None
+    if not low <= value <= high:
+        raise InvalidInput(f"Parameter {name}={value} must be between {low} and {high}.")
+    return value
+
+
+@register_definition
+class BenchSteps(WorkflowDefinition):
+    """``steps`` sequential activities (no-ops unless ``activity`` says otherwise) in one node, then done."""
+
+    kind = "bench_steps"
+    nodes = ("STEPS",)
+    start_node = "STEPS"
+    revalidate_node = "STEPS"
+
+    def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        name = str(params.get("activity", NOOP))
+        if name not in (NOOP, SLEEP, SLEEP_SHORT):
+            raise InvalidInput(f"Parameter activity={name!r} is not a bench activity.")
+        return {"steps": _int_param(params, "steps", 10, 1, 1000), "activity": name,
+                "seconds": _int_param(params, "seconds", 60, 0, 3600)}
+
+    def steps(self, ctx: NodeContext) -> Decision:
+        for i in range(ctx.params["steps"]):
+            ctx.activity(ctx.params["activity"], i=i, seconds=ctx.params["seconds"])
+        return Complete({"steps": ctx.params["steps"]})
+
+
+@register_definition
+class BenchPark(WorkflowDefinition):
+    """One activity, then a park: an approval that expires, or a durable sleep, ``seconds`` long."""
+
+    kind = "bench_park"
+    nodes = ("PREPARE", "PARK")
+    start_node = "PREPARE"
+    revalidate_node = "PREPARE"
+
+    def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        wait = str(params.get("wait", "timer"))
+        if wait not in ("timer", "approval"):
+            raise InvalidInput("Parameter wait must be 'timer' or 'approval'.")
+        return {"wait": wait, "seconds": _int_param(params, "seconds", 3 * 86400, 1, 365 * 86400)}
+
+    def prepare(self, ctx: NodeContext) -> Decision:
+        evidence = ctx.activity(NOOP, i=0)
+        return Goto("PARK", {"evidence": evidence})
+
+    def park(self, ctx: NodeContext) -> Decision:
+        if ctx.params["wait"] == "approval":
+            outcome = ctx.approval(
+                candidate={"title": "bench candidate", "files": []}, candidate_hash="0" * 64,
+                role="bench-approvers", expires_in_seconds=ctx.params["seconds"], state_versions={"intent": 1},
+            )
+            return Complete({"approved": outcome.approved})
+        ctx.sleep(ctx.params["seconds"])
+        return Complete({"slept": ctx.params["seconds"]})
