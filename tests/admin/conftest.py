@@ -13,7 +13,7 @@ from django.contrib.auth.models import Group, Permission, User
 from django.test import Client
 
 from tests.conftest import drive, open_approval, release_params
-from workflows import doorbells, engine, registry, services
+from workflows import engine, registry, services
 from workflows.models import Event, Wait, Workflow
 
 ROLE = "release-approvers"
@@ -55,19 +55,9 @@ def admin_gate_registered(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    """The user fixtures hash passwords; PBKDF2 costs half a second per user."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
-def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
-    """Doorbells rung by the services (also from the live server's thread), recorded instead of published."""
-    calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(doorbells, "activity_run", lambda *, activity_id: calls.append(("activity", activity_id)))
-    monkeypatch.setattr(doorbells, "workflow_advance",
-                        lambda *, workflow_id: calls.append(("workflow", workflow_id)))
-    return calls
+def doorbells_recorded(rung: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Every admin test records doorbells (also rung from the live server's thread) instead of publishing."""
+    return rung
 
 
 def make_staff(user: User, *perms: str) -> User:
