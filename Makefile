@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentops
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install demo lint test docs clean chromium screenshots bench
+.PHONY: install demo demo-admin lint test docs clean chromium screenshots bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python manage.py migrate --verbosity 0
 	$(BIN)/python manage.py demo
+
+# The demo, but it waits for you to approve in the admin (it prints the URL and a login).
+demo-admin: $(STAMP)
+	$(BIN)/python manage.py migrate --verbosity 0
+	$(BIN)/python manage.py demo --approve-in-admin
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
