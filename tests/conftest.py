@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
+from django.db import connection
 
 from agentops.deploytarget.server import DeployTargetServer
 from workflows import doorbells, services
@@ -113,3 +115,26 @@ def drive(workflow_id: int, *, max_rounds: int = 50) -> Workflow:
 
 def open_approval(workflow_id: int) -> Wait:
     return Wait.objects.get(workflow_id=workflow_id, kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN)
+
+
+def run_at_once(fn: Callable[[], Any], *, count: int = 2) -> list[Any]:
+    """Call ``fn`` from ``count`` threads released together by a barrier, as racing workers or
+    beats would; each thread's result, or the exception it raised, in thread order."""
+    barrier = threading.Barrier(count)
+    results: list[Any] = [None] * count
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results[i] = fn()
+        except Exception as exc:  # noqa: BLE001 - returned for the caller to assert on
+            results[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return results

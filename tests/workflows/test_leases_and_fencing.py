@@ -1,16 +1,14 @@
 """Attempts under leases: lost attempts are reaped and reconciled, zombies are fenced, retries wait their turn."""
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from agentops.activities.release import deploy, inspect_repository
 from agentops.deploytarget.server import Fault
-from tests.conftest import drive, open_approval, release_params
+from tests.conftest import drive, open_approval, release_params, run_at_once
 from workflows import clock, engine, registry, services
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Retryable
@@ -308,23 +306,7 @@ def test_two_reapers_at_once_reap_each_lease_once(git_repo, rung):
         expire_lease(activity)
         claimed.append(activity)
     rung.clear()
-    barrier = threading.Barrier(2)
-    reaped: list[Any] = [None, None]
-
-    def beat(i: int) -> None:
-        try:
-            barrier.wait(timeout=10)
-            reaped[i] = services.leases_reap_expired()
-        except Exception as exc:  # noqa: BLE001 - asserted below
-            reaped[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=beat, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    reaped = run_at_once(services.leases_reap_expired)
 
     assert all(isinstance(n, int) for n in reaped), reaped
     assert sum(reaped) == 5

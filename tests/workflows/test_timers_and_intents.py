@@ -1,14 +1,12 @@
 """Durable timers and intent versions: stale timers are ignored, due timers fire once, goals change."""
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 
-from tests.conftest import drive, open_approval, release_params
+from tests.conftest import drive, open_approval, release_params, run_at_once
 from workflows import clock, engine, registry, services
 from workflows.errors import InvalidInput, TransitionRefused
 from workflows.models import Activity, Event, Intent, Timer, Wait, Workflow
@@ -178,23 +176,7 @@ def test_two_beats_firing_at_once_fire_each_timer_once():
     """Two sweeps racing over the same due timers: every timer fires once, none is lost."""
     workflows = [sleeping(f"race {i}") for i in range(8)]
     Timer.objects.filter(workflow__in=workflows).update(fire_at=clock.now() - timedelta(seconds=1))
-    barrier = threading.Barrier(2)
-    fired: list[Any] = [None, None]
-
-    def beat(i: int) -> None:
-        try:
-            barrier.wait(timeout=10)
-            fired[i] = services.timers_fire_due()
-        except Exception as exc:  # noqa: BLE001 - asserted below
-            fired[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=beat, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    fired = run_at_once(services.timers_fire_due)
 
     assert all(isinstance(n, int) for n in fired), fired
     assert sum(fired) == 8
