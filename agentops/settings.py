@@ -105,7 +105,9 @@ SQLITE_OPTIONS = {
 DATABASES = {
     "default": dj_database_url.parse(
         env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'agentops.sqlite3'}"),
-        conn_max_age=env_int("AGENTOPS_DB_CONN_MAX_AGE_SECONDS", 0),
+        # Kept open across requests and Celery tasks (agentops/celery.py): a new PostgreSQL
+        # connection is a new server process, a fifth of a short activity's time.
+        conn_max_age=env_int("AGENTOPS_DB_CONN_MAX_AGE_SECONDS", 300),
         conn_health_checks=True,
     )
 }
@@ -179,6 +181,10 @@ if AGENTOPS_BEAT_INTERVAL_SECONDS < 1:
     raise ImproperlyConfigured(f"AGENTOPS_BEAT_INTERVAL_SECONDS={AGENTOPS_BEAT_INTERVAL_SECONDS} must be at least 1.")
 AGENTOPS_LEASE_SECONDS = env_int("AGENTOPS_LEASE_SECONDS", 60)
 AGENTOPS_REDISPATCH_AFTER_SECONDS = env_int("AGENTOPS_REDISPATCH_AFTER_SECONDS", 30)
+# How long one activity task may go on running its workflow's next activities itself, each
+# claimed in the transaction that records the result before it (no broker round trip);
+# 0 sends every activity through the broker.
+AGENTOPS_ACTIVITY_CHAIN_SECONDS = env_float("AGENTOPS_ACTIVITY_CHAIN_SECONDS", 1.0)
 AGENTOPS_ALLOW_SELF_APPROVAL = env_bool("AGENTOPS_ALLOW_SELF_APPROVAL", False)
 AGENTOPS_SWEEP_BATCH_SIZE = env_int("AGENTOPS_SWEEP_BATCH_SIZE", 200)
 AGENTOPS_DEPLOY_TARGET_URL = env_str("AGENTOPS_DEPLOY_TARGET_URL", "http://127.0.0.1:8765")

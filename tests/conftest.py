@@ -33,6 +33,13 @@ def fast_password_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def one_activity_per_task(settings: Any) -> None:
+    """Service tests step workflows one activity at a time; tests of chaining turn it back on
+    (the process tests run workers with the product default)."""
+    settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS = 0
+
+
 @pytest.fixture
 def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """Doorbells rung by the services, recorded instead of published (service tests that commit)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -17,7 +18,7 @@ from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import event_record, json_checked, workflow_lock
 from workflows.services.progress import progress_record_once, progress_validate
-from workflows.services.steps import COMPENSATION_NODE
+from workflows.services.steps import COMPENSATION_NODE, ChainSlot, attempt_start, lease_expiry
 from workflows.services.workflows import advance_locked
 
 logger = logging.getLogger("agentops.activities")
@@ -34,15 +35,29 @@ class RunOutcome(enum.StrEnum):
 
 
 def activity_run_if_runnable(*, activity_id: int, worker: str = "", task_id: str = "") -> RunOutcome:
-    """Claim the next attempt, run it, record its outcome.
+    """Claim the next attempt, run it, record its outcome; then run the workflow's next
+    activity too, for as long as AGENTOPS_ACTIVITY_CHAIN_SECONDS allows.
 
     Idempotent: the claim is a conditional UPDATE on (status=scheduled, attempt), so a
     duplicate doorbell finds nothing to claim; the write-back is fenced by
     (attempt, lease_token), so an attempt whose lease was taken over records nothing.
+    A chained activity is claimed in the transaction that records the result before it
+    (no doorbell): if this process dies, its lease runs out and the lease sweep retries it.
     """
     claim = activity_claim_if_runnable(activity_id=activity_id, worker=worker, task_id=task_id)
     if claim is None:
         return RunOutcome.SKIPPED
+    chain_until = time.monotonic() + settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS
+    while True:
+        outcome, next_claim = _attempt_run(claim, worker=worker, task_id=task_id, chain_until=chain_until)
+        if next_claim is None:
+            return outcome
+        claim = next_claim
+
+
+def _attempt_run(claim: Claim, *, worker: str, task_id: str, chain_until: float) -> tuple[RunOutcome, Claim | None]:
+    """Run one claimed attempt and record its outcome; also the claim of the next activity
+    when the result's advance scheduled one before ``chain_until``."""
     spec = registry.activity_type(claim.name)
     ctx = ActivityContext(claim=claim)
     ctx.faultpoint("activity.after_claim")
@@ -50,9 +65,11 @@ def activity_run_if_runnable(*, activity_id: int, worker: str = "", task_id: str
         result = _execute(spec, ctx)
     except Exception as exc:
         logger.info("activity.attempt.failed", extra={"operation_id": claim.operation_id, "attempt": claim.attempt})
-        return activity_failure_record_if_current(claim=claim, error=exc)
+        return activity_failure_record_if_current(claim=claim, error=exc), None
     ctx.faultpoint("activity.before_writeback")
-    return activity_result_record_if_current(claim=claim, result=result, reconciled=ctx.reconciled)
+    chain = ChainSlot(worker=worker, task_id=task_id) if time.monotonic() < chain_until else None
+    outcome = activity_result_record_if_current(claim=claim, result=result, reconciled=ctx.reconciled, chain=chain)
+    return outcome, chain.claim if chain is not None else None
 
 
 def _execute(spec: registry.ActivityType, ctx: ActivityContext) -> Any:
@@ -64,43 +81,38 @@ def _execute(spec: registry.ActivityType, ctx: ActivityContext) -> Any:
     return spec.fn(ctx)
 
 
+@transaction.atomic
 def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -> Claim | None:
-    """Start attempt n+1 if the activity is scheduled and due; None otherwise (recorded as ignored)."""
-    row = Activity.objects.filter(pk=activity_id).values("workflow_id", "status", "attempt", "next_attempt_at").first()
-    if row is None:
+    """Start attempt n+1 if the activity is scheduled and due; None otherwise (recorded as ignored).
+
+    Idempotent: conditional UPDATE on (status=scheduled, attempt, due) under the workflow's row lock.
+    """
+    activity = Activity.objects.filter(pk=activity_id).first()
+    if activity is None:
         logger.warning("activity.doorbell.unknown", extra={"activity_id": activity_id})
         return None
     now = clock.now()
-    with transaction.atomic():
-        workflow = workflow_lock(row["workflow_id"])
-        activity = Activity.objects.get(pk=activity_id)
-        spec = registry.activity_type(activity.name)
-        token = uuid.uuid4().hex
-        lease = spec.lease_seconds or settings.AGENTOPS_LEASE_SECONDS
-        # A paused workflow (e.g. out of budget) starts no new attempts until a person resumes it.
-        paused = workflow.status == Workflow.Status.PAUSED
-        claimed = not paused and Activity.objects.filter(
-            pk=activity_id, status=Activity.Status.SCHEDULED, attempt=activity.attempt, next_attempt_at__lte=now
-        ).update(
-            status=Activity.Status.RUNNING, attempt=activity.attempt + 1, lease_token=token,
-            lease_expires_at=now + timedelta(seconds=lease), heartbeat_at=now,
-        )
-        if not claimed:
-            event_record(workflow=workflow, kind="activity.doorbell_ignored", at=now,
-                         operation_id=activity.operation_id, status="workflow paused" if paused else activity.status,
-                         worker=worker)
-            return None
-        number = activity.attempt + 1
-        ActivityAttempt.objects.create(
-            activity=activity, number=number, lease_token=token, worker=worker, task_id=task_id, started_at=now
-        )
-        previous_lost = activity.attempts.filter(number=number - 1, status=ActivityAttempt.Status.LOST).exists()
-        event_record(workflow=workflow, kind="activity.started", at=now, operation_id=activity.operation_id,
-                     attempt=number, worker=worker)
-    return Claim(
-        activity_id=activity.pk, workflow_id=workflow.pk, operation_id=activity.operation_id, name=activity.name,
-        attempt=number, lease_token=token, input=activity.input, previous_attempt_lost=previous_lost,
+    workflow = workflow_lock(activity.workflow_id)
+    spec = registry.activity_type(activity.name)
+    # A paused workflow (e.g. out of budget) starts no new attempts until a person resumes it.
+    paused = workflow.status == Workflow.Status.PAUSED
+    previous = activity.attempt
+    activity.attempt, activity.lease_token = previous + 1, uuid.uuid4().hex
+    claimed = not paused and Activity.objects.filter(
+        pk=activity_id, status=Activity.Status.SCHEDULED, attempt=previous, next_attempt_at__lte=now
+    ).update(
+        status=Activity.Status.RUNNING, attempt=activity.attempt, lease_token=activity.lease_token,
+        lease_expires_at=lease_expiry(spec, now), heartbeat_at=now,
     )
+    if not claimed:
+        current = Activity.objects.values_list("status", flat=True).get(pk=activity_id)
+        event_record(workflow=workflow, kind="activity.doorbell_ignored", at=now, operation_id=activity.operation_id,
+                     status="workflow paused" if paused else current, worker=worker)
+        return None
+    previous_lost = previous > 0 and activity.attempts.filter(
+        number=previous, status=ActivityAttempt.Status.LOST
+    ).exists()
+    return attempt_start(workflow, activity, worker=worker, task_id=task_id, now=now, previous_lost=previous_lost)
 
 
 def _fenced(claim: Claim) -> Any:
@@ -125,8 +137,11 @@ def _refuse_stale(workflow: Workflow, claim: Claim) -> RunOutcome:
 
 
 @transaction.atomic
-def activity_result_record_if_current(*, claim: Claim, result: Any, reconciled: bool = False) -> RunOutcome:
-    """Record the result once and advance the workflow in the same transaction.
+def activity_result_record_if_current(
+    *, claim: Claim, result: Any, reconciled: bool = False, chain: ChainSlot | None = None
+) -> RunOutcome:
+    """Record the result once and advance the workflow in the same transaction; ``chain``
+    receives the claim of the next activity the advance schedules, if any.
 
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token); a second
     write, or a write by a superseded attempt, updates no row and is recorded as stale.
@@ -159,7 +174,7 @@ def activity_result_record_if_current(*, claim: Claim, result: Any, reconciled: 
                      confidence=sample.confidence)
     event_record(workflow=workflow, kind="activity.succeeded", at=now, operation_id=claim.operation_id,
                  attempt=claim.attempt, reconciled=reconciled)
-    advance_locked(workflow)
+    advance_locked(workflow, chain=chain)
     faults.faultpoint("transition.before_commit", workflow_id=workflow.pk, operation_id=claim.operation_id)
     return RunOutcome.RECORDED
 
@@ -217,13 +232,11 @@ def activity_heartbeat_if_current(*, claim: Claim, detail: str = "") -> bool:
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token).
     """
     now = clock.now()
-    spec = registry.activity_type(claim.name)
-    lease = spec.lease_seconds or settings.AGENTOPS_LEASE_SECONDS
     cancelling = Workflow.objects.filter(pk=claim.workflow_id, status=Workflow.Status.CANCELLING).exists()
     if cancelling and not Activity.objects.filter(pk=claim.activity_id, node=COMPENSATION_NODE).exists():
         return False
     return bool(_fenced(claim).update(heartbeat_at=now, heartbeat_detail=detail[:200],
-                                      lease_expires_at=now + timedelta(seconds=lease)))
+                                      lease_expires_at=lease_expiry(registry.activity_type(claim.name), now)))
 
 
 def activity_lease_expire_if_due(*, activity_id: int) -> bool:

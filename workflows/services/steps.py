@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import enum
+import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Q
 
 from workflows import doorbells, engine, registry
-from workflows.models import Activity, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
+from workflows.activity_context import Claim
+from workflows.models import Activity, ActivityAttempt, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
 from workflows.services.common import (
     event_record,
     json_checked,
@@ -37,29 +41,68 @@ class Outcome(enum.StrEnum):
     SUSPENDED = "suspended"
 
 
-def activity_schedule_ensure(
-    *, workflow: Workflow, command: engine.ScheduleActivity, now: datetime, node: str = ""
-) -> Activity:
-    """Create the activity for ``command.operation_id`` if absent and ring its doorbell.
+@dataclass
+class ChainSlot:
+    """Room for the next activity a result schedules, to be run at once by the worker that
+    recorded the result: claimed in the result's own transaction, so no doorbell is sent."""
 
-    Idempotent: unique constraint on ``Activity.operation_id``.
+    worker: str
+    task_id: str
+    claim: Claim | None = None
+
+
+def activity_schedule_ensure(
+    *, workflow: Workflow, command: engine.ScheduleActivity, now: datetime, node: str = "",
+    chain: ChainSlot | None = None,
+) -> Activity:
+    """Create the activity for ``command.operation_id`` if absent and ring its doorbell, or,
+    given an empty ``chain`` slot, claim its first attempt for the caller instead.
+
+    Idempotent: looked up by operation id under the workflow's row lock, which every insert of
+    the workflow's activities holds; the unique constraint on ``Activity.operation_id`` backs it.
     """
+    activity = Activity.objects.filter(operation_id=command.operation_id).first()
+    if activity is not None:
+        return activity
     spec = registry.activity_type(command.name)
-    activity, created = Activity.objects.get_or_create(
+    activity = Activity(
+        workflow=workflow, name=command.name, node=node or workflow.current_node, node_visit=workflow.node_visit,
+        intent_version=workflow.intent_version,
+        input=json_checked(command.input, what=f"Input of activity {command.name}"),
+        max_attempts=spec.retry.max_attempts, next_attempt_at=now, dispatched_at=now, created_at=now,
         operation_id=command.operation_id,
-        defaults={
-            "workflow": workflow, "name": command.name, "node": node or workflow.current_node,
-            "node_visit": workflow.node_visit, "intent_version": workflow.intent_version,
-            "input": json_checked(command.input, what=f"Input of activity {command.name}"),
-            "max_attempts": spec.retry.max_attempts, "next_attempt_at": now, "dispatched_at": now,
-            "created_at": now,
-        },
     )
-    if created:
-        event_record(workflow=workflow, kind="activity.scheduled", at=now, operation_id=activity.operation_id,
-                     name=activity.name)
+    slot = chain if chain is not None and chain.claim is None else None
+    if slot is not None:
+        activity.status, activity.attempt, activity.heartbeat_at = Activity.Status.RUNNING, 1, now
+        activity.lease_token, activity.lease_expires_at = uuid.uuid4().hex, lease_expiry(spec, now)
+    activity.save(force_insert=True)
+    event_record(workflow=workflow, kind="activity.scheduled", at=now, operation_id=activity.operation_id,
+                 name=activity.name)
+    if slot is not None:
+        slot.claim = attempt_start(workflow, activity, worker=slot.worker, task_id=slot.task_id, now=now)
+    else:
         doorbells.activity_run(activity_id=activity.pk)
     return activity
+
+
+def lease_expiry(spec: registry.ActivityType, now: datetime) -> datetime:
+    return now + timedelta(seconds=spec.lease_seconds or settings.AGENTOPS_LEASE_SECONDS)
+
+
+def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_id: str, now: datetime,
+                  previous_lost: bool = False) -> Claim:
+    """Record the attempt an activity row was just claimed for (status running, ``attempt``,
+    ``lease_token`` already written) and the fencing token its result must present."""
+    ActivityAttempt.objects.create(activity=activity, number=activity.attempt, lease_token=activity.lease_token,
+                                   worker=worker, task_id=task_id, started_at=now)
+    event_record(workflow=workflow, kind="activity.started", at=now, operation_id=activity.operation_id,
+                 attempt=activity.attempt, worker=worker)
+    return Claim(
+        activity_id=activity.pk, workflow_id=workflow.pk, operation_id=activity.operation_id, name=activity.name,
+        attempt=activity.attempt, lease_token=activity.lease_token, input=activity.input,
+        previous_attempt_lost=previous_lost,
+    )
 
 
 def wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) -> bool:

@@ -27,6 +27,7 @@ from workflows.services.steps import (
     MAX_GOAL_CHARS,
     MAX_HOURS,
     MAX_STEPS_PER_ADVANCE,
+    ChainSlot,
     Outcome,
     activity_schedule_ensure,
     complete_locked,
@@ -118,8 +119,9 @@ def workflow_advance_if_runnable(*, workflow_id: int) -> Outcome:
     return advance_locked(workflow)
 
 
-def advance_locked(workflow: Workflow) -> Outcome:
-    """Advance a workflow whose row lock the caller holds."""
+def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Outcome:
+    """Advance a workflow whose row lock the caller holds; ``chain`` takes the first activity
+    it schedules for the caller to run (see ``activity_schedule_ensure``)."""
     if workflow.status == Workflow.Status.CANCELLING:
         return advance_cancellation(workflow)
     if workflow.status != Workflow.Status.RUNNING:
@@ -137,7 +139,7 @@ def advance_locked(workflow: Workflow) -> Outcome:
         except Permanent as exc:
             decision = engine.Fail(str(exc))
         if isinstance(decision, engine.Suspended):
-            if decision.commands and _apply(workflow, decision.commands[0], now=now):
+            if decision.commands and _apply(workflow, decision.commands[0], now=now, chain=chain):
                 continue
             return Outcome.SUSPENDED
         if isinstance(decision, engine.Goto):
@@ -153,10 +155,10 @@ def advance_locked(workflow: Workflow) -> Outcome:
     return Outcome.APPLIED
 
 
-def _apply(workflow: Workflow, command: engine.Command, *, now: datetime) -> bool:
+def _apply(workflow: Workflow, command: engine.Command, *, now: datetime, chain: ChainSlot | None) -> bool:
     """Persist a new step; True when the handler can run again at once."""
     if isinstance(command, engine.ScheduleActivity):
-        activity_schedule_ensure(workflow=workflow, command=command, now=now)
+        activity_schedule_ensure(workflow=workflow, command=command, now=now, chain=chain)
         return False
     return wait_open(workflow, command, now=now)
 

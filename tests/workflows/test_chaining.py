@@ -1,0 +1,141 @@
+"""Chained activities: a worker that records a result runs the workflow's next activity itself,
+claimed in the same transaction, within AGENTOPS_ACTIVITY_CHAIN_SECONDS; a crash in between
+leaves a lease for the sweep, never a lost or repeated step."""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from tests.conftest import drive
+from workflows import clock, engine, registry, services
+from workflows.activity_context import ActivityContext
+from workflows.errors import InvalidInput, Retryable
+from workflows.models import Activity, ActivityAttempt, Event, Workflow
+from workflows.services import RunOutcome
+from workflows.services.activities import activity_claim_if_runnable
+from workflows.services.steps import ChainSlot
+
+CHAIN_KIND = "test-chain"
+STEP = "test_chain_step"
+
+
+# One node that asks for ``steps`` activities in turn; each may sleep or fail its first attempt.
+class Chain(engine.WorkflowDefinition):
+    kind = CHAIN_KIND
+    nodes = ("STEPS", "DONE")
+    start_node = "STEPS"
+    revalidate_node = "STEPS"
+
+    def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        return params
+
+    def steps(self, ctx: engine.NodeContext) -> engine.Decision:
+        params = ctx.params
+        outputs = [ctx.activity(STEP, i=i, sleep=params.get("sleep", 0), fail_first=params.get("fail_at") == i)
+                   for i in range(params["steps"])]
+        return engine.Goto("DONE", {"outputs": outputs})
+
+    def done(self, ctx: engine.NodeContext) -> engine.Decision:
+        return engine.Complete()
+
+
+def chain_step(ctx: ActivityContext) -> dict[str, Any]:
+    time.sleep(ctx.input["sleep"])
+    if ctx.input["fail_first"] and ctx.attempt == 1:
+        raise Retryable("first attempt fails")
+    return {"i": ctx.input["i"]}
+
+
+if CHAIN_KIND not in registry.definition_kinds():
+    registry.register_definition(Chain)
+try:
+    registry.activity_type(STEP)
+except InvalidInput:
+    registry.activity(STEP)(chain_step)
+
+pytestmark = pytest.mark.usefixtures("rung")
+
+
+def launched(**params: Any) -> tuple[Workflow, Activity]:
+    workflow = services.workflow_launch(kind=CHAIN_KIND, goal="Count", params=params)
+    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+    return workflow, Activity.objects.get(workflow=workflow)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_task_runs_every_step_with_one_doorbell(settings: Any, rung: list[tuple[str, int]]) -> None:
+    settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS = 60
+    workflow, first = launched(steps=5)
+
+    outcome = services.activity_run_if_runnable(activity_id=first.pk, worker="w1", task_id="task-1")
+
+    workflow.refresh_from_db()
+    assert (outcome, workflow.status) == (RunOutcome.RECORDED, Workflow.Status.COMPLETED)
+    assert workflow.state["outputs"] == [{"i": i} for i in range(5)]
+    attempts = ActivityAttempt.objects.filter(activity__workflow=workflow).order_by("activity_id")
+    assert [(a.number, a.status, a.worker, a.task_id) for a in attempts] == [
+        (1, ActivityAttempt.Status.SUCCEEDED, "w1", "task-1")] * 5
+    assert [r for r in rung if r[0] == "activity"] == [("activity", first.pk)]
+    kinds = list(Event.objects.filter(workflow=workflow, kind__startswith="activity.").values_list("kind", flat=True))
+    assert kinds == ["activity.scheduled", "activity.started", "activity.succeeded"] * 5
+    seqs = list(Event.objects.filter(workflow=workflow).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_chain_hands_over_to_the_broker_when_its_time_is_up(settings: Any, rung: list[tuple[str, int]]) -> None:
+    settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS = 0.5
+    workflow, first = launched(steps=4, sleep=0.3)
+
+    services.activity_run_if_runnable(activity_id=first.pk, worker="w1", task_id="task-1")
+
+    statuses = list(Activity.objects.filter(workflow=workflow).order_by("pk").values_list("status", flat=True))
+    # Step 0 ends at 0.3 s (< 0.5: step 1 chained), step 1 at 0.6 s (step 2 gets a doorbell).
+    assert statuses == [Activity.Status.SUCCEEDED, Activity.Status.SUCCEEDED, Activity.Status.SCHEDULED]
+    third = Activity.objects.filter(workflow=workflow).order_by("pk").last()
+    assert third is not None and ("activity", third.pk) in rung
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_step_ends_the_chain_and_retries_through_the_broker(settings: Any) -> None:
+    settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS = 60
+    workflow, first = launched(steps=3, fail_at=1)
+
+    outcome = services.activity_run_if_runnable(activity_id=first.pk, worker="w1", task_id="task-1")
+
+    assert outcome == RunOutcome.RETRY_SCHEDULED
+    second = Activity.objects.filter(workflow=workflow).order_by("pk")[1]
+    assert (second.status, second.attempt) == (Activity.Status.SCHEDULED, 1)
+    Activity.objects.filter(pk=second.pk).update(next_attempt_at=clock.now())
+    assert drive(workflow.pk).status == Workflow.Status.COMPLETED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_dies_after_a_chained_claim_leaves_a_lease_for_the_sweep(
+    settings: Any, rung: list[tuple[str, int]]
+) -> None:
+    workflow, first = launched(steps=2)
+    claim = activity_claim_if_runnable(activity_id=first.pk, worker="w1", task_id="task-1")
+    assert claim is not None
+    chain = ChainSlot(worker="w1", task_id="task-1")
+    services.activity_result_record_if_current(claim=claim, result={"i": 0}, chain=chain)
+    # The process dies here: the next activity is claimed, committed, and never run.
+    assert chain.claim is not None
+    second = Activity.objects.get(pk=chain.claim.activity_id)
+    assert (second.status, second.attempt) == (Activity.Status.RUNNING, 1)
+    assert ("activity", second.pk) not in rung
+    # A duplicate doorbell for it finds nothing to claim.
+    assert services.activity_run_if_runnable(activity_id=second.pk, worker="w2") == RunOutcome.SKIPPED
+
+    Activity.objects.filter(pk=second.pk).update(lease_expires_at=clock.now() - timedelta(seconds=1))
+    assert services.leases_reap_expired() == 1
+    assert ("activity", second.pk) in rung
+    assert services.activity_run_if_runnable(activity_id=second.pk, worker="w2") == RunOutcome.RECORDED
+
+    workflow.refresh_from_db()
+    assert workflow.status == Workflow.Status.COMPLETED
+    attempts = list(second.attempts.order_by("number").values_list("number", "status", "worker"))
+    assert attempts == [(1, ActivityAttempt.Status.LOST, "w1"), (2, ActivityAttempt.Status.SUCCEEDED, "w2")]
