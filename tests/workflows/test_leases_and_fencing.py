@@ -313,3 +313,24 @@ def test_two_reapers_at_once_reap_each_lease_once(git_repo, rung):
     assert sorted(pk for _, pk in rung) == sorted(a.pk for a in claimed)
     assert Event.objects.filter(kind="activity.lease_expired").count() == 5
     assert ActivityAttempt.objects.filter(activity__in=claimed, status="lost").count() == 5
+
+
+@pytest.mark.django_db
+def test_an_unanswered_doorbell_is_rung_again_with_a_growing_delay(git_repo, rung, time_machine, settings):
+    """Lost or only queued behind a backlog, a doorbell is rung again after 30 s, then after the
+    activity has waited as long again: 30, 62, 124 s ... (capped), never on every sweep."""
+    settings.AGENTOPS_REDISPATCH_AFTER_SECONDS = 30
+    time_machine.move_to(clock.now(), tick=False)
+    start = clock.now()
+    _, activity = launched(git_repo)
+    rung.clear()
+
+    rang_at = []
+    for second in range(0, 1500, 2):  # a sweep every 2 s for 25 minutes
+        time_machine.move_to(start + timedelta(seconds=second), tick=False)
+        if services.activities_redrive_due():
+            rang_at.append(second)
+
+    # 30 s, then twice the wait so far, until the gap reaches 8 x 30 s = 240 s.
+    assert rang_at == [30, 60, 120, 240, 480, 720, 960, 1200, 1440]
+    assert rung == [("activity", activity.pk)] * len(rang_at)

@@ -52,11 +52,9 @@ class ChainSlot:
 
 
 def activity_schedule_ensure(
-    *, workflow: Workflow, command: engine.ScheduleActivity, now: datetime, node: str = "",
-    chain: ChainSlot | None = None,
+    *, workflow: Workflow, command: engine.ScheduleActivity, now: datetime, node: str = ""
 ) -> Activity:
-    """Create the activity for ``command.operation_id`` if absent and ring its doorbell, or,
-    given an empty ``chain`` slot, claim its first attempt for the caller instead.
+    """Create the activity for ``command.operation_id`` if absent (see ``activity_schedule``).
 
     Idempotent: looked up by operation id under the workflow's row lock, which every insert of
     the workflow's activities holds; the unique constraint on ``Activity.operation_id`` backs it.
@@ -64,6 +62,20 @@ def activity_schedule_ensure(
     activity = Activity.objects.filter(operation_id=command.operation_id).first()
     if activity is not None:
         return activity
+    return activity_schedule(workflow=workflow, command=command, now=now, node=node)
+
+
+def activity_schedule(
+    *, workflow: Workflow, command: engine.ScheduleActivity, now: datetime, node: str = "",
+    chain: ChainSlot | None = None,
+) -> Activity:
+    """Create the activity and ring its doorbell, or, given an empty ``chain`` slot, claim its
+    first attempt for the caller instead.
+
+    Not idempotent by itself: the caller has seen, under the workflow's row lock, that no
+    activity has this operation id (the engine asks only for steps it found unrecorded); the
+    unique constraint on ``Activity.operation_id`` refuses a second one.
+    """
     spec = registry.activity_type(command.name)
     activity = Activity(
         workflow=workflow, name=command.name, node=node or workflow.current_node, node_visit=workflow.node_visit,

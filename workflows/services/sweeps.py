@@ -9,7 +9,8 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
+from django.db.models.functions import Greatest, Least
 
 from workflows import clock, doorbells
 from workflows.models import Activity, Timer, Workflow
@@ -18,6 +19,9 @@ from workflows.services.cancellation import workflow_deadline_enforce_if_due
 from workflows.services.waits import timer_fire_if_due
 
 logger = logging.getLogger("agentops.sweeps")
+
+# Re-rung doorbells back off to at most this many times AGENTOPS_REDISPATCH_AFTER_SECONDS apart.
+REDISPATCH_BACKOFF_CAP = 8
 
 
 def _batch() -> int:
@@ -32,12 +36,23 @@ def timers_fire_due() -> int:
 
 def activities_redrive_due() -> int:
     """Ring activities that are due but whose doorbell is missing: retry windows that opened,
-    and messages lost to a crash after commit or a broker outage (index ``act_scheduled_due_idx``)."""
+    and messages lost to a crash after commit or a broker outage (index ``act_scheduled_due_idx``).
+
+    A doorbell still unanswered is rung again after AGENTOPS_REDISPATCH_AFTER_SECONDS, and after
+    that only once the activity has waited as long again (30 s, 60 s, 120 s ... up to
+    REDISPATCH_BACKOFF_CAP times the delay): behind a backlog the first doorbell is only slow,
+    and ringing it again on every sweep would fill the queue with duplicates.
+    """
     now = clock.now()
-    cutoff = now - timedelta(seconds=settings.AGENTOPS_REDISPATCH_AFTER_SECONDS)
-    due = Activity.objects.filter(status=Activity.Status.SCHEDULED, next_attempt_at__lte=now).filter(
-        Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=cutoff)
-    ).exclude(workflow__status=Workflow.Status.PAUSED)
+    delay = timedelta(seconds=settings.AGENTOPS_REDISPATCH_AFTER_SECONDS)
+    waited = ExpressionWrapper(F("dispatched_at") - F("next_attempt_at"), output_field=DurationField())
+    again_after = Greatest(Value(delay), Least(waited, Value(delay * REDISPATCH_BACKOFF_CAP)),
+                           output_field=DurationField())
+    due = Activity.objects.filter(status=Activity.Status.SCHEDULED, next_attempt_at__lte=now).alias(
+        ring_again_at=ExpressionWrapper(F("dispatched_at") + again_after, output_field=DateTimeField())
+    ).filter(Q(dispatched_at__isnull=True) | Q(ring_again_at__lte=now)).exclude(
+        workflow__status=Workflow.Status.PAUSED
+    )
     rung = 0
     for pk, dispatched_at in due.values_list("pk", "dispatched_at")[: _batch()]:
         claim = Activity.objects.filter(pk=pk, status=Activity.Status.SCHEDULED)

@@ -29,7 +29,7 @@ from workflows.services.steps import (
     MAX_STEPS_PER_ADVANCE,
     ChainSlot,
     Outcome,
-    activity_schedule_ensure,
+    activity_schedule,
     complete_locked,
     enter_node,
     fail_locked,
@@ -158,7 +158,8 @@ def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Out
 def _apply(workflow: Workflow, command: engine.Command, *, now: datetime, chain: ChainSlot | None) -> bool:
     """Persist a new step; True when the handler can run again at once."""
     if isinstance(command, engine.ScheduleActivity):
-        activity_schedule_ensure(workflow=workflow, command=command, now=now, chain=chain)
+        # The engine asks only for steps not among those replayed from this node visit.
+        activity_schedule(workflow=workflow, command=command, now=now, chain=chain)
         return False
     return wait_open(workflow, command, now=now)
 
