@@ -2,8 +2,7 @@
 tasks, plus the bench-only workflow definitions, activities and chain tasks.
 
 ``BENCH_TASK_EVENTS=0`` turns Celery's monitoring events off (an ablation; the product sends them
-for Flower). ``BENCH_DB_REUSE_MAX=N`` sets Celery's ``CELERY_DB_REUSE_MAX``: without it Celery's Django
-fixup closes the database connection before and after every task, whatever CONN_MAX_AGE says.
+for Flower).
 ``BENCH_READY_FILE`` is touched when the worker is ready, so workers can log at WARNING.
 """
 from __future__ import annotations
@@ -19,8 +18,6 @@ from bench import tasks, workload  # noqa: F401  (registers the bench tasks, def
 
 if os.environ.get("BENCH_TASK_EVENTS") == "0":
     app.conf.update(worker_send_task_events=False, task_send_sent_event=False)
-if os.environ.get("BENCH_DB_REUSE_MAX"):
-    app.conf.update(CELERY_DB_REUSE_MAX=int(os.environ["BENCH_DB_REUSE_MAX"]))
 
 
 @worker_ready.connect
