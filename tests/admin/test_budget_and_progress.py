@@ -10,7 +10,7 @@ import pytest
 from django.urls import reverse
 
 from tests.admin.conftest import GATE_KIND, gate_wait, logged_in, messages_of
-from tests.conftest import drive
+from tests.conftest import drive, release_params
 from workflows import clock, services
 from workflows.models import Event, ProgressSample, UsageEntry, Workflow
 from workflows.selectors import spend_summary
@@ -200,9 +200,9 @@ class TestBudgetAction:
 
 class TestAttentionFilter:
     def test_stagnating_and_paused_for_budget_find_the_right_workflows(self, budget_paused, staff_outsider,
-                                                                        requester):
-        def launch(goal: str) -> Workflow:
-            return services.workflow_launch(kind=GATE_KIND, goal=goal, user=requester)
+                                                                        requester, git_repo):
+        def launch(goal: str) -> Workflow:  # running its first activity
+            return services.workflow_launch(kind="release", goal=goal, user=requester, params=release_params(git_repo))
 
         healthy, stuck, long_ago, paused = launch("healthy"), launch("stuck"), launch("long ago"), launch("paused")
         assert services.stagnation_flag_if_due(workflow_id=stuck.pk, reason="no event for 3.0 h") == 1

@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from tests.admin.conftest import gate_wait, logged_in, messages_of, state_of
-from tests.conftest import drive
+from tests.conftest import drive, release_params
 from workflows import services
 from workflows.models import ActivityAttempt, Intent, Wait, Workflow
 
@@ -32,9 +32,11 @@ def completed_release(waiting_release, approver, deploy_target):
 
 @pytest.mark.django_db
 class TestWorkflowList:
-    def test_filters_and_search_find_workflows_by_status_node_wait_id_and_goal(self, staff_outsider, requester):
+    def test_filters_and_search_find_workflows_by_status_node_wait_id_and_goal(self, staff_outsider, requester,
+                                                                               git_repo):
         waiting = gate_wait(requester).workflow
-        other = services.workflow_launch(kind="admin-test-gate", goal="Rotate the signing keys", user=requester)
+        other = services.workflow_launch(kind="release", goal="Rotate the signing keys", user=requester,
+                                         params=release_params(git_repo))
         client = logged_in(staff_outsider)
 
         def ids(**query: str) -> set[int]:
@@ -44,7 +46,8 @@ class TestWorkflowList:
 
         assert ids() == {waiting.pk, other.pk}
         assert ids(status__exact="waiting") == {waiting.pk}
-        assert ids(current_node__exact="ASK") == {waiting.pk, other.pk}
+        assert ids(current_node__exact="ASK") == {waiting.pk}
+        assert ids(status__exact="running") == {other.pk}
         assert ids(waiting_on="approval") == {waiting.pk}
         assert ids(q="signing keys") == {other.pk}
         assert ids(q=str(waiting.pk)) == {waiting.pk}

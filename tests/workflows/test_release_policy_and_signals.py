@@ -15,14 +15,18 @@ from workflows.services import Outcome
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rung")]
 
 EVENT_KIND = "test-event"
+PREPARE = "test_event_prepare"
 
 
-# Waits for a "go" signal, then completes with its payload.
+# Runs one activity, waits for a "go" signal, then completes with its payload.
 class WaitForGo(engine.WorkflowDefinition):
     kind = EVENT_KIND
-    nodes = ("WAIT_FOR_GO", "DONE")
-    start_node = "WAIT_FOR_GO"
+    nodes = ("PREPARE", "WAIT_FOR_GO", "DONE")
+    start_node = "PREPARE"
     revalidate_node = "WAIT_FOR_GO"
+
+    def prepare(self, ctx: engine.NodeContext) -> engine.Decision:
+        return engine.Goto("WAIT_FOR_GO", {"prepared": ctx.activity(PREPARE)})
 
     def wait_for_go(self, ctx: engine.NodeContext) -> engine.Decision:
         outcome = ctx.wait_for_event("go")
@@ -34,6 +38,10 @@ class WaitForGo(engine.WorkflowDefinition):
 
 if EVENT_KIND not in registry.definition_kinds():
     registry.register_definition(WaitForGo)
+try:
+    registry.activity_type(PREPARE)
+except InvalidInput:
+    registry.activity(PREPARE)(lambda ctx: {"ready": True})
 
 
 def waiting_for_approval(repo: Any, requester: Any, policy: str) -> tuple[Workflow, Wait]:
@@ -48,9 +56,7 @@ def events(workflow: Workflow, kind: str) -> list[dict[str, Any]]:
 
 
 def waiting_for_go() -> Workflow:
-    workflow = services.workflow_launch(kind=EVENT_KIND, goal="Wait for the go")
-    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
-    workflow.refresh_from_db()
+    workflow = drive(services.workflow_launch(kind=EVENT_KIND, goal="Wait for the go").pk)
     assert workflow.status == "waiting"
     return workflow
 
@@ -195,9 +201,8 @@ def test_signal_before_the_wait_is_consumed_when_it_opens():
     assert signal.consumed_by is None
     assert not Wait.objects.filter(workflow=workflow).exists()
 
-    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+    workflow = drive(workflow.pk)
 
-    workflow.refresh_from_db()
     assert (workflow.status, workflow.result) == ("completed", {"payload": {"early": True}})
     wait = Wait.objects.get(workflow=workflow)
     signal.refresh_from_db()

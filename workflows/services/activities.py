@@ -16,7 +16,7 @@ from workflows.activity_context import ActivityContext, Claim
 from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Refused
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.budgets import pause_for_budget_locked
-from workflows.services.common import event_record, json_checked, workflow_lock
+from workflows.services.common import event_record, events_batched, json_checked, workflow_lock
 from workflows.services.progress import progress_record_once, progress_validate
 from workflows.services.steps import COMPENSATION_NODE, ChainSlot, attempt_start, lease_expiry
 from workflows.services.workflows import advance_locked
@@ -172,9 +172,10 @@ def activity_result_record_if_current(
         sample = progress_record_once(workflow=workflow, operation_id=claim.operation_id, result=result, now=now)
         event_record(workflow=workflow, kind="progress.sampled", at=now, percent=sample.percent,
                      confidence=sample.confidence)
-    event_record(workflow=workflow, kind="activity.succeeded", at=now, operation_id=claim.operation_id,
-                 attempt=claim.attempt, reconciled=reconciled)
-    advance_locked(workflow, chain=chain)
+    with events_batched(workflow):
+        event_record(workflow=workflow, kind="activity.succeeded", at=now, operation_id=claim.operation_id,
+                     attempt=claim.attempt, reconciled=reconciled)
+        advance_locked(workflow, chain=chain)
     faults.faultpoint("transition.before_commit", workflow_id=workflow.pk, operation_id=claim.operation_id)
     return RunOutcome.RECORDED
 

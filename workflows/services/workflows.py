@@ -15,6 +15,7 @@ from workflows.models import Activity, Intent, Signal, Wait, Workflow
 from workflows.services.cancellation import advance_cancellation, compensations_retry
 from workflows.services.common import (
     event_record,
+    events_batched,
     json_checked,
     release_current,
     text_checked,
@@ -55,7 +56,8 @@ def workflow_launch(
     budget_hourly_usd: Decimal | None = None,
     stagnation_policy: str = Workflow.StagnationPolicy.RECORD,
 ) -> Workflow:
-    """Create a workflow with intent v1 and ring its first advance.
+    """Create a workflow with intent v1 and advance it in the same transaction (its first
+    activity is scheduled, or its first wait opened, when this returns).
 
     ``max_hours`` sets a durable deadline: past it, beat cancels the workflow.
 
@@ -94,11 +96,13 @@ def workflow_launch(
         workflow.start(at=now)
         workflow.save()
         Intent.objects.create(workflow=workflow, version=1, goal=goal, created_by=user, created_at=now)
-        event_record(
-            workflow=workflow, kind="workflow.launched", at=now, goal=goal, params=params,
-            release=workflow.release.fingerprint, by=username_of(user),
-        )
-        doorbells.workflow_advance(workflow_id=workflow.pk)
+        with events_batched(workflow):
+            event_record(
+                workflow=workflow, kind="workflow.launched", at=now, goal=goal, params=params,
+                release=workflow.release.fingerprint, by=username_of(user),
+            )
+            # Nobody else sees the new row before the commit: advance it here, no doorbell needed.
+            advance_locked(workflow)
     logger.info("workflow.launched", extra={"workflow_id": workflow.pk, "kind": kind})
     return workflow
 
@@ -116,7 +120,8 @@ def workflow_advance_if_runnable(*, workflow_id: int) -> Outcome:
     except NotFound:
         logger.warning("workflow.doorbell.unknown", extra={"workflow_id": workflow_id})
         return Outcome.NOT_RUNNABLE
-    return advance_locked(workflow)
+    with events_batched(workflow):
+        return advance_locked(workflow)
 
 
 def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Outcome:
