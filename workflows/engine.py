@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar
 
 from workflows.errors import InvalidInput, NonDeterminismError, Permanent
@@ -126,11 +127,16 @@ class WorkflowSnapshot:
     node: str
     node_visit: int
     intent_version: int
-    goal: str
+    load_goal: Callable[[], str]
     params: dict[str, Any]
     state: dict[str, Any]
     release_fingerprint: str
     definition_version: int
+
+    @cached_property
+    def goal(self) -> str:
+        """The current intent's goal, read when a handler first asks: most steps never do."""
+        return self.load_goal()
 
 
 class NodeContext:
@@ -140,18 +146,26 @@ class NodeContext:
         self,
         snapshot: WorkflowSnapshot,
         activities: dict[str, RecordedActivity],
-        waits: dict[str, RecordedWait],
+        load_waits: Callable[[], dict[str, RecordedWait]],
     ) -> None:
         self.snapshot = snapshot
         self.params = snapshot.params
         self.state = snapshot.state
-        self.goal = snapshot.goal
         self.intent_version = snapshot.intent_version
         self.release_fingerprint = snapshot.release_fingerprint
         self._activities = activities
-        self._waits = waits
+        self._load_waits = load_waits
         self._seq = 0
         self.commands: list[Command] = []
+
+    @property
+    def goal(self) -> str:
+        return self.snapshot.goal
+
+    @cached_property
+    def _waits(self) -> dict[str, RecordedWait]:
+        """The recorded waits of this node visit, read when a handler first asks for a wait."""
+        return self._load_waits()
 
     def _next_operation_id(self) -> str:
         s = self.snapshot

@@ -1,6 +1,7 @@
 """Reads for the engine, the admin and the commands; no writes."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -15,32 +16,34 @@ def current_goal(workflow: Workflow) -> str:
     return Intent.objects.values_list("goal", flat=True).get(workflow=workflow, version=workflow.intent_version)
 
 
-def snapshot(workflow: Workflow, goal: str) -> engine.WorkflowSnapshot:
+def snapshot(workflow: Workflow, load_goal: Callable[[], str]) -> engine.WorkflowSnapshot:
     return engine.WorkflowSnapshot(
         workflow_id=workflow.pk, kind=workflow.kind, node=workflow.current_node, node_visit=workflow.node_visit,
-        intent_version=workflow.intent_version, goal=goal, params=dict(workflow.params), state=dict(workflow.state),
-        release_fingerprint=workflow.release.fingerprint, definition_version=workflow.definition_version,
+        intent_version=workflow.intent_version, load_goal=load_goal, params=dict(workflow.params),
+        state=dict(workflow.state), release_fingerprint=workflow.release.fingerprint,
+        definition_version=workflow.definition_version,
     )
 
 
-def recorded_steps(
-    workflow: Workflow,
-) -> tuple[dict[str, engine.RecordedActivity], dict[str, engine.RecordedWait]]:
-    """Steps recorded for the workflow's current node visit, by operation id."""
-    activities = {
+def recorded_activities(workflow: Workflow) -> dict[str, engine.RecordedActivity]:
+    """Activities recorded for the workflow's current node visit, by operation id."""
+    return {
         a.operation_id: engine.RecordedActivity(name=a.name, status=a.status, result=a.result, error=a.error)
         for a in Activity.objects.filter(workflow=workflow, node_visit=workflow.node_visit).only(
             "operation_id", "name", "status", "result", "error"
         )
     }
-    waits = {
+
+
+def recorded_waits(workflow: Workflow) -> dict[str, engine.RecordedWait]:
+    """Waits recorded for the workflow's current node visit, by operation id."""
+    return {
         w.operation_id: engine.RecordedWait(
             kind=w.kind, status=w.status, decision=w.decision,
             decided_by=w.decided_by.username if w.decided_by else "", comment=w.comment, payload=w.payload,
         )
         for w in Wait.objects.filter(workflow=workflow, node_visit=workflow.node_visit).select_related("decided_by")
     }
-    return activities, waits
 
 
 def workflow_list(*, status: str = "", kind: str = "") -> QuerySet[Workflow]:

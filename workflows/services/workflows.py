@@ -1,6 +1,7 @@
 """Workflow lifecycle: launch, advance, signal, supersede, resume."""
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -132,11 +133,11 @@ def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Out
     if workflow.status != Workflow.Status.RUNNING:
         return Outcome.NOT_RUNNABLE
     definition = registry.definition(workflow.kind)
-    goal = selectors.current_goal(workflow)
+    goal = functools.cache(lambda: selectors.current_goal(workflow))
     for _ in range(MAX_STEPS_PER_ADVANCE):
         now = clock.now()
-        activities, waits = selectors.recorded_steps(workflow)
-        ctx = engine.NodeContext(selectors.snapshot(workflow, goal), activities, waits)
+        ctx = engine.NodeContext(selectors.snapshot(workflow, goal), selectors.recorded_activities(workflow),
+                                 functools.partial(selectors.recorded_waits, workflow))
         try:
             decision = engine.step(definition, ctx)
         except engine.ActivityFailed as exc:
