@@ -185,6 +185,9 @@ AGENTOPS_REDISPATCH_AFTER_SECONDS = env_int("AGENTOPS_REDISPATCH_AFTER_SECONDS",
 # claimed in the transaction that records the result before it (no broker round trip);
 # 0 sends every activity through the broker.
 AGENTOPS_ACTIVITY_CHAIN_SECONDS = env_float("AGENTOPS_ACTIVITY_CHAIN_SECONDS", 1.0)
+# How often a long activity that checkpoints (the autonomous agent's tasks) saves its working
+# state; a retried attempt resumes from the last save instead of starting over.
+AGENTOPS_CHECKPOINT_SECONDS = env_float("AGENTOPS_CHECKPOINT_SECONDS", 60.0)
 AGENTOPS_ALLOW_SELF_APPROVAL = env_bool("AGENTOPS_ALLOW_SELF_APPROVAL", False)
 AGENTOPS_SWEEP_BATCH_SIZE = env_int("AGENTOPS_SWEEP_BATCH_SIZE", 200)
 AGENTOPS_DEPLOY_TARGET_URL = env_str("AGENTOPS_DEPLOY_TARGET_URL", "http://127.0.0.1:8765")

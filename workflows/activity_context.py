@@ -1,6 +1,7 @@
 """What an activity sees while it runs: its identity, input, heartbeat and fault points."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ class Claim:
     lease_token: str
     input: dict[str, Any]
     previous_attempt_lost: bool
+    checkpoint: dict[str, Any] | None = None
 
 
 @dataclass
@@ -32,6 +34,7 @@ class ActivityContext:
 
     claim: Claim
     reconciled: bool = field(default=False)
+    _checkpointed_at: float = field(default_factory=time.monotonic)
 
     @property
     def operation_id(self) -> str:
@@ -60,6 +63,29 @@ class ActivityContext:
                 operation_id=self.operation_id,
             )
 
+    @property
+    def resume(self) -> dict[str, Any] | None:
+        """The working state an earlier attempt saved with ``checkpoint``, to carry on from; None
+        on a first attempt or when no attempt saved one."""
+        return self.claim.checkpoint
+
+    def checkpoint(self, state: dict[str, Any], detail: str = "", *, force: bool = False) -> bool:
+        """Save ``state`` (JSON, under 1 MB) for a later attempt to resume from, when
+        AGENTOPS_CHECKPOINT_SECONDS have passed since this attempt started or last saved (or
+        ``force``). Saving also heartbeats. True when saved; raises LeaseLost when fenced off."""
+        from django.conf import settings
+
+        from workflows.services import activity_checkpoint_if_current
+
+        due = time.monotonic() - self._checkpointed_at >= settings.AGENTOPS_CHECKPOINT_SECONDS
+        if not (due or force):
+            return False
+        if not activity_checkpoint_if_current(claim=self.claim, state=state, detail=detail):
+            raise LeaseLost(f"Attempt {self.attempt} of {self.operation_id} lost its lease; stopping.",
+                            operation_id=self.operation_id)
+        self._checkpointed_at = time.monotonic()
+        return True
+
     def note(self, kind: str, **data: Any) -> None:
         """Record an event in the workflow's history for this attempt (raises LeaseLost when fenced off)."""
         from workflows.services import activity_note_if_current
@@ -68,5 +94,6 @@ class ActivityContext:
             raise LeaseLost(f"Attempt {self.attempt} of {self.operation_id} lost its lease; stopping.",
                             operation_id=self.operation_id)
 
-    def faultpoint(self, point: str) -> None:
-        faults.faultpoint(point, activity=self.claim.name, attempt=self.attempt, operation_id=self.operation_id)
+    def faultpoint(self, point: str, **context: Any) -> None:
+        faults.faultpoint(point, activity=self.claim.name, attempt=self.attempt, operation_id=self.operation_id,
+                          **context)

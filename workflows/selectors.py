@@ -91,6 +91,7 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
         {
             "operation_id": a.operation_id, "name": a.name, "node": a.node, "status": a.status,
             "attempts": a.attempt, "error": a.error, "heartbeat": a.heartbeat_detail if a.status == "running" else "",
+            "checkpointed_at": a.checkpointed_at.isoformat() if a.checkpoint is not None and a.checkpointed_at else None,
         }
         for a in workflow.activities.order_by("pk")
     ]

@@ -92,14 +92,22 @@ EXECUTE_SYSTEM = ("<task>execute_task</task>\nYou carry out one task inside a wo
 
 @activity("execute_task", retry=TASK_RETRY, lease_seconds=MODEL_CALL_LEASE_SECONDS)
 def execute_task(ctx: ActivityContext) -> dict[str, Any]:
-    """A tool-use loop: the model asks for tools, we run them in the workspace and send results back."""
+    """A tool-use loop: the model asks for tools, we run them in the workspace and send results back.
+
+    The conversation is checkpointed after each turn (at most every AGENTOPS_CHECKPOINT_SECONDS):
+    a retried attempt carries on from the last saved turn instead of redoing its tool calls.
+    """
     task = ctx.input["task"]
     root = workspace(ctx)
     messages: list[dict[str, Any]] = [{"role": "user", "content": (
         f"<goal>{ctx.input['goal']}</goal>\n<task_title>{task['title']}</task_title>\n"
         f"<instructions>{task['instructions']}</instructions>")}]
-    for turn in range(MAX_TURNS):
-        ctx.faultpoint("activity.before_external_call")
+    first_turn = 0
+    if ctx.resume is not None:
+        messages, first_turn = ctx.resume["messages"], ctx.resume["turn"]
+        ctx.note("task.resumed", task=task["id"], turn=first_turn)
+    for turn in range(first_turn, MAX_TURNS):
+        ctx.faultpoint("activity.before_external_call", turn=turn)
         response = metered_complete(ctx, call=turn, system=EXECUTE_SYSTEM, messages=messages, max_tokens=2000,
                                     tools=TOOLS)
         if not response.tool_calls:
@@ -111,7 +119,9 @@ def execute_task(ctx: ActivityContext) -> dict[str, Any]:
             ctx.note("tool.called", tool=call["name"], input=_short(call.get("input")), ok=ok, output=output[:300])
             results.append({"type": "tool_result", "tool_use_id": call["id"], "content": output, "is_error": not ok})
         messages.append({"role": "user", "content": results})
-        ctx.heartbeat(f"task {task['id']} turn {turn + 1}")
+        progress = f"task {task['id']} turn {turn + 1}"
+        if not ctx.checkpoint({"messages": messages, "turn": turn + 1}, progress):
+            ctx.heartbeat(progress)
     raise Permanent(f"Task {task['id']} ({task['title']}) did not finish within {MAX_TURNS} model turns.")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,3 +106,56 @@ def test_workspace_path_is_per_workflow(workspaces):
     a = drive(services.workflow_launch(kind="autonomous", goal="one").pk)
     b = drive(services.workflow_launch(kind="autonomous", goal="two").pk)
     assert Path(workspaces / f"wf-{a.pk}").is_dir() and Path(workspaces / f"wf-{b.pk}").is_dir()
+
+
+def fail_first_task_at_turn(settings: Any, tmp_path: Path, workflow_id: int, turn: int) -> None:
+    settings.AGENTOPS_FAULT_LOG = str(tmp_path / "faults.log")
+    settings.AGENTOPS_TESTING_FAULTS = json.dumps([{
+        "point": "activity.before_external_call", "action": "raise",
+        "when": {"operation_id": f"wf-{workflow_id}/EXECUTION.2/i1/0", "attempt": 1, "turn": turn},
+    }])
+
+
+def drive_to_the_end(workflow_id: int) -> Any:
+    for _ in range(10):
+        workflow = drive(workflow_id)
+        Activity.objects.filter(workflow=workflow, status="scheduled").update(next_attempt_at=workflow.created_at)
+        if workflow.is_terminal:
+            return workflow
+    raise AssertionError("the workflow did not finish")
+
+
+def test_a_retried_task_resumes_from_its_checkpoint_without_redoing_tool_calls(settings, tmp_path):
+    """Checkpoint after every turn (interval 0): attempt 1 of the first task dies before its third
+    model call; attempt 2 carries on from turn 2 with the conversation so far."""
+    settings.AGENTOPS_CHECKPOINT_SECONDS = 0
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    fail_first_task_at_turn(settings, tmp_path, workflow.pk, turn=2)
+
+    workflow = drive_to_the_end(workflow.pk)
+
+    assert workflow.status == "completed", workflow.reason
+    assert len((tmp_path / "faults.log").read_text().splitlines()) == 1
+    first = Activity.objects.get(operation_id=f"wf-{workflow.pk}/EXECUTION.2/i1/0")
+    assert (first.status, first.attempt, first.checkpoint) == ("succeeded", 2, None)
+    tools = Event.objects.filter(workflow=workflow, kind="tool.called").order_by("seq")
+    assert [e.data["tool"] for e in tools] == ["write_file", "list_files"] * 3
+    resumed = Event.objects.get(workflow=workflow, kind="task.resumed")
+    assert (resumed.data["attempt"], resumed.data["turn"]) == (2, 2)
+    saved = Event.objects.filter(workflow=workflow, kind="activity.checkpointed", data__operation_id=first.operation_id)
+    assert [e.data["detail"] for e in saved.order_by("seq")] == ["task 1 turn 1", "task 1 turn 2"]
+    assert UsageEntry.objects.filter(workflow=workflow, status="charged").count() == 11
+
+
+def test_between_checkpoints_a_retried_task_starts_over(settings, tmp_path):
+    """With the interval not yet reached nothing was saved, so attempt 2 redoes the task's tool calls."""
+    settings.AGENTOPS_CHECKPOINT_SECONDS = 3600
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    fail_first_task_at_turn(settings, tmp_path, workflow.pk, turn=2)
+
+    workflow = drive_to_the_end(workflow.pk)
+
+    assert workflow.status == "completed", workflow.reason
+    assert not Event.objects.filter(workflow=workflow, kind__in=["task.resumed", "activity.checkpointed"]).exists()
+    tools = [e.data["tool"] for e in Event.objects.filter(workflow=workflow, kind="tool.called").order_by("seq")]
+    assert tools == ["write_file", "list_files"] * 4

@@ -44,6 +44,12 @@ class Activity(models.Model):
     heartbeat_detail = models.CharField(
         max_length=200, blank=True, help_text="What the running attempt said it was doing at its last heartbeat."
     )
+    checkpoint = models.JSONField(
+        null=True, blank=True,
+        help_text="Working state a running attempt saved (every AGENTOPS_CHECKPOINT_SECONDS); the next attempt "
+                  "resumes from it. Cleared when the activity succeeds.",
+    )
+    checkpointed_at = models.DateTimeField(null=True, blank=True, help_text="When the checkpoint was saved.")
     next_attempt_at = models.DateTimeField(help_text="Earliest time the next attempt may start (the retry window).")
     dispatched_at = models.DateTimeField(null=True, blank=True, help_text="When a doorbell was last rung for it.")
     result = models.JSONField(null=True, blank=True, help_text="Recorded result; never recomputed.")

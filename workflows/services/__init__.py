@@ -1,6 +1,7 @@
 """Every write to durable state: lock, check, transition, save, record the event, ring the doorbell."""
 from workflows.services.activities import (
     RunOutcome,
+    activity_checkpoint_if_current,
     activity_claim_if_runnable,
     activity_failure_record_if_current,
     activity_heartbeat_if_current,
@@ -35,6 +36,7 @@ __all__ = [
     "Outcome",
     "RunOutcome",
     "activities_redrive_due",
+    "activity_checkpoint_if_current",
     "activity_claim_if_runnable",
     "activity_failure_record_if_current",
     "activity_heartbeat_if_current",

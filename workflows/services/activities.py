@@ -13,7 +13,7 @@ from django.db import transaction
 
 from workflows import clock, doorbells, faults, registry
 from workflows.activity_context import ActivityContext, Claim
-from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Refused
+from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Permanent, Refused
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import event_record, events_batched, json_checked, workflow_lock
@@ -159,7 +159,7 @@ def activity_result_record_if_current(
         except Refused as exc:
             return _record_failure_locked(workflow, claim, exc, retryable=False)
     if not _fenced(claim).update(status=Activity.Status.SUCCEEDED, result=result, error="", completed_at=now,
-                                 lease_expires_at=None):
+                                 lease_expires_at=None, checkpoint=None):
         return _refuse_stale(workflow, claim)
     _attempt_finish(claim, ActivityAttempt.Status.SUCCEEDED)
     if spec.commitment:
@@ -238,6 +238,30 @@ def activity_heartbeat_if_current(*, claim: Claim, detail: str = "") -> bool:
         return False
     return bool(_fenced(claim).update(heartbeat_at=now, heartbeat_detail=detail[:200],
                                       lease_expires_at=lease_expiry(registry.activity_type(claim.name), now)))
+
+
+def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detail: str = "") -> bool:
+    """Save a running attempt's working state for the next attempt to resume from, and extend
+    its lease as a heartbeat does. False when the attempt is fenced off.
+
+    Idempotent: conditional UPDATE on (status=running, attempt, lease_token); saving again
+    replaces the state. Raises InvalidInput (changing nothing) for state that is not a JSON
+    object under 1 MB.
+    """
+    if not isinstance(state, dict):
+        raise InvalidInput(f"A checkpoint of {claim.name} must be a JSON object; got {type(state).__name__}.")
+    state = json_checked(state, what=f"The checkpoint of activity {claim.name}")
+    now = clock.now()
+    with transaction.atomic():
+        workflow = workflow_lock(claim.workflow_id)
+        saved = _fenced(claim).update(
+            checkpoint=state, checkpointed_at=now, heartbeat_at=now, heartbeat_detail=detail[:200],
+            lease_expires_at=lease_expiry(registry.activity_type(claim.name), now),
+        )
+        if saved:
+            event_record(workflow=workflow, kind="activity.checkpointed", at=now, operation_id=claim.operation_id,
+                         attempt=claim.attempt, detail=detail[:200])
+    return bool(saved)
 
 
 def activity_lease_expire_if_due(*, activity_id: int) -> bool:

@@ -113,7 +113,7 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
     return Claim(
         activity_id=activity.pk, workflow_id=workflow.pk, operation_id=activity.operation_id, name=activity.name,
         attempt=activity.attempt, lease_token=activity.lease_token, input=activity.input,
-        previous_attempt_lost=previous_lost,
+        previous_attempt_lost=previous_lost, checkpoint=activity.checkpoint,
     )
 
 

@@ -1,0 +1,75 @@
+"""Activity checkpoints: saved only by the attempt holding the lease, validated as data, handed to
+the next attempt, cleared on success."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from tests.workflows.test_chaining import launched
+from workflows import clock, services
+from workflows.errors import InvalidInput
+from workflows.models import Activity, Event
+from workflows.services import RunOutcome
+from workflows.services.activities import activity_claim_if_runnable
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rung")]
+
+
+def claimed(attempt_worker: str = "w1"):
+    workflow, activity = launched(steps=1)
+    claim = activity_claim_if_runnable(activity_id=activity.pk, worker=attempt_worker, task_id="t")
+    assert claim is not None
+    return workflow, activity, claim
+
+
+def test_the_next_attempt_gets_the_checkpoint_and_success_clears_it():
+    workflow, activity, claim = claimed()
+    assert claim.checkpoint is None
+    assert services.activity_checkpoint_if_current(claim=claim, state={"turn": 3}, detail="turn 3") is True
+    activity.refresh_from_db()
+    assert (activity.checkpoint, activity.heartbeat_detail) == ({"turn": 3}, "turn 3")
+    assert activity.checkpointed_at is not None and activity.lease_expires_at > clock.now()
+
+    Activity.objects.filter(pk=activity.pk).update(lease_expires_at=clock.now() - timedelta(seconds=1))
+    assert services.leases_reap_expired() == 1
+    retry = activity_claim_if_runnable(activity_id=activity.pk, worker="w2", task_id="t2")
+    assert retry is not None and (retry.attempt, retry.checkpoint) == (2, {"turn": 3})
+
+    assert services.activity_result_record_if_current(claim=retry, result={"i": 0}) == RunOutcome.RECORDED
+    activity.refresh_from_db()
+    assert (activity.status, activity.checkpoint) == ("succeeded", None)
+
+
+def test_a_superseded_attempt_cannot_overwrite_the_checkpoint():
+    workflow, activity, stale = claimed()
+    assert services.activity_checkpoint_if_current(claim=stale, state={"turn": 1}) is True
+    Activity.objects.filter(pk=activity.pk).update(lease_expires_at=clock.now() - timedelta(seconds=1))
+    services.leases_reap_expired()
+    current = activity_claim_if_runnable(activity_id=activity.pk, worker="w2", task_id="t2")
+    assert current is not None
+
+    assert services.activity_checkpoint_if_current(claim=stale, state={"turn": 9}) is False
+
+    activity.refresh_from_db()
+    assert (activity.attempt, activity.checkpoint) == (2, {"turn": 1})
+    saved = Event.objects.filter(workflow=workflow, kind="activity.checkpointed")
+    assert [e.data["attempt"] for e in saved] == [1]
+
+
+@pytest.mark.parametrize(("state", "message"), [
+    (["not", "an", "object"], "must be a JSON object"),
+    ({"score": float("nan")}, "not JSON-serializable"),
+    ({"blob": "x" * 1_000_001}, "the limit is"),
+    ({"text": "a\x00b"}, "NUL character"),
+])
+def test_bad_checkpoints_are_refused_and_change_nothing(state, message):
+    workflow, activity, claim = claimed()
+    def snapshot() -> tuple[object, ...]:
+        workflow.refresh_from_db()
+        return (workflow.event_seq, *Activity.objects.values_list("checkpoint", "heartbeat_at").get(pk=activity.pk))
+
+    before = snapshot()
+    with pytest.raises(InvalidInput, match=message):
+        services.activity_checkpoint_if_current(claim=claim, state=state)
+    assert snapshot() == before
