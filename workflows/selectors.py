@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -91,7 +91,7 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
         {
             "operation_id": a.operation_id, "name": a.name, "node": a.node, "status": a.status,
             "attempts": a.attempt, "error": a.error, "heartbeat": a.heartbeat_detail if a.status == "running" else "",
-            "checkpointed_at": a.checkpointed_at.isoformat() if a.checkpoint is not None and a.checkpointed_at else None,
+            "checkpointed_at": _iso(a.checkpointed_at) if a.checkpoint is not None else None,
         }
         for a in workflow.activities.order_by("pk")
     ]
@@ -145,3 +145,7 @@ def spend_summary(workflow: Workflow) -> dict[str, Any]:
 
 def _str(value: Decimal | None) -> str | None:
     return None if value is None else str(value)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

@@ -29,6 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Short clocks so that a lost lease is noticed within seconds.
 LEASE_SECONDS = 4
 REDISPATCH_AFTER_SECONDS = 2
+CHECKPOINT_SECONDS = 0  # long activities that checkpoint do so after every step
 # Whole seconds: django-celery-beat's DatabaseScheduler stores intervals in an integer column,
 # and 0.5 became 0, which made beat send its sweeps in a busy loop (see agentops/settings.py).
 BEAT_INTERVAL_SECONDS = 1
@@ -257,6 +258,7 @@ class Cluster:
             "AGENTOPS_BEAT_INTERVAL_SECONDS": str(BEAT_INTERVAL_SECONDS),
             "AGENTOPS_LEASE_SECONDS": str(LEASE_SECONDS),
             "AGENTOPS_REDISPATCH_AFTER_SECONDS": str(REDISPATCH_AFTER_SECONDS),
+            "AGENTOPS_CHECKPOINT_SECONDS": str(CHECKPOINT_SECONDS),
             "AGENTOPS_VAR_DIR": str(self.tmp_path / "var"),
             "AGENTOPS_FAULT_LOG": str(self.fault_log),
             "AGENTOPS_WORKSPACE_DIR": str(self.tmp_path / "workspaces"),

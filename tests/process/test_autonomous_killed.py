@@ -166,3 +166,38 @@ def test_autonomous_agent_survives_a_sigkill_mid_task_with_its_task_list_intact(
             usage_entries=len(entries), usage_keys_unique=True, charged_twice=0,
             tool_calls=event_count("tool.called", workflow_id=wf),
             recover_s=f"{attempts[1].started_at.timestamp() - fired[0]['at']:.2f}", lease_moved_to_past=True)
+
+
+def test_a_task_killed_after_a_checkpoint_resumes_from_it_on_the_other_worker(cluster, figures):
+    """Issue 4, checkpoints at an interval (0 s here: after every turn): SIGKILL the pool process
+    before the third model call of the second task; attempt 2 resumes from the saved turn, so the
+    task's two tool calls happen once, both in attempt 1."""
+    wf = launch_autonomous("Prepare onboarding notes")
+    second_task_op = f"wf-{wf}/EXECUTION.3/i1/0"
+    kill = {"point": "activity.before_external_call", "when": {"operation_id": second_task_op, "attempt": 1,
+                                                                "turn": 2}, "action": "sigkill_self"}
+    cluster.start(workers=("wa", "wb"), beats=("beat",), faults=[kill])
+
+    fired = cluster.wait_for(cluster.faults_fired, timeout=40, what="the second task's attempt to be SIGKILLed")
+    assert [(f["operation_id"], f["attempt"], f["turn"]) for f in fired] == [(second_task_op, 1, 2)]
+    cluster.wait_for(lambda: fired[0]["pid"] in pool_kills_reported(cluster), timeout=15,
+                     what=f"a worker to report its pool process {fired[0]['pid']} killed")
+    assert process_gone(fired[0]["pid"]), f"pool process {fired[0]['pid']} is still alive"
+    saved = Activity.objects.get(operation_id=second_task_op)
+    assert saved.checkpoint is not None and saved.checkpoint["turn"] == 2
+    expire_lease_now(second_task_op, 1)
+    wait_until_status(cluster, [wf], "completed", timeout=40)
+
+    killed = Activity.objects.get(operation_id=second_task_op)
+    assert [(a.number, a.status) for a in killed.attempts.order_by("number")] == [(1, "lost"), (2, "succeeded")]
+    assert killed.checkpoint is None
+    tools = Event.objects.filter(workflow_id=wf, kind="tool.called", data__operation_id=second_task_op)
+    assert [(e.data["tool"], e.data["attempt"]) for e in tools.order_by("seq")] == [
+        ("write_file", 1), ("list_files", 1)]
+    resumed = Event.objects.get(workflow_id=wf, kind="task.resumed")
+    assert (resumed.data["operation_id"], resumed.data["attempt"], resumed.data["turn"]) == (second_task_op, 2, 2)
+    keys = list(UsageEntry.objects.filter(workflow_id=wf).values_list("key", flat=True))
+    assert len(keys) == len(set(keys)) == 11, keys
+    assert_event_seqs_contiguous([wf])
+    figures("issue 4 autonomous SIGKILL after a checkpoint", faults_injected=1, resumed_at_turn=2,
+            tool_calls_of_killed_task=tools.count(), tool_calls_redone=0, usage_entries=len(keys))
