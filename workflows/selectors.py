@@ -27,11 +27,12 @@ def snapshot(workflow: Workflow, load_goal: Callable[[], str]) -> engine.Workflo
 
 def recorded_activities(workflow: Workflow) -> dict[str, engine.RecordedActivity]:
     """Activities recorded for the workflow's current node visit, by operation id."""
+    rows = Activity.objects.filter(workflow=workflow, node_visit=workflow.node_visit).values_list(
+        "operation_id", "name", "status", "result", "error"
+    )
     return {
-        a.operation_id: engine.RecordedActivity(name=a.name, status=a.status, result=a.result, error=a.error)
-        for a in Activity.objects.filter(workflow=workflow, node_visit=workflow.node_visit).only(
-            "operation_id", "name", "status", "result", "error"
-        )
+        operation_id: engine.RecordedActivity(name=name, status=status, result=result, error=error)
+        for operation_id, name, status, result, error in rows
     }
 
 
