@@ -57,11 +57,7 @@ class ActivityContext:
         from workflows.services import activity_heartbeat_if_current
 
         if not activity_heartbeat_if_current(claim=self.claim, detail=detail):
-            raise LeaseLost(
-                f"Attempt {self.attempt} of {self.operation_id} lost its lease or its workflow is cancelling; "
-                "stopping without recording a result.",
-                operation_id=self.operation_id,
-            )
+            raise self._lease_lost("lost its lease or its workflow is cancelling; stopping without recording a result")
 
     @property
     def resume(self) -> dict[str, Any] | None:
@@ -72,7 +68,8 @@ class ActivityContext:
     def checkpoint(self, state: dict[str, Any], detail: str = "", *, force: bool = False) -> bool:
         """Save ``state`` (JSON, under 1 MB) for a later attempt to resume from, when
         AGENTOPS_CHECKPOINT_SECONDS have passed since this attempt started or last saved (or
-        ``force``). Saving also heartbeats. True when saved; raises LeaseLost when fenced off."""
+        ``force``). Saving also heartbeats. True when saved; raises LeaseLost, as a heartbeat
+        does, when this attempt was superseded or its workflow is cancelling."""
         from django.conf import settings
 
         from workflows.services import activity_checkpoint_if_current
@@ -81,8 +78,7 @@ class ActivityContext:
         if not (due or force):
             return False
         if not activity_checkpoint_if_current(claim=self.claim, state=state, detail=detail):
-            raise LeaseLost(f"Attempt {self.attempt} of {self.operation_id} lost its lease; stopping.",
-                            operation_id=self.operation_id)
+            raise self._lease_lost("lost its lease or its workflow is cancelling; stopping without recording a result")
         self._checkpointed_at = time.monotonic()
         return True
 
@@ -91,8 +87,10 @@ class ActivityContext:
         from workflows.services import activity_note_if_current
 
         if not activity_note_if_current(claim=self.claim, kind=kind, data=data):
-            raise LeaseLost(f"Attempt {self.attempt} of {self.operation_id} lost its lease; stopping.",
-                            operation_id=self.operation_id)
+            raise self._lease_lost("lost its lease; stopping")
+
+    def _lease_lost(self, why: str) -> LeaseLost:
+        return LeaseLost(f"Attempt {self.attempt} of {self.operation_id} {why}.", operation_id=self.operation_id)
 
     def faultpoint(self, point: str, **context: Any) -> None:
         faults.faultpoint(point, activity=self.claim.name, attempt=self.attempt, operation_id=self.operation_id,

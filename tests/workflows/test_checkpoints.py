@@ -73,3 +73,18 @@ def test_bad_checkpoints_are_refused_and_change_nothing(state, message):
     with pytest.raises(InvalidInput, match=message):
         services.activity_checkpoint_if_current(claim=claim, state=state)
     assert snapshot() == before
+
+
+def test_a_checkpoint_tells_the_attempt_to_stop_once_its_workflow_is_cancelling():
+    """Like a heartbeat: a task that checkpoints instead of heartbeating must still notice a cancel."""
+    workflow, activity, claim = claimed()
+    services.workflow_cancel(workflow_id=workflow.pk, reason="not needed")
+    workflow.refresh_from_db()
+    assert workflow.status == "cancelling"
+
+    assert services.activity_checkpoint_if_current(claim=claim, state={"turn": 1}) is False
+    assert services.activity_heartbeat_if_current(claim=claim) is False
+
+    activity.refresh_from_db()
+    assert activity.checkpoint is None
+    assert not Event.objects.filter(workflow=workflow, kind="activity.checkpointed").exists()

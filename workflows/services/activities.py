@@ -5,7 +5,7 @@ import enum
 import logging
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -232,17 +232,12 @@ def activity_heartbeat_if_current(*, claim: Claim, detail: str = "") -> bool:
 
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token).
     """
-    now = clock.now()
-    cancelling = Workflow.objects.filter(pk=claim.workflow_id, status=Workflow.Status.CANCELLING).exists()
-    if cancelling and not Activity.objects.filter(pk=claim.activity_id, node=COMPENSATION_NODE).exists():
-        return False
-    return bool(_fenced(claim).update(heartbeat_at=now, heartbeat_detail=detail[:200],
-                                      lease_expires_at=lease_expiry(registry.activity_type(claim.name), now)))
+    return _lease_extend_if_current(claim, now=clock.now(), detail=detail)
 
 
 def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detail: str = "") -> bool:
     """Save a running attempt's working state for the next attempt to resume from, and extend
-    its lease as a heartbeat does. False when the attempt is fenced off.
+    its lease as a heartbeat does. False, like a heartbeat, when the attempt is fenced off or cancelled.
 
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token); saving again
     replaces the state. Raises InvalidInput (changing nothing) for state that is not a JSON
@@ -254,14 +249,22 @@ def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detai
     now = clock.now()
     with transaction.atomic():
         workflow = workflow_lock(claim.workflow_id)
-        saved = _fenced(claim).update(
-            checkpoint=state, checkpointed_at=now, heartbeat_at=now, heartbeat_detail=detail[:200],
-            lease_expires_at=lease_expiry(registry.activity_type(claim.name), now),
-        )
+        saved = _lease_extend_if_current(claim, now=now, detail=detail, checkpoint=state, checkpointed_at=now)
         if saved:
             event_record(workflow=workflow, kind="activity.checkpointed", at=now, operation_id=claim.operation_id,
                          attempt=claim.attempt, detail=detail[:200])
-    return bool(saved)
+    return saved
+
+
+def _lease_extend_if_current(claim: Claim, *, now: datetime, detail: str, **fields: Any) -> bool:
+    """Extend a running attempt's lease, writing ``fields`` too; False when it is fenced off, or
+    when its workflow is cancelling and it is not a compensation (the attempt must stop)."""
+    cancelling = Workflow.objects.filter(pk=claim.workflow_id, status=Workflow.Status.CANCELLING).exists()
+    if cancelling and not Activity.objects.filter(pk=claim.activity_id, node=COMPENSATION_NODE).exists():
+        return False
+    return bool(_fenced(claim).update(heartbeat_at=now, heartbeat_detail=detail[:200],
+                                      lease_expires_at=lease_expiry(registry.activity_type(claim.name), now),
+                                      **fields))
 
 
 def activity_lease_expire_if_due(*, activity_id: int) -> bool:
