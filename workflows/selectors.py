@@ -68,7 +68,7 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
         "release": {"provider": workflow.release.provider, "model": workflow.release.model,
                     "prompt_version": workflow.release.prompt_version},
         "reason": workflow.reason,
-        "deadline": workflow.deadline.isoformat() if workflow.deadline else None,
+        "deadline": _iso(workflow.deadline),
         "created_at": workflow.created_at.isoformat(),
         "updated_at": workflow.updated_at.isoformat(),
     }
@@ -83,7 +83,7 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
         {
             "id": w.pk, "kind": w.kind, "status": w.status, "node": w.node, "candidate_hash": w.candidate_hash,
             "required_role": w.required_role, "intent_version": w.intent_version,
-            "expires_at": w.expires_at.isoformat() if w.expires_at else None,
+            "expires_at": _iso(w.expires_at),
             "decision": w.decision, "decided_by": w.decided_by.username if w.decided_by else None,
         }
         for w in workflow.waits.select_related("decided_by").order_by("pk")

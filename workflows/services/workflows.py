@@ -127,7 +127,7 @@ def workflow_advance_if_runnable(*, workflow_id: int) -> Outcome:
 
 def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Outcome:
     """Advance a workflow whose row lock the caller holds; ``chain`` takes the first activity
-    it schedules for the caller to run (see ``activity_schedule_ensure``)."""
+    it schedules for the caller to run (see ``activity_schedule``)."""
     if workflow.status == Workflow.Status.CANCELLING:
         return advance_cancellation(workflow)
     if workflow.status != Workflow.Status.RUNNING:
