@@ -65,12 +65,12 @@ def events_batched(workflow: Workflow) -> Iterator[None]:
     The caller holds the row lock for the whole block; an exception writes nothing (and rolls
     the caller's transaction back). Nothing inside the block may read those events back.
     """
-    token = _event_batch.set((workflow.pk, []))
+    events: list[Event] = []
+    token = _event_batch.set((workflow.pk, events))
     try:
         yield
-        batch = _event_batch.get()
-        if batch is not None and batch[1]:
-            Event.objects.bulk_create(batch[1])
+        if events:
+            Event.objects.bulk_create(events)
             Workflow.objects.filter(pk=workflow.pk).update(event_seq=workflow.event_seq)
     finally:
         _event_batch.reset(token)
