@@ -4,6 +4,7 @@ Production differs from the demo by environment variables only:
 DATABASE_URL (PostgreSQL), CELERY_BROKER_URL (Redis), DJANGO_SECRET_KEY, DJANGO_DEBUG,
 DJANGO_ALLOWED_HOSTS and the AGENTOPS_* names below, each of which carries its unit.
 """
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -208,6 +209,31 @@ if not AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS > 0:
         f"AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS={AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS} must be above 0.")
 AGENTOPS_PROMPT_VERSION = env_str("AGENTOPS_PROMPT_VERSION", "prompts-1")
 AGENTOPS_WORKSPACE_DIR = Path(env_str("AGENTOPS_WORKSPACE_DIR", str(VAR_DIR / "workspaces")))
+# The packages that hold agent kinds (definition, activities, optional admin templates), imported at
+# start-up by web, workers and beat alike. Add a kind of your own with one more entry (docs/authoring.md).
+AGENTOPS_AGENT_MODULES = [
+    m.strip() for m in env_str("AGENTOPS_AGENT_MODULES", "agentops.agents.release,agentops.agents.autonomous")
+    .split(",") if m.strip()
+]
+
+
+def _agent_template_dirs(modules: list[str]) -> list[Path]:
+    """The ``templates`` folder of each kind's package, found without importing the package."""
+    dirs = []
+    for module in modules:
+        try:
+            spec = importlib.util.find_spec(module)
+        except ModuleNotFoundError:
+            spec = None
+        if spec is None:
+            raise ImproperlyConfigured(f"AGENTOPS_AGENT_MODULES lists {module!r}, which is not an importable "
+                                       "module on this host; fix the name or install its package.")
+        dirs += [Path(loc) / "templates" for loc in spec.submodule_search_locations or []
+                 if (Path(loc) / "templates").is_dir()]
+    return dirs
+
+
+TEMPLATES[0]["DIRS"] = _agent_template_dirs(AGENTOPS_AGENT_MODULES)
 # USD per million tokens; cache reads and writes have their own prices. Override the whole
 # table with AGENTOPS_MODEL_PRICES_JSON (same shape). "default" prices unknown models.
 _DEFAULT_PRICES = {

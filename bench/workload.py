@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from workflows.activity_context import ActivityContext
-from workflows.engine import Complete, Decision, Goto, NodeContext, WorkflowDefinition
+from workflows.engine import Complete, Decision, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
 from workflows.registry import RetryPolicy, activity, register_definition
 
@@ -26,14 +26,14 @@ SLEEP_SHORT_HEARTBEAT_SECONDS = 1.0
 
 
 @activity(NOOP, retry=RetryPolicy(max_attempts=3))
-def noop(ctx: ActivityContext) -> dict[str, Any]:
-    return {"i": ctx.input.get("i", 0)}
+def noop(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"i": input.get("i", 0)}
 
 
-def _sleep_first_attempt(ctx: ActivityContext, heartbeat_seconds: float) -> dict[str, Any]:
+def _sleep_first_attempt(ctx: ActivityContext, input: dict[str, Any], heartbeat_seconds: float) -> dict[str, Any]:
     if ctx.attempt > 1:
         return {"attempt": ctx.attempt}
-    deadline = time.monotonic() + float(ctx.input.get("seconds", 60))
+    deadline = time.monotonic() + float(input.get("seconds", 60))
     while time.monotonic() < deadline:
         time.sleep(heartbeat_seconds)
         ctx.heartbeat("sleeping")
@@ -41,13 +41,16 @@ def _sleep_first_attempt(ctx: ActivityContext, heartbeat_seconds: float) -> dict
 
 
 @activity(SLEEP, retry=RetryPolicy(max_attempts=5), lease_seconds=SLEEP_LEASE_SECONDS)
-def heartbeat_sleep(ctx: ActivityContext) -> dict[str, Any]:
-    return _sleep_first_attempt(ctx, SLEEP_HEARTBEAT_SECONDS)
+def heartbeat_sleep(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    return _sleep_first_attempt(ctx, input, SLEEP_HEARTBEAT_SECONDS)
 
 
 @activity(SLEEP_SHORT, retry=RetryPolicy(max_attempts=5), lease_seconds=SLEEP_SHORT_LEASE_SECONDS)
-def heartbeat_sleep_short(ctx: ActivityContext) -> dict[str, Any]:
-    return _sleep_first_attempt(ctx, SLEEP_SHORT_HEARTBEAT_SECONDS)
+def heartbeat_sleep_short(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    return _sleep_first_attempt(ctx, input, SLEEP_SHORT_HEARTBEAT_SECONDS)
+
+
+BY_NAME = {NOOP: noop, SLEEP: heartbeat_sleep, SLEEP_SHORT: heartbeat_sleep_short}
 
 
 def _int_param(params: dict[str, Any], name: str, default: int, low: int, high: int) -> int:
@@ -65,7 +68,6 @@ class BenchSteps(WorkflowDefinition):
     """``steps`` sequential activities (no-ops unless ``activity`` says otherwise) in one node, then done."""
 
     kind = "bench_steps"
-    nodes = ("STEPS",)
     start_node = "STEPS"
     revalidate_node = "STEPS"
 
@@ -76,9 +78,10 @@ class BenchSteps(WorkflowDefinition):
         return {"steps": _int_param(params, "steps", 10, 1, 1000), "activity": name,
                 "seconds": _int_param(params, "seconds", 60, 0, 3600)}
 
+    @node("STEPS")
     def steps(self, ctx: NodeContext) -> Decision:
         for i in range(ctx.params["steps"]):
-            ctx.activity(ctx.params["activity"], i=i, seconds=ctx.params["seconds"])
+            ctx.activity(BY_NAME[ctx.params["activity"]], {"i": i, "seconds": ctx.params["seconds"]})
         return Complete({"steps": ctx.params["steps"]})
 
 
@@ -87,7 +90,6 @@ class BenchPark(WorkflowDefinition):
     """One activity, then a park: an approval that expires, or a durable sleep, ``seconds`` long."""
 
     kind = "bench_park"
-    nodes = ("PREPARE", "PARK")
     start_node = "PREPARE"
     revalidate_node = "PREPARE"
 
@@ -97,10 +99,12 @@ class BenchPark(WorkflowDefinition):
             raise InvalidInput("Parameter wait must be 'timer' or 'approval'.")
         return {"wait": wait, "seconds": _int_param(params, "seconds", 3 * 86400, 1, 365 * 86400)}
 
+    @node("PREPARE")
     def prepare(self, ctx: NodeContext) -> Decision:
-        evidence = ctx.activity(NOOP, i=0)
+        evidence = ctx.activity(noop, {"i": 0})
         return Goto("PARK", {"evidence": evidence})
 
+    @node("PARK")
     def park(self, ctx: NodeContext) -> Decision:
         if ctx.params["wait"] == "approval":
             outcome = ctx.approval(

@@ -14,7 +14,21 @@ from django.db import connection
 
 from agentops.deploytarget.server import DeployTargetServer
 from workflows import doorbells, services
+from workflows.activity_context import ActivityContext
+from workflows.leases import Claim
 from workflows.models import Activity, Wait, Workflow
+from workflows.registry import ActivityType
+from workflows.services.activities import DatabaseLease
+
+
+def worker_context(claim: Claim) -> ActivityContext:
+    """The context a worker gives a claimed attempt: heartbeats and notes go to the database."""
+    return ActivityContext(claim=claim, lease=DatabaseLease())
+
+
+def run_claimed(activity: ActivityType[Any, Any], claim: Claim) -> Any:
+    """Run a claimed attempt's activity as the worker does, without recording its result (its JSON)."""
+    return activity.execute(worker_context(claim), claim.input)
 
 
 @pytest.fixture(scope="session")

@@ -1,38 +1,28 @@
-"""What an activity sees while it runs: its identity, input, heartbeat and fault points."""
+"""What an activity sees while it runs: its identity, heartbeat, checkpoints, notes and fault points."""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
 from workflows import faults
-from workflows.errors import Permanent
+from workflows.leases import Claim, Lease, LeaseLost
 
-
-class LeaseLost(Permanent):
-    """The attempt no longer holds its lease (taken over, or the workflow is cancelling): stop now."""
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A successfully claimed attempt: the fencing token is (attempt, lease_token)."""
-
-    activity_id: int
-    workflow_id: int
-    operation_id: str
-    name: str
-    attempt: int
-    lease_token: str
-    input: dict[str, Any]
-    previous_attempt_lost: bool
-    checkpoint: dict[str, Any] | None = None
+__all__ = ["ActivityContext", "Claim", "LeaseLost"]
 
 
 @dataclass
 class ActivityContext:
-    """Passed to every activity function; ``operation_id`` is the idempotency key to send out."""
+    """Passed to every activity function; ``operation_id`` is the idempotency key to send out.
+
+    The ``lease`` is handed in by whoever runs the attempt: the services' database lease on a
+    worker, ``workflows.testing.FakeLease`` in a test.
+    """
 
     claim: Claim
+    lease: Lease
     reconciled: bool = field(default=False)
     _checkpointed_at: float = field(default_factory=time.monotonic)
 
@@ -45,18 +35,17 @@ class ActivityContext:
         return self.claim.attempt
 
     @property
-    def input(self) -> dict[str, Any]:
-        return self.claim.input
-
-    @property
     def workflow_id(self) -> int:
         return self.claim.workflow_id
 
+    @property
+    def definition_version(self) -> int:
+        """The version of the workflow's definition recorded at launch."""
+        return self.claim.definition_version
+
     def heartbeat(self, detail: str = "") -> None:
         """Extend the lease; raises LeaseLost when this attempt was superseded or cancelled."""
-        from workflows.services import activity_heartbeat_if_current
-
-        if not activity_heartbeat_if_current(claim=self.claim, detail=detail):
+        if not self.lease.heartbeat(self.claim, detail):
             raise self._lease_lost("lost its lease or its workflow is cancelling; stopping without recording a result")
 
     @property
@@ -70,23 +59,17 @@ class ActivityContext:
         AGENTOPS_CHECKPOINT_SECONDS have passed since this attempt started or last saved (or
         ``force``). Saving also heartbeats. True when saved; raises LeaseLost, as a heartbeat
         does, when this attempt was superseded or its workflow is cancelling."""
-        from django.conf import settings
-
-        from workflows.services import activity_checkpoint_if_current
-
         due = time.monotonic() - self._checkpointed_at >= settings.AGENTOPS_CHECKPOINT_SECONDS
         if not (due or force):
             return False
-        if not activity_checkpoint_if_current(claim=self.claim, state=state, detail=detail):
+        if not self.lease.checkpoint(self.claim, state, detail):
             raise self._lease_lost("lost its lease or its workflow is cancelling; stopping without recording a result")
         self._checkpointed_at = time.monotonic()
         return True
 
     def note(self, kind: str, **data: Any) -> None:
         """Record an event in the workflow's history for this attempt (raises LeaseLost when fenced off)."""
-        from workflows.services import activity_note_if_current
-
-        if not activity_note_if_current(claim=self.claim, kind=kind, data=data):
+        if not self.lease.note(self.claim, kind, data):
             raise self._lease_lost("lost its lease; stopping")
 
     def _lease_lost(self, why: str) -> LeaseLost:

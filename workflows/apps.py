@@ -1,5 +1,9 @@
-"""App config: registers the shipped workflow definitions and activity types at start-up."""
+"""App config: imports the agent kinds listed in AGENTOPS_AGENT_MODULES and checks them."""
+import importlib
+
 from django.apps import AppConfig
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 
 class WorkflowsConfig(AppConfig):
@@ -8,5 +12,13 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from agentops import activities  # noqa: F401  (registers activity types)
-        from workflows import definitions  # noqa: F401  (registers workflow kinds)
+        from workflows import checks  # noqa: F401  (registers the start-up checks)
+
+        for module in settings.AGENTOPS_AGENT_MODULES:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ImproperlyConfigured(
+                    f"AGENTOPS_AGENT_MODULES lists {module!r}, which cannot be imported: {exc}. "
+                    "Fix the name, or install the package on this host."
+                ) from exc

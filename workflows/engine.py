@@ -1,20 +1,29 @@
 """Deciding what happens next from durable state: node handlers, commands and replay.
 
-A node handler is a deterministic function of the workflow's durable state. It asks for
-steps through its ``NodeContext`` (``ctx.activity``, ``ctx.approval``, ``ctx.sleep``,
-``ctx.wait_for_event``). A recorded step returns its recorded outcome; a step not yet
-recorded becomes a command for the services to persist, and the handler is suspended
-until the step's outcome is recorded. Nothing here touches the database, Celery or the
+A node handler is a deterministic function of the workflow's durable state, marked with
+``@node("NAME")`` on a ``WorkflowDefinition``. It asks for steps through its ``NodeContext``
+(``ctx.activity(ref, input)``, ``ctx.approval``, ``ctx.sleep``, ``ctx.wait_for_event``).
+A recorded step returns its recorded outcome; a step not yet recorded becomes a command
+for the services to persist, and the handler is suspended until the step's outcome is
+recorded. Nothing here touches the database, Celery or the
 clock: the services load the recorded steps, call ``step`` and persist what it returns.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+from workflows import codec
 from workflows.errors import InvalidInput, NonDeterminismError, Permanent
+from workflows.presentation import AdminPanel, CandidateView, candidate_as_json
+
+if TYPE_CHECKING:
+    from workflows.registry import ActivityType
+
+S = TypeVar("S", bound=Mapping[str, Any])
+O = TypeVar("O")  # noqa: E741  (an activity's result type)
 
 
 @dataclass(frozen=True)
@@ -139,8 +148,11 @@ class WorkflowSnapshot:
         return self.load_goal()
 
 
-class NodeContext:
-    """What a handler sees: durable facts and recorded steps of the current node visit."""
+class NodeContext(Generic[S]):
+    """What a handler sees: durable facts and recorded steps of the current node visit.
+
+    ``NodeContext[MyState]`` types ``ctx.state`` with the definition's TypedDict of state.
+    """
 
     def __init__(
         self,
@@ -150,9 +162,10 @@ class NodeContext:
     ) -> None:
         self.snapshot = snapshot
         self.params = snapshot.params
-        self.state = snapshot.state
+        self.state: S = snapshot.state  # type: ignore[assignment]
         self.intent_version = snapshot.intent_version
         self.release_fingerprint = snapshot.release_fingerprint
+        self.definition_version = snapshot.definition_version
         self._activities = activities
         self._load_waits = load_waits
         self._seq = 0
@@ -173,12 +186,17 @@ class NodeContext:
         self._seq += 1
         return op
 
-    def activity(self, name: str, **input: Any) -> Any:
-        """The recorded result of activity ``name``; scheduled (and suspended) when not yet recorded."""
+    def activity(self, activity: ActivityType[Any, O], input: Any) -> O:
+        """The recorded result of ``activity`` run on ``input`` (its declared input type); scheduled,
+        and the handler suspended, when not yet recorded."""
+        if not callable(getattr(activity, "encode_input", None)):
+            raise TypeError(f"ctx.activity takes an activity registered with @activity, not {activity!r}; "
+                            "import the function and pass it.")
+        name = activity.name
         op = self._next_operation_id()
         recorded = self._activities.get(op)
         if recorded is None:
-            self.commands.append(ScheduleActivity(operation_id=op, name=name, input=input))
+            self.commands.append(ScheduleActivity(operation_id=op, name=name, input=activity.encode_input(input)))
             raise _Suspend
         if recorded.name != name:
             raise NonDeterminismError(
@@ -187,7 +205,8 @@ class NodeContext:
                 operation_id=op,
             )
         if recorded.status == "succeeded":
-            return recorded.result
+            result: O = activity.decode_output(recorded.result)
+            return result
         if recorded.status in ("failed", "cancelled"):
             raise ActivityFailed(name, recorded.error or recorded.status)
         raise _Suspend
@@ -239,15 +258,30 @@ class NodeContext:
         self._wait(OpenWait(operation_id=self._next_operation_id(), kind="timer", expires_in_seconds=seconds))
 
 
-Handler = Callable[[NodeContext], Decision]
+Handler = Callable[[NodeContext[Any]], Decision]
+F = TypeVar("F", bound=Callable[..., Decision])
+_NODE_ATTR = "__agentops_node__"
+
+
+def node(name: str) -> Callable[[F], F]:
+    """Mark a method of a ``WorkflowDefinition`` as the handler of node ``name``."""
+
+    def mark(fn: F) -> F:
+        setattr(fn, _NODE_ATTR, name)
+        return fn
+
+    return mark
 
 
 class WorkflowDefinition:
-    """Base of workflow definitions: a kind, nodes and one handler per node (``node.lower()``)."""
+    """Base of workflow definitions: a kind, and one ``@node("NAME")`` handler per node.
+
+    The nodes are the marked methods, in the order the class declares them.
+    """
 
     kind: ClassVar[str]
     version: ClassVar[int] = 1
-    nodes: ClassVar[tuple[str, ...]]
+    nodes: ClassVar[tuple[str, ...]] = ()
     start_node: ClassVar[str]
     revalidate_node: ClassVar[str]
     # Where a stagnation policy of "replan" sends the workflow; empty: the definition cannot re-plan.
@@ -255,20 +289,51 @@ class WorkflowDefinition:
     # Time limit applied when the launch gives none; None: no limit.
     default_max_hours: ClassVar[float | None] = None
 
+    _handlers: ClassVar[dict[str, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        handlers: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            for attr, value in vars(klass).items():
+                name = getattr(value, _NODE_ATTR, None)
+                if name is None:
+                    continue
+                if name in handlers and handlers[name] != attr:
+                    raise TypeError(f"{cls.__qualname__}: node {name!r} has two handlers, {handlers[name]} and {attr}.")
+                handlers[name] = attr
+        cls._handlers = handlers
+        cls.nodes = tuple(handlers)
+
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Check launch parameters; raise InvalidInput with a field-level message."""
+        """Check launch parameters; raise InvalidInput with a field-level message. Everything a
+        later node stores from them must be checked here, so bad input fails at launch."""
         if params:
             raise InvalidInput(f"Workflow kind {self.kind!r} takes no parameters; got {sorted(params)}.")
         return params
 
+    # Presentation hooks: read-only, never called while advancing (see workflows.presentation).
+
+    def describe_candidate(self, candidate: Any) -> CandidateView:
+        """How the approval queue shows a candidate this kind asks people to approve."""
+        return candidate_as_json(candidate)
+
+    def admin_panels(self, workflow: Any) -> list[AdminPanel]:
+        """Extra sections for the admin's page of one of this kind's workflows."""
+        return []
+
+    def show_extras(self, workflow: Any) -> dict[str, Any]:
+        """Extra keys for ``agent show --json`` (they never replace the kernel's keys)."""
+        return {}
+
     def handler(self, node: str) -> Handler:
-        if node not in self.nodes:
+        if node not in self._handlers:
             raise Permanent(f"Node {node!r} is not a node of {self.kind!r}; nodes: {', '.join(self.nodes)}.")
-        handler: Handler = getattr(self, node.lower())
+        handler: Handler = getattr(self, self._handlers[node])
         return handler
 
 
-def step(definition: WorkflowDefinition, ctx: NodeContext) -> Decision | Suspended:
+def step(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | Suspended:
     """Run the current node's handler once against recorded steps."""
     try:
         decision = definition.handler(ctx.snapshot.node)(ctx)
@@ -276,6 +341,10 @@ def step(definition: WorkflowDefinition, ctx: NodeContext) -> Decision | Suspend
         return Suspended(commands=tuple(ctx.commands))
     if isinstance(decision, Goto) and decision.node not in definition.nodes:
         raise Permanent(f"Handler {ctx.snapshot.node} sent the workflow to unknown node {decision.node!r}.")
-    if not isinstance(decision, (Goto, Complete, Fail)):
+    if isinstance(decision, Goto):
+        return Goto(decision.node, codec.to_json(decision.updates))
+    if isinstance(decision, Complete):
+        return Complete(codec.to_json(decision.result))
+    if not isinstance(decision, Fail):
         raise Permanent(f"Handler {ctx.snapshot.node} returned {decision!r}, not Goto, Complete or Fail.")
     return decision

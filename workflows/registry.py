@@ -1,18 +1,41 @@
-"""Registries of workflow definitions (by kind) and activity types (by name)."""
+"""Registries of workflow definitions (by kind) and activity types (by name).
+
+Both fill at import time: a kind's package registers its definition with
+``@register_definition`` and its activities with ``@activity``; the kernel imports the
+packages listed in AGENTOPS_AGENT_MODULES when Django starts. A definition or activity that
+is wrong in a way a reader could see fails there, with ``DefinitionError``, not in production.
+"""
 from __future__ import annotations
 
+import dataclasses
+import re
+import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from functools import cached_property, update_wrapper
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
+from django.core.exceptions import ImproperlyConfigured
+
+from workflows import codec
 from workflows.errors import InvalidInput
 
 if TYPE_CHECKING:
     from workflows.activity_context import ActivityContext
     from workflows.engine import WorkflowDefinition
 
+I = TypeVar("I")  # noqa: E741  (the input type of an activity)
+O = TypeVar("O")  # noqa: E741  (its result type)
 
-@dataclass(frozen=True)
+KIND_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,59}$")
+NAME_MAX_LENGTH = 100  # Activity.name
+NODE_MAX_LENGTH = 60  # Workflow.current_node
+
+
+class DefinitionError(ImproperlyConfigured):
+    """A workflow definition or activity that cannot run as written; raised when it registers."""
+
+
+@dataclasses.dataclass(frozen=True)
 class RetryPolicy:
     """How an activity is retried: attempts, exponential backoff, errors never retried."""
 
@@ -27,32 +50,149 @@ class RetryPolicy:
         return min(self.initial_interval_seconds * self.backoff ** max(attempt - 1, 0), self.max_interval_seconds)
 
 
-ActivityFn = Callable[["ActivityContext"], Any]
+@dataclasses.dataclass(frozen=True)
+class CompensationInput:
+    """What a compensation activity receives: the operation it undoes and the commitment's data."""
+
+    operation_id: str
+    data: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class ActivityType:
-    """A registered activity: its function and how the engine treats it."""
+class ActivityType(Generic[I, O]):
+    """A registered activity. A handler calls it by reference, ``ctx.activity(deploy, DeployInput(...))``;
+    a test may call it directly, ``deploy(ctx, DeployInput(...))``."""
 
-    name: str
-    fn: ActivityFn
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    lease_seconds: int | None = None
-    reconcile: ActivityFn | None = None
-    commitment: str = ""
-    compensation: str = ""
-    records_progress: bool = False
+    def __init__(
+        self, fn: Callable[[ActivityContext, I], O], *, name: str, retry: RetryPolicy, lease_seconds: int | None,
+        reconcile: Callable[[ActivityContext, I], O | None] | None, commitment: str,
+        compensation: ActivityType[Any, Any] | str, records_progress: bool,
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.retry = retry
+        self.lease_seconds = lease_seconds
+        self.reconcile = reconcile
+        self.commitment = commitment
+        self._compensation = compensation
+        self.records_progress = records_progress
+        update_wrapper(self, fn)
+
+    def __call__(self, ctx: ActivityContext, input: I) -> O:
+        return self.fn(ctx, input)
+
+    def __repr__(self) -> str:
+        return f"<activity {self.name}>"
+
+    @property
+    def compensation(self) -> str:
+        """The name of the activity that undoes this one's commitment ('' when none)."""
+        c = self._compensation
+        return c if isinstance(c, str) else c.name
+
+    @cached_property
+    def _types(self) -> tuple[Any, Any]:
+        hints = typing.get_type_hints(self.fn)
+        params = [p for p in self.fn.__code__.co_varnames[: self.fn.__code__.co_argcount]]
+        input_type = hints.get(params[1], Any) if len(params) > 1 else Any
+        return input_type, hints.get("return", Any)
+
+    @property
+    def input_type(self) -> Any:
+        return self._types[0]
+
+    @property
+    def output_type(self) -> Any:
+        return self._types[1]
+
+    def problems(self) -> list[str]:
+        """What stops this activity from running, for the start-up check; empty when nothing."""
+        try:
+            input_type, output_type = self._types
+        except NameError as exc:
+            return [f"activity {self.name!r}: its type annotations do not resolve ({exc})"]
+        found = []
+        if self.fn.__code__.co_argcount != 2:
+            found.append(f"activity {self.name!r} must take (ctx, input); it takes "
+                         f"{self.fn.__code__.co_argcount} positional parameter(s)")
+        for what, tp in (("input", input_type), ("result", output_type)):
+            if not codec.supported(tp):
+                found.append(f"activity {self.name!r}: its {what} type {tp!r} is not a dataclass, TypedDict or dict")
+        if self.compensation and self.compensation not in _activities:
+            found.append(f"activity {self.name!r} names compensation {self.compensation!r}, which is not registered")
+        if self.commitment and not self.compensation:
+            found.append(f"activity {self.name!r} makes a {self.commitment!r} commitment but names no compensation")
+        return found
+
+    def encode_input(self, value: Any) -> Any:
+        """The JSON of an input a handler passes; refuses a value of another type than declared."""
+        tp = self.input_type
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp) and not isinstance(value, tp):
+            raise TypeError(f"Activity {self.name!r} takes a {tp.__name__}; the handler passed "
+                            f"{type(value).__name__}.")
+        return codec.to_json(value)
+
+    def decode_input(self, data: Any) -> Any:
+        return codec.from_json(self.input_type, data, what=f"The input of activity {self.name}")
+
+    def decode_output(self, data: Any) -> Any:
+        return codec.from_json(self.output_type, data, what=f"The recorded result of activity {self.name}")
+
+    def execute(self, ctx: ActivityContext, input_json: Any) -> Any:
+        """Run the activity on its recorded input; the result as JSON."""
+        return codec.to_json(self.fn(ctx, self.decode_input(input_json)))
+
+    def reconcile_json(self, ctx: ActivityContext, input_json: Any) -> Any:
+        """Ask the outside world whether a lost attempt took effect: its result as JSON, or None."""
+        if self.reconcile is None:
+            return None
+        found = self.reconcile(ctx, self.decode_input(input_json))
+        return None if found is None else codec.to_json(found)
 
 
 _definitions: dict[str, type[WorkflowDefinition]] = {}
-_activities: dict[str, ActivityType] = {}
+_activities: dict[str, ActivityType[Any, Any]] = {}
+
+D = TypeVar("D", bound="type[WorkflowDefinition]")
 
 
-def register_definition(cls: type[WorkflowDefinition]) -> type[WorkflowDefinition]:
+def register_definition(cls: D) -> D:
+    """Register a workflow definition under its ``kind``; raises DefinitionError when it cannot run."""
+    problems = definition_problems(cls)
+    if problems:
+        raise DefinitionError(f"Workflow definition {cls.__module__}.{cls.__qualname__} cannot be registered: "
+                              + "; ".join(problems) + ".")
     if cls.kind in _definitions and _definitions[cls.kind] is not cls:
-        raise ValueError(f"workflow kind {cls.kind!r} is registered twice")
+        other = _definitions[cls.kind]
+        raise DefinitionError(f"Workflow kind {cls.kind!r} is registered twice: by {other.__module__}."
+                              f"{other.__qualname__} and by {cls.__module__}.{cls.__qualname__}.")
     _definitions[cls.kind] = cls
     return cls
+
+
+def definition_problems(cls: type[WorkflowDefinition]) -> list[str]:
+    """What stops a definition from running; empty when nothing."""
+    found = []
+    kind = getattr(cls, "kind", None)
+    if not isinstance(kind, str) or not KIND_PATTERN.match(kind):
+        found.append(f"kind {kind!r} must be 1–60 lowercase letters, digits, underscores or hyphens, "
+                     "starting with a letter")
+    version = getattr(cls, "version", None)
+    if not isinstance(version, int) or version < 1:
+        found.append(f"version {version!r} must be a whole number from 1")
+    nodes = cls.nodes
+    if not nodes:
+        found.append("it has no nodes: mark each handler with @node(\"NAME\")")
+    for name in nodes:
+        if not 0 < len(name) <= NODE_MAX_LENGTH:
+            found.append(f"node name {name!r} must be 1–{NODE_MAX_LENGTH} characters")
+    for attr in ("start_node", "revalidate_node", "adapt_node"):
+        value = getattr(cls, attr, "")
+        if (value or attr != "adapt_node") and value not in nodes:
+            found.append(f"{attr} {value!r} is not one of its nodes ({', '.join(nodes) or 'none'})")
+    hours = cls.default_max_hours
+    if hours is not None and not (isinstance(hours, int | float) and hours > 0):
+        found.append(f"default_max_hours {hours!r} must be a positive number of hours or None")
+    return found
 
 
 def definition(kind: str) -> WorkflowDefinition:
@@ -67,34 +207,83 @@ def definition_kinds() -> list[str]:
     return sorted(_definitions)
 
 
+def definitions() -> list[type[WorkflowDefinition]]:
+    return [_definitions[kind] for kind in sorted(_definitions)]
+
+
+def activity_types() -> list[ActivityType[Any, Any]]:
+    return [_activities[name] for name in sorted(_activities)]
+
+
+@overload
+def activity(fn: Callable[[ActivityContext, I], O], /) -> ActivityType[I, O]: ...
+
+
+@overload
 def activity(
-    name: str,
-    *,
-    retry: RetryPolicy | None = None,
-    lease_seconds: int | None = None,
-    reconcile: ActivityFn | None = None,
-    commitment: str = "",
-    compensation: str = "",
-    records_progress: bool = False,
-) -> Callable[[ActivityFn], ActivityFn]:
-    """Register an activity type. ``reconcile`` asks the outside world whether a lost attempt took effect;
-    ``records_progress`` stores the result's ``progress`` object as a progress sample."""
+    name: str | None = None, /, *, retry: RetryPolicy | None = None, lease_seconds: int | None = None,
+    reconcile: Callable[[ActivityContext, Any], Any] | None = None, commitment: str = "",
+    compensation: ActivityType[Any, Any] | str = "", records_progress: bool = False,
+) -> Callable[[Callable[[ActivityContext, I], O]], ActivityType[I, O]]: ...
 
-    def register(fn: ActivityFn) -> ActivityFn:
-        if name in _activities:
-            raise ValueError(f"activity type {name!r} is registered twice")
-        _activities[name] = ActivityType(
-            name=name, fn=fn, retry=retry or RetryPolicy(), lease_seconds=lease_seconds,
-            reconcile=reconcile, commitment=commitment, compensation=compensation,
-            records_progress=records_progress,
-        )
-        return fn
 
+def activity(
+    fn_or_name: Any = None, /, *, retry: RetryPolicy | None = None, lease_seconds: int | None = None,
+    reconcile: Callable[[ActivityContext, Any], Any] | None = None, commitment: str = "",
+    compensation: ActivityType[Any, Any] | str = "", records_progress: bool = False,
+) -> Any:
+    """Register an activity: ``fn(ctx, input) -> result``, one input object and one result.
+
+    Its name is the function's name unless given (``@activity("deploy", ...)``); the name is
+    stored with every recorded step, so keep it when renaming the function. ``reconcile(ctx,
+    input)`` asks the outside world whether a lost attempt took effect; ``commitment`` with
+    ``compensation`` makes each success an obligation that a cancel undoes; ``records_progress``
+    stores the result's ``progress`` object as a progress sample.
+    """
+
+    def register(fn: Callable[[ActivityContext, I], O]) -> ActivityType[I, O]:
+        name = fn_or_name if isinstance(fn_or_name, str) else fn.__name__
+        if not 0 < len(name) <= NAME_MAX_LENGTH:
+            raise DefinitionError(f"Activity name {name!r} must be 1–{NAME_MAX_LENGTH} characters.")
+        if name in _activities and _activities[name].fn is not fn:
+            raise DefinitionError(f"Activity {name!r} is registered twice: by {_activities[name].fn.__module__} "
+                                  f"and by {fn.__module__}; give one of them another name.")
+        spec = ActivityType(fn, name=name, retry=retry or RetryPolicy(), lease_seconds=lease_seconds,
+                            reconcile=reconcile, commitment=commitment, compensation=compensation,
+                            records_progress=records_progress)
+        _activities[name] = spec
+        return spec
+
+    if callable(fn_or_name):
+        return register(fn_or_name)
     return register
 
 
-def activity_type(name: str) -> ActivityType:
+def activity_type(name: str) -> ActivityType[Any, Any]:
     try:
         return _activities[name]
     except KeyError:
-        raise InvalidInput(f"Unknown activity type {name!r}.", name=name) from None
+        raise InvalidInput(f"Unknown activity type {name!r}; is the package that defines it listed in "
+                           "AGENTOPS_AGENT_MODULES on this worker?", name=name) from None
+
+
+Snapshot = tuple[dict[str, "type[WorkflowDefinition]"], dict[str, ActivityType[Any, Any]]]
+
+
+def snapshot() -> Snapshot:
+    """The registry as it is now, for ``restore`` (the test kit's ``registered`` uses both)."""
+    return dict(_definitions), dict(_activities)
+
+
+def restore(saved: Snapshot) -> None:
+    _definitions.clear()
+    _definitions.update(saved[0])
+    _activities.clear()
+    _activities.update(saved[1])
+
+
+def register_activity(spec: ActivityType[Any, Any]) -> None:
+    """Register an activity made by ``@activity`` again after a ``restore`` removed it."""
+    if spec.name in _activities and _activities[spec.name] is not spec:
+        raise DefinitionError(f"Activity {spec.name!r} is registered twice.")
+    _activities[spec.name] = spec

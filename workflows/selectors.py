@@ -8,7 +8,8 @@ from typing import Any
 
 from django.db.models import Count, F, QuerySet, Sum
 
-from workflows import clock, engine
+from workflows import clock, engine, registry
+from workflows.errors import InvalidInput
 from workflows.models import Activity, Event, Intent, UsageEntry, Wait, Workflow
 
 
@@ -74,8 +75,15 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
     }
 
 
+# The keys of ``agent show --json`` that every kind has; a kind's ``show_extras`` adds others.
+DETAIL_KEYS = frozenset({
+    "id", "kind", "status", "current_node", "intent_version", "goal", "release", "reason", "deadline", "created_at",
+    "updated_at", "params", "result", "waits", "activities", "commitments", "spend", "progress", "events",
+})
+
+
 def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
-    """The stable JSON shape of ``agent show --json``."""
+    """The stable JSON shape of ``agent show --json``: DETAIL_KEYS, then the kind's extras."""
     detail = workflow_summary(workflow)
     detail["params"] = workflow.params
     detail["result"] = workflow.result
@@ -101,7 +109,6 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
         for c in workflow.commitments.select_related("activity").order_by("pk")
     ]
     recent = Event.objects.filter(workflow=workflow).order_by("-seq")[:events]
-    detail["tasks"] = [*workflow.state.get("history", []), *workflow.state.get("tasks", [])]
     detail["spend"] = spend_summary(workflow)
     detail["progress"] = [
         {"percent": p.percent, "confidence": p.confidence, "achievements": p.achievements, "remaining": p.remaining,
@@ -111,7 +118,11 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
     detail["events"] = [
         {"seq": e.seq, "kind": e.kind, "at": e.created_at.isoformat(), "data": e.data} for e in reversed(recent)
     ]
-    return detail
+    try:
+        extras = registry.definition(workflow.kind).show_extras(workflow)
+    except InvalidInput:  # the kind's package is not installed on this host
+        extras = {}
+    return {**detail, **{key: value for key, value in extras.items() if key not in DETAIL_KEYS}}
 
 
 MICRO_USD = Decimal("0.000001")

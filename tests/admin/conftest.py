@@ -12,9 +12,11 @@ import pytest
 from django.contrib.auth.models import Group, Permission, User
 from django.test import Client
 
+from agentops.agents.release.definition import Release
 from tests.conftest import drive, open_approval, release_params
-from workflows import engine, registry, services
+from workflows import engine, services
 from workflows.models import Event, Wait, Workflow
+from workflows.testing import registered
 
 ROLE = "release-approvers"
 GATE_KIND = "admin-test-gate"
@@ -33,10 +35,11 @@ class AdminGate(engine.WorkflowDefinition):
     """Asks for one approval of a fixed candidate, then completes: an approval without git or tests."""
 
     kind = GATE_KIND
-    nodes = ("ASK", "DONE")
     start_node = "ASK"
     revalidate_node = "ASK"
+    describe_candidate = Release.describe_candidate  # the candidate has the release agent's shape
 
+    @engine.node("ASK")
     def ask(self, ctx: engine.NodeContext) -> engine.Decision:
         outcome = ctx.approval(candidate=GATE_CANDIDATE, candidate_hash=GATE_HASH, role=ROLE,
                                expires_in_seconds=3 * 3600, state_versions={})
@@ -44,14 +47,16 @@ class AdminGate(engine.WorkflowDefinition):
             return engine.Goto("DONE")
         return engine.Fail(f"Rejected by {outcome.decided_by}: {outcome.comment or 'no comment'}")
 
+    @engine.node("DONE")
     def done(self, ctx: engine.NodeContext) -> engine.Decision:
         return engine.Complete({"approved": True})
 
 
 @pytest.fixture(autouse=True)
-def admin_gate_registered(monkeypatch: pytest.MonkeyPatch) -> None:
+def admin_gate_registered() -> Iterator[None]:
     """Registered for these tests only: other tests list the known kinds in their messages."""
-    monkeypatch.setitem(registry._definitions, GATE_KIND, AdminGate)
+    with registered(AdminGate):
+        yield
 
 
 @pytest.fixture(autouse=True)

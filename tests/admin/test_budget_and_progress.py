@@ -134,7 +134,7 @@ class TestCharts:
         page = logged_in(staff_outsider).get(page_of(workflow.pk)).content.decode()
 
         assert 'id="spend-empty">No model calls yet, so nothing is spent and there is no chart.' in page
-        assert 'id="progress-empty">No progress readings yet: the admin-test-gate agent does not assess' in page
+        assert 'id="progress-empty">No progress readings yet: agents record one when an activity' in page
         assert '<figure class="ao-chart-figure"' not in page and 'id="tasks"' not in page
         assert "simulated spend</span>" in page  # the suite runs on the scripted provider
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -10,10 +11,13 @@ from django.contrib.auth.models import Group, User
 from django.db import connection
 
 from tests.conftest import drive, open_approval, release_params
-from workflows import clock, engine, registry, services
+from workflows import clock, engine, services
+from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, NotFound, WaitRefused
 from workflows.models import Activity, Event, Wait, Workflow
+from workflows.registry import activity
 from workflows.services import Decision
+from workflows.testing import registered
 
 GATE_KIND = "test-approval-gate"
 GATE_ROLE = "release-approvers"
@@ -23,12 +27,17 @@ GATE_HASH = "gate-candidate"
 # A tiny approval-gated definition. Deciding is the same service whatever the definition;
 # the race needs many fresh waiting workflows, and the release agent takes half a second
 # (git, tests) to reach its approval, so only the candidate-specific tests use it.
+@activity("test_gate_commit")
+def gate_commit(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"committed": ctx.operation_id}
+
+
 class ApprovalGate(engine.WorkflowDefinition):
     kind = GATE_KIND
-    nodes = ("ASK", "COMMIT", "DONE")
     start_node = "ASK"
     revalidate_node = "ASK"
 
+    @engine.node("ASK")
     def ask(self, ctx: engine.NodeContext) -> engine.Decision:
         outcome = ctx.approval(candidate={"change": "race"}, candidate_hash=GATE_HASH, role=GATE_ROLE,
                                expires_in_seconds=3600, state_versions={})
@@ -36,20 +45,20 @@ class ApprovalGate(engine.WorkflowDefinition):
             return engine.Goto("COMMIT")
         return engine.Fail(f"Rejected by {outcome.decided_by}")
 
+    @engine.node("COMMIT")
     def commit(self, ctx: engine.NodeContext) -> engine.Decision:
-        ctx.activity("test_gate_commit")
+        ctx.activity(gate_commit, {})
         return engine.Goto("DONE")
 
+    @engine.node("DONE")
     def done(self, ctx: engine.NodeContext) -> engine.Decision:
         return engine.Complete()
 
 
-if GATE_KIND not in registry.definition_kinds():
-    registry.register_definition(ApprovalGate)
-try:
-    registry.activity_type("test_gate_commit")
-except InvalidInput:
-    registry.activity("test_gate_commit")(lambda ctx: {"committed": ctx.operation_id})
+@pytest.fixture(autouse=True)
+def gate_registered() -> Iterator[None]:
+    with registered(ApprovalGate, gate_commit):
+        yield
 
 
 def launch(repo: Any, user: User | None = None, **extra: Any) -> Workflow:

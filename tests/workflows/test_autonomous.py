@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentops.activities.autonomous import confined, run_tool, validate_tasks
+from agentops.agents.autonomous.activities import confined, run_tool, validate_tasks
 from tests.conftest import drive
 from workflows import services
 from workflows.errors import InvalidInput

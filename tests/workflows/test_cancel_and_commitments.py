@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from agentops.activities.release import deploy
+from agentops.agents.release.activities import deploy
 from agentops.deploytarget import client
 from agentops.deploytarget.server import Fault
-from tests.conftest import drive, open_approval, release_params
+from tests.conftest import drive, open_approval, release_params, run_claimed, worker_context
 from workflows import clock, services
-from workflows.activity_context import ActivityContext, LeaseLost
+from workflows.activity_context import LeaseLost
 from workflows.errors import NotFound, TransitionRefused, WaitRefused
 from workflows.models import Activity, ActivityAttempt, Commitment, Event, Timer, Workflow
 from workflows.services import Outcome, RunOutcome
@@ -151,7 +151,7 @@ def test_cancel_during_a_running_deploy_waits_then_compensates_the_uncertain_eff
     workflow = approved(git_repo, requester, approver)
     activity = run_until_scheduled(workflow.pk, "deploy")
     claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="doomed", task_id="t1")
-    deploy(ActivityContext(claim=claim))  # the POST lands; the worker dies before recording
+    run_claimed(deploy, claim)  # the POST lands; the worker dies before recording
 
     assert services.workflow_cancel(workflow_id=workflow.pk) == Outcome.SUSPENDED
     workflow.refresh_from_db()
@@ -180,8 +180,8 @@ def test_attempt_stopped_by_its_heartbeat_is_compensated_at_once(git_repo, deplo
     workflow = approved(git_repo, requester, approver)
     activity = run_until_scheduled(workflow.pk, "deploy")
     claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="polite", task_id="t1")
-    ctx = ActivityContext(claim=claim)
-    deploy(ctx)
+    ctx = worker_context(claim)
+    deploy.execute(ctx, claim.input)
     services.workflow_cancel(workflow_id=workflow.pk)
     with pytest.raises(LeaseLost, match="lost its lease or its workflow is cancelling") as stopped:
         ctx.heartbeat("still deploying")
@@ -201,7 +201,7 @@ def test_late_deploy_result_after_cancel_is_compensated_not_continued(git_repo, 
     workflow = approved(git_repo, requester, approver)
     activity = run_until_scheduled(workflow.pk, "deploy")
     claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="slow", task_id="t1")
-    result = deploy(ActivityContext(claim=claim))
+    result = run_claimed(deploy, claim)
     assert services.workflow_cancel(workflow_id=workflow.pk) == Outcome.SUSPENDED
 
     assert services.activity_result_record_if_current(claim=claim, result=result) == RunOutcome.RECORDED

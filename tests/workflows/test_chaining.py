@@ -4,57 +4,62 @@ leaves a lease for the sweep, never a lost or repeated step."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from tests.conftest import drive
-from workflows import clock, engine, registry, services
+from workflows import clock, engine, services
 from workflows.activity_context import ActivityContext
-from workflows.errors import InvalidInput, Retryable
+from workflows.errors import Retryable
 from workflows.models import Activity, ActivityAttempt, Event, Workflow
+from workflows.registry import activity
 from workflows.services import RunOutcome
 from workflows.services.activities import activity_claim_if_runnable
 from workflows.services.steps import ChainSlot
+from workflows.testing import registered
 
 CHAIN_KIND = "test-chain"
 STEP = "test_chain_step"
 
 
+@activity(STEP)
+def chain_step(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(input["sleep"])
+    if input["fail_first"] and ctx.attempt == 1:
+        raise Retryable("first attempt fails")
+    return {"i": input["i"]}
+
+
 # One node that asks for ``steps`` activities in turn; each may sleep or fail its first attempt.
 class Chain(engine.WorkflowDefinition):
     kind = CHAIN_KIND
-    nodes = ("STEPS", "DONE")
     start_node = "STEPS"
     revalidate_node = "STEPS"
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
         return params
 
+    @engine.node("STEPS")
     def steps(self, ctx: engine.NodeContext) -> engine.Decision:
         params = ctx.params
-        outputs = [ctx.activity(STEP, i=i, sleep=params.get("sleep", 0), fail_first=params.get("fail_at") == i)
+        outputs = [ctx.activity(chain_step, {"i": i, "sleep": params.get("sleep", 0),
+                                             "fail_first": params.get("fail_at") == i})
                    for i in range(params["steps"])]
         return engine.Goto("DONE", {"outputs": outputs})
 
+    @engine.node("DONE")
     def done(self, ctx: engine.NodeContext) -> engine.Decision:
         return engine.Complete()
 
 
-def chain_step(ctx: ActivityContext) -> dict[str, Any]:
-    time.sleep(ctx.input["sleep"])
-    if ctx.input["fail_first"] and ctx.attempt == 1:
-        raise Retryable("first attempt fails")
-    return {"i": ctx.input["i"]}
+@pytest.fixture(autouse=True)
+def chain_registered() -> Iterator[None]:
+    with registered(Chain, chain_step):
+        yield
 
-
-if CHAIN_KIND not in registry.definition_kinds():
-    registry.register_definition(Chain)
-try:
-    registry.activity_type(STEP)
-except InvalidInput:
-    registry.activity(STEP)(chain_step)
 
 pytestmark = pytest.mark.usefixtures("rung")
 

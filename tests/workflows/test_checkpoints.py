@@ -6,14 +6,14 @@ from datetime import timedelta
 
 import pytest
 
-from tests.workflows.test_chaining import launched
+from tests.workflows.test_chaining import chain_registered, launched  # noqa: F401  (a fixture)
 from workflows import clock, services
 from workflows.errors import InvalidInput
 from workflows.models import Activity, Event
 from workflows.services import RunOutcome
 from workflows.services.activities import activity_claim_if_runnable
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rung")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rung", "chain_registered")]
 
 
 def claimed(attempt_worker: str = "w1"):

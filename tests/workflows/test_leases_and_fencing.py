@@ -1,37 +1,26 @@
 """Attempts under leases: lost attempts are reaped and reconciled, zombies are fenced, retries wait their turn."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from agentops.activities.release import deploy, inspect_repository
+from agentops.agents.release.activities import deploy, inspect_repository
 from agentops.deploytarget.server import Fault
-from tests.conftest import drive, open_approval, release_params, run_at_once
-from workflows import clock, engine, registry, services
+from tests.conftest import drive, open_approval, release_params, run_at_once, run_claimed
+from workflows import clock, engine, services
 from workflows.activity_context import ActivityContext
-from workflows.errors import InvalidInput, Retryable
+from workflows.errors import Retryable
 from workflows.models import Activity, ActivityAttempt, Event, Workflow
+from workflows.registry import activity
 from workflows.services import RunOutcome
+from workflows.testing import registered
 
 BAD_OUTPUT_KIND = "test-bad-output"
 
 pytestmark = pytest.mark.usefixtures("rung")
-
-
-# One node that runs an activity returning whatever the launch goal names (see BAD_OUTPUTS).
-class BadOutput(engine.WorkflowDefinition):
-    kind = BAD_OUTPUT_KIND
-    nodes = ("PRODUCE", "DONE")
-    start_node = "PRODUCE"
-    revalidate_node = "PRODUCE"
-
-    def produce(self, ctx: engine.NodeContext) -> engine.Decision:
-        return engine.Goto("DONE", {"output": ctx.activity("test_bad_output", which=ctx.goal)})
-
-    def done(self, ctx: engine.NodeContext) -> engine.Decision:
-        return engine.Complete()
 
 
 BAD_OUTPUTS: dict[str, Any] = {
@@ -42,12 +31,31 @@ BAD_OUTPUTS: dict[str, Any] = {
     "surrogate": {"text": "bad \ud800"},
 }
 
-if BAD_OUTPUT_KIND not in registry.definition_kinds():
-    registry.register_definition(BadOutput)
-try:
-    registry.activity_type("test_bad_output")
-except InvalidInput:
-    registry.activity("test_bad_output")(lambda ctx: BAD_OUTPUTS[ctx.input["which"]])
+
+@activity("test_bad_output")
+def bad_output(ctx: ActivityContext, input: dict[str, Any]) -> Any:
+    return BAD_OUTPUTS[input["which"]]
+
+
+# One node that runs an activity returning whatever the launch goal names (see BAD_OUTPUTS).
+class BadOutput(engine.WorkflowDefinition):
+    kind = BAD_OUTPUT_KIND
+    start_node = "PRODUCE"
+    revalidate_node = "PRODUCE"
+
+    @engine.node("PRODUCE")
+    def produce(self, ctx: engine.NodeContext) -> engine.Decision:
+        return engine.Goto("DONE", {"output": ctx.activity(bad_output, {"which": ctx.goal})})
+
+    @engine.node("DONE")
+    def done(self, ctx: engine.NodeContext) -> engine.Decision:
+        return engine.Complete()
+
+
+@pytest.fixture(autouse=True)
+def bad_output_registered() -> Iterator[None]:
+    with registered(BadOutput, bad_output):
+        yield
 
 
 def launched(repo: Any) -> tuple[Workflow, Activity]:
@@ -92,7 +100,7 @@ def test_lost_deploy_attempt_is_reconciled_not_redeployed(git_repo, deploy_targe
     deploy_target.store.set_fault(Fault.build("accept_then_drop", 1))
     claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="doomed", task_id="t1")
     with pytest.raises(Retryable, match="closed the connection without a response"):
-        deploy(ActivityContext(claim=claim))  # the POST took effect; this worker never records anything
+        run_claimed(deploy, claim)  # the POST took effect; this worker never records anything
     assert deploy_target.store.stats()["effects"][activity.operation_id]["created"] == 1
     expire_lease(activity)
     rung.clear()
@@ -130,7 +138,7 @@ def test_zombie_attempt_cannot_overwrite_the_current_result(git_repo):
 
     assert services.activity_heartbeat_if_current(claim=zombie) is False
     assert services.activity_heartbeat_if_current(claim=current) is True
-    result = inspect_repository(ActivityContext(claim=current))
+    result = run_claimed(inspect_repository, current)
     assert services.activity_result_record_if_current(claim=current, result=result) == RunOutcome.RECORDED
     workflow.refresh_from_db()
     before = (workflow.version, workflow.current_node, workflow.state)

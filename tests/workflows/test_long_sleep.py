@@ -1,14 +1,17 @@
 """6.9: a long durable sleep whose subject was cancelled meanwhile never acts on it."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 
+from agentops.agents.release import activities as release
 from tests.conftest import drive
-from workflows import clock, registry, services
-from workflows.engine import Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition
+from workflows import clock, services
+from workflows.engine import Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
 from workflows.models import Timer, Workflow
+from workflows.testing import registered
 
 pytestmark = pytest.mark.django_db
 
@@ -19,27 +22,33 @@ class SoakThenPromote(WorkflowDefinition):
     """Deploy, sleep three hours, check the deployment still stands, then promote it."""
 
     kind = "test-soak-then-promote"
-    nodes = ("DEPLOY", "SOAK", "PROMOTE")
     start_node = "DEPLOY"
     revalidate_node = "DEPLOY"
 
+    @node("DEPLOY")
     def deploy(self, ctx: NodeContext) -> Decision:
-        deployment = ctx.activity("deploy", candidate_hash="c" * 64, head="h", title="soak", files={})
+        deployment = ctx.activity(release.deploy, release.DeployInput(candidate_hash="c" * 64, head="h", title="soak",
+                                                                       files={}))
         return Goto("SOAK", {"deployment": deployment})
 
+    @node("SOAK")
     def soak(self, ctx: NodeContext) -> Decision:
         ctx.sleep(SOAK_SECONDS)
         return Goto("PROMOTE")
 
+    @node("PROMOTE")
     def promote(self, ctx: NodeContext) -> Decision:
-        check = ctx.activity("verify_deployment", deployment=ctx.state["deployment"], candidate_hash="c" * 64)
+        check = ctx.activity(release.verify_deployment, release.DeploymentCheckInput(
+            deployment=ctx.state["deployment"], candidate_hash="c" * 64))
         if not check["ok"]:
             return Fail(f"obsolete: {check['reason']}; nothing was promoted")
         return Complete({"promoted": ctx.state["deployment"]["deployment_id"]})
 
 
-if SoakThenPromote.kind not in registry.definition_kinds():
-    registry.register_definition(SoakThenPromote)
+@pytest.fixture(autouse=True)
+def soak_registered() -> Iterator[None]:
+    with registered(SoakThenPromote):
+        yield
 
 
 def sleeping_workflow() -> Workflow:

@@ -1,16 +1,20 @@
 """Behavioral release changes while a workflow waits (pin, revalidate, fail), and named signals."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from tests.conftest import drive, open_approval, release_params
-from workflows import clock, engine, registry, services
+from workflows import clock, engine, services
+from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, NotFound, TransitionRefused
 from workflows.models import Activity, BehavioralRelease, Event, Signal, Timer, Wait, Workflow
+from workflows.registry import activity
 from workflows.services import Outcome
+from workflows.testing import registered
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rung")]
 
@@ -18,30 +22,35 @@ EVENT_KIND = "test-event"
 PREPARE = "test_event_prepare"
 
 
+@activity(PREPARE)
+def prepare(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"ready": True}
+
+
 # Runs one activity, waits for a "go" signal, then completes with its payload.
 class WaitForGo(engine.WorkflowDefinition):
     kind = EVENT_KIND
-    nodes = ("PREPARE", "WAIT_FOR_GO", "DONE")
     start_node = "PREPARE"
     revalidate_node = "WAIT_FOR_GO"
 
+    @engine.node("PREPARE")
     def prepare(self, ctx: engine.NodeContext) -> engine.Decision:
-        return engine.Goto("WAIT_FOR_GO", {"prepared": ctx.activity(PREPARE)})
+        return engine.Goto("WAIT_FOR_GO", {"prepared": ctx.activity(prepare, {})})
 
+    @engine.node("WAIT_FOR_GO")
     def wait_for_go(self, ctx: engine.NodeContext) -> engine.Decision:
         outcome = ctx.wait_for_event("go")
         return engine.Goto("DONE", {"payload": outcome.payload})
 
+    @engine.node("DONE")
     def done(self, ctx: engine.NodeContext) -> engine.Decision:
         return engine.Complete({"payload": ctx.state["payload"]})
 
 
-if EVENT_KIND not in registry.definition_kinds():
-    registry.register_definition(WaitForGo)
-try:
-    registry.activity_type(PREPARE)
-except InvalidInput:
-    registry.activity(PREPARE)(lambda ctx: {"ready": True})
+@pytest.fixture(autouse=True)
+def wait_for_go_registered() -> Iterator[None]:
+    with registered(WaitForGo, prepare):
+        yield
 
 
 def waiting_for_approval(repo: Any, requester: Any, policy: str) -> tuple[Workflow, Wait]:

@@ -1,15 +1,17 @@
 """Durable timers and intent versions: stale timers are ignored, due timers fire once, goals change."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from tests.conftest import drive, open_approval, release_params, run_at_once
-from workflows import clock, engine, registry, services
+from workflows import clock, engine, services
 from workflows.errors import InvalidInput, TransitionRefused
 from workflows.models import Activity, Event, Intent, Timer, Wait, Workflow
+from workflows.testing import registered
 
 SLEEP_KIND = "test-sleep"
 NAP_SECONDS = 3 * 3600
@@ -20,20 +22,23 @@ pytestmark = pytest.mark.usefixtures("rung")
 # A definition that sleeps three hours, then completes with the goal it was pursuing.
 class Sleeper(engine.WorkflowDefinition):
     kind = SLEEP_KIND
-    nodes = ("NAP", "DONE")
     start_node = "NAP"
     revalidate_node = "NAP"
 
+    @engine.node("NAP")
     def nap(self, ctx: engine.NodeContext) -> engine.Decision:
         ctx.sleep(NAP_SECONDS)
         return engine.Goto("DONE")
 
+    @engine.node("DONE")
     def done(self, ctx: engine.NodeContext) -> engine.Decision:
         return engine.Complete({"goal": ctx.goal, "intent_version": ctx.intent_version})
 
 
-if SLEEP_KIND not in registry.definition_kinds():
-    registry.register_definition(Sleeper)
+@pytest.fixture(autouse=True)
+def sleeper_registered() -> Iterator[None]:
+    with registered(Sleeper):
+        yield
 
 
 def sleeping(goal: str = "Nap, then report") -> Workflow:

@@ -1,9 +1,7 @@
 """The approval queue: who may decide a wait, what approvers see, and the decide endpoint."""
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -17,14 +15,13 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from workflows import clock, services
-from workflows.admin.common import ReadOnlyAdmin, forbidden, pretty_json, time_left
+from workflows.admin.common import ReadOnlyAdmin, candidate_view, forbidden, pretty_json, time_left
 from workflows.errors import Refused
 from workflows.models import Intent, Wait
 from workflows.services.waits import MAX_COMMENT_CHARS, wait_authority_refusal
 
 logger = logging.getLogger("agentops.admin")
 
-CANDIDATE_KEYS = ("title", "summary", "files", "head", "tests")
 
 
 def decide_refusal(user: Any, wait: Wait, *, groups: set[str] | None = None) -> str:
@@ -32,31 +29,6 @@ def decide_refusal(user: Any, wait: Wait, *, groups: set[str] | None = None) -> 
     if wait.kind != Wait.Kind.APPROVAL:
         return f"Wait {wait.pk} is a {wait.kind} wait, not an approval; nobody decides it here."
     return wait_authority_refusal(wait=wait, user=user, groups=groups)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A candidate split into the parts approvers read first and the rest."""
-
-    title: str
-    summary: str
-    files: list[tuple[str, str]]
-    head: str
-    tests: Any
-    other: str
-
-
-def candidate_parts(candidate: Any) -> Candidate:
-    if not isinstance(candidate, dict):
-        return Candidate("", "", [], "", None, json.dumps(candidate, indent=2, sort_keys=True, default=str))
-    files = candidate.get("files")
-    file_list = sorted((str(p), str(c)) for p, c in files.items()) if isinstance(files, dict) else []
-    rest = {k: v for k, v in candidate.items() if k not in CANDIDATE_KEYS or (k == "files" and not file_list)}
-    return Candidate(
-        title=str(candidate.get("title", "")), summary=str(candidate.get("summary", "")), files=file_list,
-        head=str(candidate.get("head", "")), tests=candidate.get("tests"),
-        other=json.dumps(rest, indent=2, sort_keys=True, default=str) if rest else "",
-    )
 
 
 def open_approvals(now: datetime) -> QuerySet[Wait]:
@@ -87,7 +59,7 @@ def approval_queue(user: Any, now: datetime) -> tuple[list[dict[str, Any]], list
         if refusal:
             others.append({**item, "why_not": refusal})
         else:
-            mine.append({**item, "candidate": candidate_parts(wait.candidate)})
+            mine.append({**item, "candidate": candidate_view(wait.workflow, wait.candidate)})
     return mine, others
 
 

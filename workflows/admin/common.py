@@ -11,6 +11,11 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.timesince import timeuntil
 
+from workflows import registry
+from workflows.engine import WorkflowDefinition
+from workflows.errors import Refused
+from workflows.presentation import CandidateView, candidate_as_json
+
 
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Durable rows change only through the services, never through generic admin forms.
@@ -46,3 +51,17 @@ def forbidden(
     """A 403 that explains itself in the admin's look (Django's bare 403 says only "Forbidden")."""
     context = {**site.each_context(request), "title": title, "reason": reason}
     return TemplateResponse(request, "admin/workflows/forbidden.html", context, status=status)
+
+
+def kind_of(workflow: Any) -> WorkflowDefinition | None:
+    """The definition of a workflow's kind, or None when no package on this host registers it."""
+    try:
+        return registry.definition(workflow.kind)
+    except Refused:
+        return None
+
+
+def candidate_view(workflow: Any, candidate: Any) -> CandidateView:
+    """A candidate as its kind describes it (all of it as JSON when the kind is not registered here)."""
+    definition = kind_of(workflow)
+    return definition.describe_candidate(candidate) if definition else candidate_as_json(candidate)

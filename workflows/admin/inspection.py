@@ -9,8 +9,7 @@ from typing import Any
 from django.conf import settings
 
 from workflows import registry
-from workflows.admin.approvals import candidate_parts
-from workflows.admin.common import time_left
+from workflows.admin.common import candidate_view, time_left
 from workflows.errors import Refused
 from workflows.models import (
     Activity,
@@ -116,7 +115,7 @@ def inspect_workflow(workflow: Workflow, *, now: datetime) -> dict[str, Any]:
         for c in workflow.commitments.select_related("activity").order_by("pk")
     ]
     waits = [
-        {"wait": w, "candidate": candidate_parts(w.candidate) if w.candidate is not None else None,
+        {"wait": w, "candidate": candidate_view(workflow, w.candidate) if w.candidate is not None else None,
          "time_left": time_left(w.expires_at, now) if w.status == Wait.Status.OPEN else ""}
         for w in workflow.waits.select_related("decided_by").order_by("pk")
     ]

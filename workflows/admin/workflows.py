@@ -15,7 +15,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from workflows import clock, services
-from workflows.admin.common import ReadOnlyAdmin, forbidden, pretty_json
+from workflows.admin.common import ReadOnlyAdmin, forbidden, kind_of, pretty_json
 from workflows.admin.inspection import inspect_workflow
 from workflows.admin.reasoning import is_budget_paused, reasoning_panel
 from workflows.errors import Refused
@@ -257,6 +257,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
             now = clock.now()
             extra["inspection"] = inspect_workflow(workflow, now=now)
             extra["reasoning"] = reasoning_panel(workflow, now=now)
+            definition = kind_of(workflow)
+            extra["kind_panels"] = definition.admin_panels(workflow) if definition else []
             may_operate = request.user.has_perm(OPERATE_PERMISSION)
             extra["operator_actions"] = [
                 {"label": a.label, "url": reverse(f"admin:workflows_workflow_{a.name}", args=[workflow.pk])}

@@ -12,8 +12,9 @@ from django.conf import settings
 from django.db import transaction
 
 from workflows import clock, doorbells, faults, registry
-from workflows.activity_context import ActivityContext, Claim
+from workflows.activity_context import ActivityContext
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Permanent, Refused
+from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import event_record, events_batched, json_checked, workflow_lock
@@ -59,7 +60,7 @@ def _attempt_run(claim: Claim, *, worker: str, task_id: str, chain_until: float)
     """Run one claimed attempt and record its outcome; also the claim of the next activity
     when the result's advance scheduled one before ``chain_until``."""
     spec = registry.activity_type(claim.name)
-    ctx = ActivityContext(claim=claim)
+    ctx = ActivityContext(claim=claim, lease=DatabaseLease())
     ctx.faultpoint("activity.after_claim")
     try:
         result = _execute(spec, ctx)
@@ -72,13 +73,26 @@ def _attempt_run(claim: Claim, *, worker: str, task_id: str, chain_until: float)
     return outcome, chain.claim if chain is not None else None
 
 
-def _execute(spec: registry.ActivityType, ctx: ActivityContext) -> Any:
-    if ctx.claim.previous_attempt_lost and spec.reconcile is not None:
-        found = spec.reconcile(ctx)
+def _execute(spec: registry.ActivityType[Any, Any], ctx: ActivityContext) -> Any:
+    if ctx.claim.previous_attempt_lost:
+        found = spec.reconcile_json(ctx, ctx.claim.input)
         if found is not None:
             ctx.reconciled = True
             return found
-    return spec.fn(ctx)
+    return spec.execute(ctx, ctx.claim.input)
+
+
+class DatabaseLease:
+    """The lease of an attempt running on a worker: each call is a fenced write (see the services below)."""
+
+    def heartbeat(self, claim: Claim, detail: str) -> bool:
+        return activity_heartbeat_if_current(claim=claim, detail=detail)
+
+    def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str) -> bool:
+        return activity_checkpoint_if_current(claim=claim, state=state, detail=detail)
+
+    def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool:
+        return activity_note_if_current(claim=claim, kind=kind, data=data)
 
 
 @transaction.atomic

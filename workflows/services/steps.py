@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from workflows import doorbells, engine, registry
-from workflows.activity_context import Claim
+from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
 from workflows.services.common import (
     event_record,
@@ -98,7 +98,7 @@ def activity_schedule(
     return activity
 
 
-def lease_expiry(spec: registry.ActivityType, now: datetime) -> datetime:
+def lease_expiry(spec: registry.ActivityType[Any, Any], now: datetime) -> datetime:
     return now + timedelta(seconds=spec.lease_seconds or settings.AGENTOPS_LEASE_SECONDS)
 
 
@@ -114,6 +114,7 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
         activity_id=activity.pk, workflow_id=workflow.pk, operation_id=activity.operation_id, name=activity.name,
         attempt=activity.attempt, lease_token=activity.lease_token, input=activity.input,
         previous_attempt_lost=previous_lost, checkpoint=activity.checkpoint,
+        definition_version=workflow.definition_version,
     )
 
 

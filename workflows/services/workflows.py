@@ -136,8 +136,9 @@ def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Out
     goal = functools.cache(lambda: selectors.current_goal(workflow))
     for _ in range(MAX_STEPS_PER_ADVANCE):
         now = clock.now()
-        ctx = engine.NodeContext(selectors.snapshot(workflow, goal), selectors.recorded_activities(workflow),
-                                 functools.partial(selectors.recorded_waits, workflow))
+        ctx: engine.NodeContext[Any] = engine.NodeContext(
+            selectors.snapshot(workflow, goal), selectors.recorded_activities(workflow),
+            functools.partial(selectors.recorded_waits, workflow))
         try:
             decision = engine.step(definition, ctx)
         except engine.ActivityFailed as exc:

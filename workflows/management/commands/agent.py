@@ -254,6 +254,18 @@ def workflow_by_id(workflow_id: int) -> Workflow:
             from None
 
 
+def extra_table(name: str, value: Any) -> Any:
+    """A kind's extra key as a table: one row per item of a list of objects, else one row."""
+    items = value if isinstance(value, list) else [value]
+    objects = [i for i in items if isinstance(i, dict)]
+    columns = list(dict.fromkeys(k for i in objects for k in i))[:6] or ["value"]
+    table = Table(*columns, title=name.replace("_", " ").capitalize())
+    for item in items:
+        cells = [item.get(c, "") for c in columns] if isinstance(item, dict) else [item]
+        table.add_row(*(str(c)[:70] for c in cells))
+    return table
+
+
 def render_detail(detail: dict[str, Any]) -> Any:
     from rich.console import Group
 
@@ -288,11 +300,7 @@ def render_detail(detail: dict[str, Any]) -> Any:
         latest = detail["progress"][0]
         parts.append(f"Progress: {latest['percent']}% (confidence {latest['confidence']:.0%}) at {latest['at'][:19]}; "
                      f"remaining: {', '.join(latest['remaining']) or 'nothing'}")
-    if detail["tasks"]:
-        tasks = Table("task", "title", "status", "outcome", title="Tasks")
-        for t in detail["tasks"]:
-            tasks.add_row(str(t["id"]), t["title"], t["status"], (t.get("summary") or t.get("reason") or "")[:70])
-        parts.append(tasks)
+    parts += [extra_table(name, rows) for name, rows in detail.items() if name not in selectors.DETAIL_KEYS and rows]
     activities = Table("operation", "activity", "status", "attempts", "error", title="Activities")
     for a in detail["activities"]:
         activities.add_row(a["operation_id"], a["name"], a["status"], str(a["attempts"]), a["error"][:60])

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from django.conf import settings
 
@@ -58,12 +59,64 @@ def _json_answer(text: str, *, what: str) -> dict[str, Any]:
     return data
 
 
-def validate_tasks(data: dict[str, Any]) -> list[dict[str, Any]]:
+class Task(TypedDict, total=False):
+    """One task of the plan, as the definition stores it in its state."""
+
+    id: int
+    title: str
+    instructions: str
+    status: str
+    round: int
+    summary: str
+    reason: str
+
+
+class Plan(TypedDict):
+    tasks: list[Task]
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    goal: str
+
+
+@dataclass(frozen=True)
+class TaskInput:
+    goal: str
+    task: Task
+
+
+class TaskOutcome(TypedDict):
+    summary: str
+    turns: int
+
+
+@dataclass(frozen=True)
+class VerifyInput:
+    goal: str
+    tasks: list[Task]
+
+
+class Verdict(TypedDict):
+    goal_met: bool
+    reason: str
+    progress: Any
+
+
+@dataclass(frozen=True)
+class ReplanInput:
+    goal: str
+    tasks: list[Task]
+    verdict: Verdict | None = None
+    stagnation: Any = None
+
+
+def validate_tasks(data: dict[str, Any]) -> list[Task]:
     """Model output is data: a list of 1–12 tasks, each a short title and instructions."""
     tasks = data.get("tasks")
     if not isinstance(tasks, list) or not 0 < len(tasks) <= MAX_TASKS:
         raise InvalidInput(f"The model's plan must list between 1 and {MAX_TASKS} tasks.")
-    clean = []
+    clean: list[Task] = []
     for number, task in enumerate(tasks, start=1):
         if not isinstance(task, dict) or not isinstance(task.get("title"), str) or not task["title"].strip():
             raise InvalidInput(f"Task {number} of the model's plan has no title.")
@@ -80,9 +133,9 @@ PLAN_SYSTEM = ("<task>plan_tasks</task>\nBreak the goal into a short ordered lis
 
 @activity("plan_tasks", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0),
           lease_seconds=MODEL_CALL_LEASE_SECONDS)
-def plan_tasks(ctx: ActivityContext) -> dict[str, Any]:
+def plan_tasks(ctx: ActivityContext, input: PlanInput) -> Plan:
     response = metered_complete(ctx, call=0, system=PLAN_SYSTEM, max_tokens=1500,
-                                messages=[{"role": "user", "content": f"<goal>{ctx.input['goal']}</goal>"}])
+                                messages=[{"role": "user", "content": f"<goal>{input.goal}</goal>"}])
     return {"tasks": validate_tasks(_json_answer(response.text, what="plan"))}
 
 
@@ -91,16 +144,16 @@ EXECUTE_SYSTEM = ("<task>execute_task</task>\nYou carry out one task inside a wo
 
 
 @activity("execute_task", retry=TASK_RETRY, lease_seconds=MODEL_CALL_LEASE_SECONDS)
-def execute_task(ctx: ActivityContext) -> dict[str, Any]:
+def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
     """A tool-use loop: the model asks for tools, we run them in the workspace and send results back.
 
     The conversation is checkpointed after each turn (at most every AGENTOPS_CHECKPOINT_SECONDS):
     a retried attempt carries on from the last saved turn instead of redoing its tool calls.
     """
-    task = ctx.input["task"]
+    task = input.task
     root = workspace(ctx)
     messages: list[dict[str, Any]] = [{"role": "user", "content": (
-        f"<goal>{ctx.input['goal']}</goal>\n<task_title>{task['title']}</task_title>\n"
+        f"<goal>{input.goal}</goal>\n<task_title>{task['title']}</task_title>\n"
         f"<instructions>{task['instructions']}</instructions>")}]
     first_turn = 0
     if ctx.resume is not None:
@@ -184,13 +237,13 @@ VERIFY_SYSTEM = ("<task>verify_goal</task>\nJudge whether the goal is met from t
 
 @activity("verify_goal", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0), records_progress=True,
           lease_seconds=MODEL_CALL_LEASE_SECONDS)
-def verify_goal(ctx: ActivityContext) -> dict[str, Any]:
+def verify_goal(ctx: ActivityContext, input: VerifyInput) -> Verdict:
     root = workspace(ctx)
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())[:200]
     lines = [f"- [{t['status']}] {t['title']}" + (f" ({t.get('reason')})" if t.get("reason") else "")
-             for t in ctx.input["tasks"]]
+             for t in input.tasks]
     response = metered_complete(ctx, call=0, system=VERIFY_SYSTEM, max_tokens=1000, messages=[{
-        "role": "user", "content": f"<goal>{ctx.input['goal']}</goal>\n<tasks>\n" + "\n".join(lines)
+        "role": "user", "content": f"<goal>{input.goal}</goal>\n<tasks>\n" + "\n".join(lines)
         + f"\n</tasks>\n<files>{', '.join(files)}</files>"}])
     data = _json_answer(response.text, what="verdict")
     if not isinstance(data.get("goal_met"), bool) or not isinstance(data.get("reason"), str):
@@ -205,12 +258,12 @@ REPLAN_SYSTEM = ("<task>replan</task>\nSome tasks failed or the goal is not met.
 
 @activity("replan", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0),
           lease_seconds=MODEL_CALL_LEASE_SECONDS)
-def replan(ctx: ActivityContext) -> dict[str, Any]:
+def replan(ctx: ActivityContext, input: ReplanInput) -> Plan:
     lines = [f"- [{t['status']}] {t['title']}: {t.get('summary') or t.get('reason') or ''}"[:400]
-             for t in ctx.input["tasks"]]
-    verdict = ctx.input.get("verdict") or {}
+             for t in input.tasks]
+    reason = input.verdict["reason"] if input.verdict else ""
     response = metered_complete(ctx, call=0, system=REPLAN_SYSTEM, max_tokens=1500, messages=[{
-        "role": "user", "content": f"<goal>{ctx.input['goal']}</goal>\n<tasks>\n" + "\n".join(lines)
-        + f"\n</tasks>\n<verdict>{verdict.get('reason', '')}</verdict>"
-        + (f"\n<stagnation>{ctx.input['stagnation']}</stagnation>" if ctx.input.get("stagnation") else "")}])
+        "role": "user", "content": f"<goal>{input.goal}</goal>\n<tasks>\n" + "\n".join(lines)
+        + f"\n</tasks>\n<verdict>{reason}</verdict>"
+        + (f"\n<stagnation>{input.stagnation}</stagnation>" if input.stagnation else "")}])
     return {"tasks": validate_tasks(_json_answer(response.text, what="plan"))}

@@ -1,24 +1,53 @@
 """The ``autonomous`` agent: plan, execute one task at a time, verify, adapt, complete."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict, cast
 
-from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition
+from agentops.agents.autonomous.activities import (
+    PlanInput,
+    ReplanInput,
+    Task,
+    TaskInput,
+    Verdict,
+    VerifyInput,
+    execute_task,
+    plan_tasks,
+    replan,
+    verify_goal,
+)
+from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
+from workflows.presentation import AdminPanel
 from workflows.registry import register_definition
 
 DEFAULT_ROUNDS = 3
 
 
-def _with_status(tasks: list[dict[str, Any]], task_id: int, **changes: Any) -> list[dict[str, Any]]:
-    return [{**t, **changes} if t["id"] == task_id else t for t in tasks]
+class State(TypedDict, total=False):
+    """What the handlers keep between nodes."""
+
+    tasks: list[Task]  # the current round's tasks
+    history: list[Task]  # the tasks of earlier rounds
+    round: int
+    verdict: Verdict
+    stagnation: Any  # set by the stagnation sweep before a replan
+
+
+Ctx = NodeContext[State]
+
+
+def _task(base: Task, **changes: Any) -> Task:
+    return cast(Task, {**base, **changes})
+
+
+def _with_status(tasks: list[Task], task_id: int, **changes: Any) -> list[Task]:
+    return [_task(t, **changes) if t["id"] == task_id else t for t in tasks]
 
 
 @register_definition
 class Autonomous(WorkflowDefinition):
     kind = "autonomous"
     version = 1
-    nodes = ("PLANNING", "EXECUTION", "VERIFICATION", "ADAPTATION", "COMPLETED")
     start_node = "PLANNING"
     revalidate_node = "PLANNING"
     adapt_node = "ADAPTATION"
@@ -36,49 +65,63 @@ class Autonomous(WorkflowDefinition):
             raise InvalidInput(f"Parameter max_rounds={rounds} must be between 1 and 20.")
         return {"max_rounds": rounds}
 
-    def planning(self, ctx: NodeContext) -> Decision:
-        plan = ctx.activity("plan_tasks", goal=ctx.goal)
-        tasks = [{**task, "status": "pending", "round": 1} for task in plan["tasks"]]
+    @node("PLANNING")
+    def planning(self, ctx: Ctx) -> Decision:
+        plan = ctx.activity(plan_tasks, PlanInput(goal=ctx.goal))
+        tasks = [_task(task, status="pending", round=1) for task in plan["tasks"]]
         return Goto("EXECUTION", {"tasks": tasks, "round": 1, "history": []})
 
-    def execution(self, ctx: NodeContext) -> Decision:
+    @node("EXECUTION")
+    def execution(self, ctx: Ctx) -> Decision:
         """One task per visit: a failed task (after its retries) is skipped with the reason."""
-        tasks: list[dict[str, Any]] = ctx.state["tasks"]
+        tasks = ctx.state["tasks"]
         pending = [t for t in tasks if t["status"] == "pending"]
         if not pending:
             return Goto("VERIFICATION")
         task = pending[0]
         try:
-            outcome = ctx.activity("execute_task", goal=ctx.goal, task=task)
+            outcome = ctx.activity(execute_task, TaskInput(goal=ctx.goal, task=task))
         except ActivityFailed as exc:
             return Goto("EXECUTION", {"tasks": _with_status(tasks, task["id"], status="skipped", reason=exc.error)})
         return Goto("EXECUTION", {"tasks": _with_status(tasks, task["id"], status="done", summary=outcome["summary"])})
 
-    def verification(self, ctx: NodeContext) -> Decision:
-        verdict = ctx.activity("verify_goal", goal=ctx.goal, tasks=ctx.state["tasks"])
+    @node("VERIFICATION")
+    def verification(self, ctx: Ctx) -> Decision:
+        verdict = ctx.activity(verify_goal, VerifyInput(goal=ctx.goal, tasks=ctx.state["tasks"]))
         if verdict["goal_met"]:
             return Goto("COMPLETED", {"verdict": verdict})
         if ctx.state["round"] >= ctx.params["max_rounds"]:
             return Fail(f"The goal was not met after {ctx.state['round']} rounds: {verdict['reason']}")
         return Goto("ADAPTATION", {"verdict": verdict})
 
-    def adaptation(self, ctx: NodeContext) -> Decision:
+    @node("ADAPTATION")
+    def adaptation(self, ctx: Ctx) -> Decision:
         """Re-plan from what worked and what did not; task ids keep counting up."""
-        tasks: list[dict[str, Any]] = ctx.state["tasks"]
-        plan = ctx.activity("replan", goal=ctx.goal, tasks=tasks, verdict=ctx.state.get("verdict"),
-                            stagnation=ctx.state.get("stagnation"))
+        tasks = ctx.state["tasks"]
+        plan = ctx.activity(replan, ReplanInput(goal=ctx.goal, tasks=tasks, verdict=ctx.state.get("verdict"),
+                                                stagnation=ctx.state.get("stagnation")))
         first_id = max((t["id"] for t in tasks), default=0) + 1
         round_ = ctx.state["round"] + 1
-        fresh = [{**task, "id": first_id + i, "status": "pending", "round": round_}
-                 for i, task in enumerate(plan["tasks"])]
+        fresh = [_task(task, id=first_id + i, status="pending", round=round_) for i, task in enumerate(plan["tasks"])]
         return Goto("EXECUTION", {
             "tasks": fresh, "round": round_, "history": [*ctx.state["history"], *tasks],
             "stagnation": None,
         })
 
-    def completed(self, ctx: NodeContext) -> Decision:
-        tasks: list[dict[str, Any]] = [*ctx.state["history"], *ctx.state["tasks"]]
+    @node("COMPLETED")
+    def completed(self, ctx: Ctx) -> Decision:
+        tasks = [*ctx.state["history"], *ctx.state["tasks"]]
         return Complete({
             "rounds": ctx.state["round"], "tasks_done": sum(t["status"] == "done" for t in tasks),
             "tasks_skipped": sum(t["status"] == "skipped" for t in tasks), "summary": ctx.state["verdict"]["reason"],
         })
+
+    def admin_panels(self, workflow: Any) -> list[AdminPanel]:
+        from agentops.agents.autonomous.presentation import tasks_panel
+
+        return [tasks_panel(workflow)]
+
+    def show_extras(self, workflow: Any) -> dict[str, Any]:
+        """``agent show --json`` lists every task: earlier rounds first, then the current one."""
+        state = workflow.state if isinstance(workflow.state, dict) else {}
+        return {"tasks": [*state.get("history", []), *state.get("tasks", [])]}

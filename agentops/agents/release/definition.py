@@ -5,10 +5,29 @@ import hashlib
 import json
 import os
 import shlex
-from typing import Any
+from typing import Any, TypedDict
 
-from workflows.engine import Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition
+from agentops.agents.release.activities import (
+    DeployInput,
+    Deployment,
+    DeploymentCheckInput,
+    Evidence,
+    Proposal,
+    ProposalInput,
+    RepoInput,
+    RunTestsInput,
+    RunTestsReport,
+    deploy,
+    inspect_repository,
+    propose_change,
+    reconcile_deployment,
+    run_tests,
+    verify_deployment,
+)
+from workflows.engine import Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
+from workflows.models import Wait
+from workflows.presentation import CandidateView, candidate_as_json
 from workflows.registry import register_definition
 
 DEFAULT_ROLE = "release-approvers"
@@ -20,14 +39,29 @@ def candidate_hash(candidate: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(candidate, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+class State(TypedDict, total=False):
+    """What the handlers keep between nodes."""
+
+    evidence: Evidence
+    proposal: Proposal
+    candidate_intent: int
+    candidate_release: str
+    approved_hash: str | None
+    approved_by: str
+    tests: RunTestsReport
+    candidate: dict[str, Any]
+    candidate_hash: str
+    deployment: Deployment
+    reconciliation: dict[str, Any]
+
+
+Ctx = NodeContext[State]
+
+
 @register_definition
 class Release(WorkflowDefinition):
     kind = "release"
     version = 1
-    nodes = (
-        "GATHER_EVIDENCE", "BUILD_CANDIDATE", "VERIFY_CANDIDATE", "REQUEST_APPROVAL", "WAIT_FOR_APPROVAL",
-        "REVALIDATE", "COMMIT_OPERATION", "VERIFY_POSTCONDITION", "RECONCILE", "COMPLETE",
-    )
     start_node = "GATHER_EVIDENCE"
     revalidate_node = "REVALIDATE"
 
@@ -59,29 +93,36 @@ class Release(WorkflowDefinition):
         if not 0 < hours <= 24 * 365:
             raise InvalidInput(f"Parameter approval_expiry_hours={hours} must be between 0 and 8760.")
         role = str(params.get("approver_role", DEFAULT_ROLE)).strip() or DEFAULT_ROLE
+        role_limit = Wait._meta.get_field("required_role").max_length or 0
+        if len(role) > role_limit:
+            raise InvalidInput(f"Parameter approver_role is {len(role)} characters long; the limit is {role_limit}.")
         return {"repo": repo, "test_command": command, "approver_role": role, "approval_expiry_hours": hours}
 
-    def gather_evidence(self, ctx: NodeContext) -> Decision:
-        evidence = ctx.activity("inspect_repository", repo=ctx.params["repo"])
+    @node("GATHER_EVIDENCE")
+    def gather_evidence(self, ctx: Ctx) -> Decision:
+        evidence = ctx.activity(inspect_repository, RepoInput(repo=ctx.params["repo"]))
         return Goto("BUILD_CANDIDATE", {"evidence": evidence})
 
-    def build_candidate(self, ctx: NodeContext) -> Decision:
-        proposal = ctx.activity("propose_change", goal=ctx.goal, evidence=ctx.state["evidence"])
+    @node("BUILD_CANDIDATE")
+    def build_candidate(self, ctx: Ctx) -> Decision:
+        proposal = ctx.activity(propose_change, ProposalInput(goal=ctx.goal, evidence=ctx.state["evidence"]))
         return Goto("VERIFY_CANDIDATE", {
             "proposal": proposal, "candidate_intent": ctx.intent_version,
             "candidate_release": ctx.release_fingerprint, "approved_hash": None,
         })
 
-    def verify_candidate(self, ctx: NodeContext) -> Decision:
-        tests = ctx.activity(
-            "run_tests", repo=ctx.params["repo"], head=ctx.state["evidence"]["head"],
+    @node("VERIFY_CANDIDATE")
+    def verify_candidate(self, ctx: Ctx) -> Decision:
+        tests = ctx.activity(run_tests, RunTestsInput(
+            repo=ctx.params["repo"], head=ctx.state["evidence"]["head"],
             files=ctx.state["proposal"]["files"], test_command=ctx.params["test_command"],
-        )
+        ))
         if not tests["passed"]:
             return Fail(f"The candidate's tests failed (exit {tests['exit_code']}): {tests['output_tail'][-300:]}")
         return Goto("REQUEST_APPROVAL", {"tests": tests})
 
-    def request_approval(self, ctx: NodeContext) -> Decision:
+    @node("REQUEST_APPROVAL")
+    def request_approval(self, ctx: Ctx) -> Decision:
         candidate = {
             "title": ctx.state["proposal"]["title"], "summary": ctx.state["proposal"]["summary"],
             "files": ctx.state["proposal"]["files"], "head": ctx.state["evidence"]["head"],
@@ -90,7 +131,8 @@ class Release(WorkflowDefinition):
         }
         return Goto("WAIT_FOR_APPROVAL", {"candidate": candidate, "candidate_hash": candidate_hash(candidate)})
 
-    def wait_for_approval(self, ctx: NodeContext) -> Decision:
+    @node("WAIT_FOR_APPROVAL")
+    def wait_for_approval(self, ctx: Ctx) -> Decision:
         outcome = ctx.approval(
             candidate=ctx.state["candidate"], candidate_hash=ctx.state["candidate_hash"],
             role=ctx.params["approver_role"], expires_in_seconds=ctx.params["approval_expiry_hours"] * 3600,
@@ -102,9 +144,10 @@ class Release(WorkflowDefinition):
             return Fail("The approval wait expired before anyone decided.")
         return Fail(f"Rejected by {outcome.decided_by}: {outcome.comment or 'no comment'}")
 
-    def revalidate(self, ctx: NodeContext) -> Decision:
+    @node("REVALIDATE")
+    def revalidate(self, ctx: Ctx) -> Decision:
         """After any wait or goal change: rebuild unless the approved candidate still holds."""
-        current = ctx.activity("inspect_repository", repo=ctx.params["repo"])
+        current = ctx.activity(inspect_repository, RepoInput(repo=ctx.params["repo"]))
         state = ctx.state
         if "evidence" not in state or current["head"] != state["evidence"]["head"]:
             return Goto("BUILD_CANDIDATE", {"evidence": current})
@@ -116,28 +159,53 @@ class Release(WorkflowDefinition):
         )
         return Goto("COMMIT_OPERATION") if still_valid else Goto("BUILD_CANDIDATE", {"evidence": current})
 
-    def commit_operation(self, ctx: NodeContext) -> Decision:
-        deployment = ctx.activity(
-            "deploy", candidate_hash=ctx.state["approved_hash"], head=ctx.state["evidence"]["head"],
+    @node("COMMIT_OPERATION")
+    def commit_operation(self, ctx: Ctx) -> Decision:
+        deployment = ctx.activity(deploy, DeployInput(
+            candidate_hash=ctx.state["approved_hash"] or "", head=ctx.state["evidence"]["head"],
             title=ctx.state["proposal"]["title"], files=ctx.state["proposal"]["files"],
-        )
+        ))
         return Goto("VERIFY_POSTCONDITION", {"deployment": deployment})
 
-    def verify_postcondition(self, ctx: NodeContext) -> Decision:
-        check = ctx.activity("verify_deployment", deployment=ctx.state["deployment"],
-                             candidate_hash=ctx.state["approved_hash"])
+    @node("VERIFY_POSTCONDITION")
+    def verify_postcondition(self, ctx: Ctx) -> Decision:
+        check = ctx.activity(verify_deployment, DeploymentCheckInput(
+            deployment=ctx.state["deployment"], candidate_hash=ctx.state["approved_hash"] or ""))
         if not check["ok"]:
             return Fail(f"The deployment did not verify: {check['reason']}")
         return Goto("RECONCILE")
 
-    def reconcile(self, ctx: NodeContext) -> Decision:
-        report = ctx.activity("reconcile_deployment", deployment=ctx.state["deployment"])
+    @node("RECONCILE")
+    def reconcile(self, ctx: Ctx) -> Decision:
+        report = ctx.activity(reconcile_deployment, DeploymentCheckInput(deployment=ctx.state["deployment"]))
         if not report["consistent"]:
             return Fail(f"Reconciliation found a mismatch: {report['reason']}")
         return Goto("COMPLETE", {"reconciliation": report})
 
-    def complete(self, ctx: NodeContext) -> Decision:
+    @node("COMPLETE")
+    def complete(self, ctx: Ctx) -> Decision:
         return Complete({
             "deployment_id": ctx.state["deployment"]["deployment_id"],
             "candidate_hash": ctx.state["approved_hash"], "approved_by": ctx.state.get("approved_by"),
         })
+
+    def describe_candidate(self, candidate: Any) -> CandidateView:
+        """The proposal's title, summary and files in full; the repository HEAD and the tests as facts."""
+        if not isinstance(candidate, dict):
+            return candidate_as_json(candidate)
+        files = candidate.get("files")
+        file_list = sorted((str(p), str(c)) for p, c in files.items()) if isinstance(files, dict) else []
+        facts = []
+        if candidate.get("head"):
+            facts.append(("Repository HEAD", str(candidate["head"])))
+        tests = candidate.get("tests")
+        if isinstance(tests, dict):
+            verdict = "passed" if tests.get("passed") else "FAILED"
+            code = tests.get("exit_code")
+            facts.append(("Tests on the candidate", verdict + (f" (exit code {code})" if code is not None else "")))
+        shown = {"title", "summary", "head", "tests", *(("files",) if file_list else ())}
+        rest = {k: v for k, v in candidate.items() if k not in shown}
+        return CandidateView(
+            title=str(candidate.get("title", "")), summary=str(candidate.get("summary", "")), files=file_list,
+            facts=facts, other=json.dumps(rest, indent=2, sort_keys=True, default=str) if rest else "",
+        )

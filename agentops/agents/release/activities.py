@@ -7,8 +7,9 @@ import shlex
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypedDict
 
 from django.conf import settings
 
@@ -17,7 +18,7 @@ from agentops.budgets import metered_complete
 from agentops.deploytarget import client
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent
-from workflows.registry import RetryPolicy, activity
+from workflows.registry import CompensationInput, RetryPolicy, activity
 
 MAX_FILES = 20
 MAX_FILE_BYTES = 100_000
@@ -34,9 +35,69 @@ def _git(repo: str, *args: str) -> str:
     return done.stdout.strip()
 
 
+@dataclass(frozen=True)
+class RepoInput:
+    repo: str
+
+
+class Evidence(TypedDict):
+    repo: str
+    head: str
+    branch: str
+    files: int
+    dirty: bool
+
+
+@dataclass(frozen=True)
+class ProposalInput:
+    goal: str
+    evidence: Evidence
+
+
+class Proposal(TypedDict, total=False):
+    title: str
+    summary: str
+    files: dict[str, str]
+    model: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunTestsInput:
+    repo: str
+    head: str
+    files: dict[str, str]
+    test_command: str
+
+
+class RunTestsReport(TypedDict):
+    passed: bool
+    exit_code: int
+    output_tail: str
+
+
+@dataclass(frozen=True)
+class DeployInput:
+    candidate_hash: str
+    head: str
+    title: str
+    files: dict[str, str]
+
+
+class Deployment(TypedDict):
+    deployment_id: str
+    idempotency_key: str
+    status: str
+
+
+@dataclass(frozen=True)
+class DeploymentCheckInput:
+    deployment: Deployment
+    candidate_hash: str = ""
+
+
 @activity("inspect_repository", retry=RetryPolicy(max_attempts=3))
-def inspect_repository(ctx: ActivityContext) -> dict[str, Any]:
-    repo = ctx.input["repo"]
+def inspect_repository(ctx: ActivityContext, input: RepoInput) -> Evidence:
+    repo = input.repo
     if not os.path.isdir(repo):
         raise Permanent(f"Repository {repo} does not exist on this worker.")
     return {
@@ -55,12 +116,12 @@ PROPOSE_SYSTEM = (
 
 
 @activity("propose_change", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0), lease_seconds=300)
-def propose_change(ctx: ActivityContext) -> dict[str, Any]:
-    evidence = ctx.input["evidence"]
+def propose_change(ctx: ActivityContext, input: ProposalInput) -> Proposal:
+    evidence = input.evidence
     provider = providers.get_provider()
     response = metered_complete(
         ctx, call=0, system=PROPOSE_SYSTEM,
-        messages=[{"role": "user", "content": f"<goal>{ctx.input['goal']}</goal>\n"
+        messages=[{"role": "user", "content": f"<goal>{input.goal}</goal>\n"
                    f"Repository at {evidence['head']} on {evidence['branch']} with {evidence['files']} files."}],
         max_tokens=2000,
     )
@@ -70,7 +131,7 @@ def propose_change(ctx: ActivityContext) -> dict[str, Any]:
     return proposal
 
 
-def validate_proposal(text: str) -> dict[str, Any]:
+def validate_proposal(text: str) -> Proposal:
     """Model output is data: parse and check it, or refuse it with the reason."""
     try:
         data = json.loads(text)
@@ -94,7 +155,7 @@ def validate_proposal(text: str) -> dict[str, Any]:
 
 
 @activity("run_tests", retry=RetryPolicy(max_attempts=3), lease_seconds=30)
-def run_tests(ctx: ActivityContext) -> dict[str, Any]:
+def run_tests(ctx: ActivityContext, input: RunTestsInput) -> RunTestsReport:
     """Run the test command on a scratch clone with the proposal applied; heartbeats while it runs."""
     # One workspace per attempt: a superseded attempt that resumes (a paused worker) cleans up
     # only its own, never the clone the attempt that took over is testing in.
@@ -102,18 +163,18 @@ def run_tests(ctx: ActivityContext) -> dict[str, Any]:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.parent.mkdir(parents=True, exist_ok=True)
     try:
-        _git(ctx.input["repo"], "clone", "--quiet", "--local", ctx.input["repo"], str(workdir))
-        _git(str(workdir), "checkout", "--quiet", ctx.input["head"])
-        for path, content in ctx.input["files"].items():
+        _git(input.repo, "clone", "--quiet", "--local", input.repo, str(workdir))
+        _git(str(workdir), "checkout", "--quiet", input.head)
+        for path, content in input.files.items():
             target = workdir / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content, encoding="utf-8")
-        return _run_command(ctx, shlex.split(ctx.input["test_command"]), cwd=workdir)
+        return _run_command(ctx, shlex.split(input.test_command), cwd=workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run_command(ctx: ActivityContext, argv: list[str], *, cwd: Path) -> dict[str, Any]:
+def _run_command(ctx: ActivityContext, argv: list[str], *, cwd: Path) -> RunTestsReport:
     deadline = time.monotonic() + settings.AGENTOPS_TEST_TIMEOUT_SECONDS
     try:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -139,59 +200,60 @@ def _deploy_target() -> tuple[str, float]:
     return settings.AGENTOPS_DEPLOY_TARGET_URL, settings.AGENTOPS_HTTP_TIMEOUT_SECONDS
 
 
-def _deployment_result(deployment: dict[str, Any], key: str) -> dict[str, Any]:
+def _deployment_result(deployment: dict[str, Any], key: str) -> Deployment:
     return {"deployment_id": deployment["deployment_id"], "idempotency_key": key, "status": deployment["status"]}
 
 
-def find_deployment_by_key(ctx: ActivityContext) -> dict[str, Any] | None:
+def find_deployment_by_key(ctx: ActivityContext, input: DeployInput) -> Deployment | None:
     """Reconcile a lost attempt: did the deploy target already accept this operation?"""
     url, timeout = _deploy_target()
     found = client.get_deployment(base_url=url, idempotency_key=ctx.operation_id, timeout=timeout)
     return _deployment_result(found, ctx.operation_id) if found else None
 
 
+@activity("undeploy", retry=RetryPolicy(max_attempts=10, initial_interval_seconds=2.0))
+def undeploy(ctx: ActivityContext, input: CompensationInput) -> dict[str, Any]:
+    """Compensate a deployment; idempotent on the deploy target (404 means nothing to undo)."""
+    url, timeout = _deploy_target()
+    ctx.faultpoint("activity.before_external_call")
+    deleted = client.delete_deployment(base_url=url, idempotency_key=input.operation_id, timeout=timeout)
+    ctx.faultpoint("activity.after_external_call")
+    return {"deleted": deleted, "idempotency_key": input.operation_id}
+
+
 @activity(
     "deploy", retry=RetryPolicy(max_attempts=5, initial_interval_seconds=1.0),
-    reconcile=find_deployment_by_key, commitment="deployment", compensation="undeploy",
+    reconcile=find_deployment_by_key, commitment="deployment", compensation=undeploy,
 )
-def deploy(ctx: ActivityContext) -> dict[str, Any]:
+def deploy(ctx: ActivityContext, input: DeployInput) -> Deployment:
     url, timeout = _deploy_target()
-    body = {"workflow_id": ctx.workflow_id, **{k: ctx.input[k] for k in ("candidate_hash", "head", "title", "files")}}
+    body = {"workflow_id": ctx.workflow_id, "candidate_hash": input.candidate_hash, "head": input.head,
+            "title": input.title, "files": input.files}
     ctx.faultpoint("activity.before_external_call")
     deployment = client.create_deployment(base_url=url, idempotency_key=ctx.operation_id, body=body, timeout=timeout)
     ctx.faultpoint("activity.after_external_call")
     return _deployment_result(deployment, ctx.operation_id)
 
 
-@activity("undeploy", retry=RetryPolicy(max_attempts=10, initial_interval_seconds=2.0))
-def undeploy(ctx: ActivityContext) -> dict[str, Any]:
-    """Compensate a deployment; idempotent on the deploy target (404 means nothing to undo)."""
-    url, timeout = _deploy_target()
-    ctx.faultpoint("activity.before_external_call")
-    deleted = client.delete_deployment(base_url=url, idempotency_key=ctx.input["operation_id"], timeout=timeout)
-    ctx.faultpoint("activity.after_external_call")
-    return {"deleted": deleted, "idempotency_key": ctx.input["operation_id"]}
-
-
 @activity("verify_deployment", retry=RetryPolicy(max_attempts=5))
-def verify_deployment(ctx: ActivityContext) -> dict[str, Any]:
+def verify_deployment(ctx: ActivityContext, input: DeploymentCheckInput) -> dict[str, Any]:
     url, timeout = _deploy_target()
-    key = ctx.input["deployment"]["idempotency_key"]
+    key = input.deployment["idempotency_key"]
     found = client.get_deployment(base_url=url, idempotency_key=key, timeout=timeout)
     if found is None:
         return {"ok": False, "reason": f"deployment {key} is not on the deploy target"}
     if found.get("status") != "deployed":
         return {"ok": False, "reason": f"deployment {key} is {found.get('status')}"}
-    if found.get("body", {}).get("candidate_hash") != ctx.input["candidate_hash"]:
+    if found.get("body", {}).get("candidate_hash") != input.candidate_hash:
         return {"ok": False, "reason": f"deployment {key} carries another candidate"}
     return {"ok": True, "reason": ""}
 
 
 @activity("reconcile_deployment", retry=RetryPolicy(max_attempts=5))
-def reconcile_deployment(ctx: ActivityContext) -> dict[str, Any]:
+def reconcile_deployment(ctx: ActivityContext, input: DeploymentCheckInput) -> dict[str, Any]:
     """Compare what we recorded with what the deploy target holds."""
     url, timeout = _deploy_target()
-    recorded = ctx.input["deployment"]
+    recorded = input.deployment
     found = client.get_deployment(base_url=url, idempotency_key=recorded["idempotency_key"], timeout=timeout)
     if found is None or found["deployment_id"] != recorded["deployment_id"]:
         return {"consistent": False, "reason": f"recorded {recorded['deployment_id']}, target has "

@@ -1,0 +1,42 @@
+"""What a running attempt holds: its claim (the fencing token) and the lease interface it talks to.
+
+A leaf module: the activity context, the services and the test kit all import it, and it
+imports nothing of theirs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from workflows.errors import Permanent
+
+
+class LeaseLost(Permanent):
+    """The attempt no longer holds its lease (taken over, or the workflow is cancelling): stop now."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A successfully claimed attempt: the fencing token is (attempt, lease_token)."""
+
+    activity_id: int
+    workflow_id: int
+    operation_id: str
+    name: str
+    attempt: int
+    lease_token: str
+    input: dict[str, Any]
+    previous_attempt_lost: bool
+    checkpoint: dict[str, Any] | None = None
+    definition_version: int = 1
+
+
+class Lease(Protocol):
+    """How a running attempt reaches durable state. Each call is fenced by the claim: it returns
+    False, changing nothing, once the attempt was taken over or its workflow is cancelling."""
+
+    def heartbeat(self, claim: Claim, detail: str) -> bool: ...
+
+    def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str) -> bool: ...
+
+    def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool: ...
