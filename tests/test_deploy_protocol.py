@@ -578,11 +578,6 @@ def _approved_release(repo: Path, requester: Any, approver: Any) -> int:
 
 
 @pytest.mark.django_db
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="verify_deployment still reads found['body'] as a dict; once it calls client.check_postcondition "
-           "(issue 10 item 10), remove this mark",
-)
 def test_the_release_agent_deploys_verifies_and_completes_against_the_minimal_target(
     git_repo: Path, minimal_target: ProtocolTarget, requester: Any, approver: Any
 ) -> None:

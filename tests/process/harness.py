@@ -240,6 +240,8 @@ class Cluster:
     database_url: str
     deploy_target_url: str
     procs: list[Proc] = field(default_factory=list)
+    # Settings every process of the cluster gets on top of the test ones (e.g. AGENTOPS_AGENT_MODULES).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.log_dir = self.tmp_path / "logs"
@@ -267,6 +269,7 @@ class Cluster:
             "AGENTOPS_LOG_LEVEL": "INFO",
             "PYTHONUNBUFFERED": "1",
         })
+        env.update(self.extra_env)
         return env
 
     def _spawn(self, name: str, role: str, args: list[str], env: dict[str, str]) -> Proc:

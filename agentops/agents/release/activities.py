@@ -237,16 +237,15 @@ def deploy(ctx: ActivityContext, input: DeployInput) -> Deployment:
 
 @activity("verify_deployment", retry=RetryPolicy(max_attempts=5))
 def verify_deployment(ctx: ActivityContext, input: DeploymentCheckInput) -> dict[str, Any]:
+    """Check the postcondition from what the deploy protocol guarantees (docs/deploy-protocol.md)."""
     url, timeout = _deploy_target()
-    key = input.deployment["idempotency_key"]
-    found = client.get_deployment(base_url=url, idempotency_key=key, timeout=timeout)
-    if found is None:
-        return {"ok": False, "reason": f"deployment {key} is not on the deploy target"}
-    if found.get("status") != "deployed":
-        return {"ok": False, "reason": f"deployment {key} is {found.get('status')}"}
-    if found.get("body", {}).get("candidate_hash") != input.candidate_hash:
-        return {"ok": False, "reason": f"deployment {key} carries another candidate"}
-    return {"ok": True, "reason": ""}
+    recorded = input.deployment
+    found = client.get_deployment(base_url=url, idempotency_key=recorded["idempotency_key"], timeout=timeout)
+    ok, reason = client.check_postcondition(
+        found, deployment_id=recorded["deployment_id"],
+        body={"workflow_id": ctx.workflow_id, "candidate_hash": input.candidate_hash},
+    )
+    return {"ok": ok, "reason": reason}
 
 
 @activity("reconcile_deployment", retry=RetryPolicy(max_attempts=5))
@@ -255,7 +254,9 @@ def reconcile_deployment(ctx: ActivityContext, input: DeploymentCheckInput) -> d
     url, timeout = _deploy_target()
     recorded = input.deployment
     found = client.get_deployment(base_url=url, idempotency_key=recorded["idempotency_key"], timeout=timeout)
-    if found is None or found["deployment_id"] != recorded["deployment_id"]:
-        return {"consistent": False, "reason": f"recorded {recorded['deployment_id']}, target has "
-                                               f"{found['deployment_id'] if found else 'nothing'}"}
-    return {"consistent": True, "reason": "", "deployment_id": found["deployment_id"]}
+    consistent, reason = client.check_postcondition(
+        found, deployment_id=recorded["deployment_id"], body={"workflow_id": ctx.workflow_id}
+    )
+    if not consistent:
+        return {"consistent": False, "reason": reason}
+    return {"consistent": True, "reason": "", "deployment_id": recorded["deployment_id"]}
