@@ -235,28 +235,25 @@ def deploy(ctx: ActivityContext, input: DeployInput) -> Deployment:
     return _deployment_result(deployment, ctx.operation_id)
 
 
+def _postcondition(recorded: Deployment, body: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the recorded deployment stands on the target, judged as docs/deploy-protocol.md says."""
+    url, timeout = _deploy_target()
+    found = client.get_deployment(base_url=url, idempotency_key=recorded["idempotency_key"], timeout=timeout)
+    return client.check_postcondition(found, deployment_id=recorded["deployment_id"], body=body)
+
+
 @activity("verify_deployment", retry=RetryPolicy(max_attempts=5))
 def verify_deployment(ctx: ActivityContext, input: DeploymentCheckInput) -> dict[str, Any]:
-    """Check the postcondition from what the deploy protocol guarantees (docs/deploy-protocol.md)."""
-    url, timeout = _deploy_target()
-    recorded = input.deployment
-    found = client.get_deployment(base_url=url, idempotency_key=recorded["idempotency_key"], timeout=timeout)
-    ok, reason = client.check_postcondition(
-        found, deployment_id=recorded["deployment_id"],
-        body={"workflow_id": ctx.workflow_id, "candidate_hash": input.candidate_hash},
-    )
+    """Check the postcondition: the deployment is there, deployed, carrying the approved candidate."""
+    ok, reason = _postcondition(input.deployment,
+                                {"workflow_id": ctx.workflow_id, "candidate_hash": input.candidate_hash})
     return {"ok": ok, "reason": reason}
 
 
 @activity("reconcile_deployment", retry=RetryPolicy(max_attempts=5))
 def reconcile_deployment(ctx: ActivityContext, input: DeploymentCheckInput) -> dict[str, Any]:
     """Compare what we recorded with what the deploy target holds."""
-    url, timeout = _deploy_target()
-    recorded = input.deployment
-    found = client.get_deployment(base_url=url, idempotency_key=recorded["idempotency_key"], timeout=timeout)
-    consistent, reason = client.check_postcondition(
-        found, deployment_id=recorded["deployment_id"], body={"workflow_id": ctx.workflow_id}
-    )
+    consistent, reason = _postcondition(input.deployment, {"workflow_id": ctx.workflow_id})
     if not consistent:
         return {"consistent": False, "reason": reason}
-    return {"consistent": True, "reason": "", "deployment_id": recorded["deployment_id"]}
+    return {"consistent": True, "reason": "", "deployment_id": input.deployment["deployment_id"]}
