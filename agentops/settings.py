@@ -272,3 +272,8 @@ CELERY_BEAT_SCHEDULE["check_stagnation"] = {
     "schedule": schedule(AGENTOPS_STAGNATION_CHECK_SECONDS),
     "options": {"expires": float(AGENTOPS_STAGNATION_CHECK_SECONDS)},
 }
+
+# The failure boundary around definition code: an advance that raises is recorded and retried
+# with backoff (30 s, 60 s, 120 s …); after this many failures in a row the workflow pauses
+# for a person (`manage.py agent resume ID` after a fix, or cancel).
+AGENTOPS_HANDLER_MAX_FAILURES = env_int("AGENTOPS_HANDLER_MAX_FAILURES", 5)

@@ -219,9 +219,11 @@ class TestAttentionFilter:
 
         assert ids(attention="stagnating") == {stuck.pk, paused.pk}
         assert ids(attention="budget") == {budget_paused.pk}
+        Workflow.objects.filter(pk=healthy.pk).update(handler_failures=1)  # its last advance raised
+        assert ids(attention="handler_failed") == {healthy.pk}
         assert ids() == {healthy.pk, stuck.pk, long_ago.pk, paused.pk, budget_paused.pk}
         page = client.get(CHANGELIST).content.decode()
-        assert "By stagnating or out of budget" in page and "paused for budget</a>" in page
+        assert "By needs attention" in page and "paused for budget</a>" in page
         stuck_page = client.get(page_of(stuck.pk)).content.decode()
         assert '<p class="ao-alert" id="stagnating"><strong>Stagnating</strong> since' in stuck_page
         assert "no event for 3.0 h." in stuck_page

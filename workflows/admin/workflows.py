@@ -21,7 +21,7 @@ from workflows.admin.reasoning import is_budget_paused, reasoning_panel
 from workflows.errors import Refused
 from workflows.models import Commitment, Intent, Wait, Workflow
 from workflows.selectors import spend_summary
-from workflows.services.steps import BUDGET_PAUSE_PREFIX, MAX_BUDGET_USD, MAX_GOAL_CHARS, STAGNATION_PAUSE_PREFIX
+from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS
 
 # The permission that lets an operator cancel, resume, re-goal or re-budget a workflow. Generic
 # change forms stay disabled whoever holds it: the services are the only writers.
@@ -62,17 +62,24 @@ class QuietFilter(admin.SimpleListFilter):
 
 
 class AttentionFilter(admin.SimpleListFilter):
-    """Workflows that beat found stagnating, and workflows paused because their budget ran out."""
+    """Workflows that beat found stagnating, workflows paused because their budget ran out, and
+    workflows whose advances raise (backing off, or paused for a person)."""
 
-    title = "stagnating or out of budget"
+    title = "needs attention"
     parameter_name = "attention"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("stagnating", "stagnating (flagged within its window)"), ("budget", "paused for budget")]
+        return [("stagnating", "stagnating (flagged within its window)"), ("budget", "paused for budget"),
+                ("handler_failed", "advancing fails (retrying, or paused)")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
         if self.value() == "budget":
-            return queryset.filter(status=Workflow.Status.PAUSED, reason__startswith=BUDGET_PAUSE_PREFIX)
+            return queryset.filter(status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.BUDGET)
+        if self.value() == "handler_failed":
+            return queryset.filter(
+                Q(status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.HANDLER_FAILED)
+                | Q(handler_failures__gt=0)
+            )
         if self.value() != "stagnating":
             return queryset
         # Each workflow has its own window, so "recent" is decided here rather than in SQL
@@ -81,7 +88,7 @@ class AttentionFilter(admin.SimpleListFilter):
         flagged = (Workflow.objects.exclude(status__in=Workflow.TERMINAL).filter(stagnation_flagged_at__isnull=False)
                    .values_list("pk", "stagnation_flagged_at", "stagnation_window_hours"))
         recent = [pk for pk, at, hours in flagged if at > now - timedelta(hours=hours)]
-        paused = Q(status=Workflow.Status.PAUSED, reason__startswith=STAGNATION_PAUSE_PREFIX)
+        paused = Q(status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.STAGNATION)
         return queryset.filter(Q(pk__in=recent) | paused)
 
 
@@ -178,7 +185,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
     readonly_fields = ("status_badge", "goal_full", "params_pretty", "result_pretty", "state_pretty")
     fieldsets = (
         ("Where it is", {"fields": ("status_badge", "current_node", "node_visit", "intent_version", "goal_full",
-                                    "reason")}),
+                                    "reason", "pause_cause", "handler_failures", "advance_retry_at")}),
         ("What it runs", {"fields": ("kind", "definition_version", "release", "release_policy", "params_pretty")}),
         ("Who and when", {"fields": ("launched_by", "created_at", "updated_at", "deadline")}),
         ("Outcome and durable state", {"fields": ("result_pretty", "state_pretty", "version", "event_seq"),
@@ -330,6 +337,9 @@ def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: An
         outcome = services.workflow_resume(workflow_id=workflow_id, user=user)
         if outcome == services.Outcome.APPLIED:
             return f"Workflow {workflow_id} resumed.", messages.SUCCESS
+        if outcome == services.Outcome.HANDLER_FAILED:
+            reason = Workflow.objects.values_list("reason", flat=True).get(pk=workflow_id)
+            return f"Workflow {workflow_id} was resumed, but advancing failed again. {reason}", messages.ERROR
         return f"Workflow {workflow_id} was already running; its doorbell was rung again.", messages.WARNING
     intent = services.workflow_supersede(workflow_id=workflow_id, goal=data["goal"], user=user)
     return (f"Workflow {workflow_id} now pursues intent v{intent.version}; its open approvals were withdrawn "

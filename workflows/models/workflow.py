@@ -49,6 +49,11 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         PAUSE = "pause", "Pause for a person"
         RECORD = "record", "Only record it"
 
+    class PauseCause(models.TextChoices):
+        BUDGET = "budget", "Budget exhausted"
+        STAGNATION = "stagnation", "Stagnating"
+        HANDLER_FAILED = "handler_failed", "Advancing kept failing (a node handler raised)"
+
     TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
     CANCELLABLE = (Status.CREATED, Status.RUNNING, Status.WAITING, Status.PAUSED)
 
@@ -82,6 +87,19 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     )
     result = models.JSONField(null=True, blank=True, help_text="Final result when completed.")
     reason = models.TextField(blank=True, help_text="Why the workflow failed, paused or was cancelled.")
+    pause_cause = models.CharField(
+        max_length=20, choices=PauseCause.choices, blank=True,
+        help_text="Why the workflow is paused, for filters and code (the reason says it for people); "
+                  "empty when it is not paused.",
+    )
+    handler_failures = models.PositiveSmallIntegerField(
+        default=0, help_text="Advances in a row that raised (a node handler or a value it stored); a successful "
+                             "advance resets it. At AGENTOPS_HANDLER_MAX_FAILURES the workflow pauses for a person.",
+    )
+    advance_retry_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a failed advance is tried again (beat rings the workflow then). "
+                                         "Empty: no retry pending.",
+    )
     event_seq = models.PositiveIntegerField(default=0, help_text="Sequence number of the last event recorded.")
     checkpoint = models.ForeignKey(
         "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
@@ -146,11 +164,13 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     @transition(field=status, source=[Status.WAITING, Status.PAUSED], target=Status.RUNNING)
     def wake(self, *, at: datetime) -> None:
         self.updated_at = at
+        self.pause_cause = ""
 
     @transition(field=status, source=[Status.RUNNING, Status.WAITING], target=Status.PAUSED)
-    def pause(self, *, at: datetime, reason: str) -> None:
+    def pause(self, *, at: datetime, reason: str, cause: str) -> None:
         self.updated_at = at
         self.reason = reason
+        self.pause_cause = cause
 
     @transition(field=status, source=Status.RUNNING, target=Status.COMPLETED)
     def complete(self, *, at: datetime, result: Any) -> None:
@@ -161,6 +181,7 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     def fail(self, *, at: datetime, reason: str) -> None:
         self.updated_at = at
         self.reason = reason
+        self.pause_cause = ""
 
     @transition(
         field=status, source=[Status.CREATED, Status.RUNNING, Status.WAITING, Status.PAUSED], target=Status.CANCELLING
@@ -168,6 +189,7 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     def request_cancel(self, *, at: datetime, reason: str) -> None:
         self.updated_at = at
         self.reason = reason
+        self.pause_cause = ""
 
     @transition(field=status, source=Status.CANCELLING, target=Status.CANCELLED)
     def finish_cancel(self, *, at: datetime) -> None:

@@ -132,7 +132,7 @@ def workflow_budget_set(
     workflow_save(workflow, "budget_total_usd", "budget_hourly_usd", at=now)
     event_record(workflow=workflow, kind="budget.changed", at=now, by=getattr(user, "username", ""), old=old,
                  new={"total": _str(workflow.budget_total_usd), "hourly": _str(workflow.budget_hourly_usd)})
-    if workflow.status == Workflow.Status.PAUSED and workflow.reason.startswith(BUDGET_PAUSE_PREFIX):
+    if workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.BUDGET:
         wake_locked(workflow, now=now, cause=f"budget raised by {getattr(user, 'username', '') or 'an operator'}")
     return workflow
 
@@ -148,7 +148,8 @@ def pause_for_budget_locked(workflow: Workflow, activity: Activity, error: Budge
         dispatched_at=now, lease_expires_at=None, error=str(error),
     )
     if workflow.status in (Workflow.Status.RUNNING, Workflow.Status.WAITING):
-        workflow.pause(at=now, reason=str(error))
-        event_record(workflow=workflow, kind="workflow.paused", at=now, reason=str(error))
+        workflow.pause(at=now, reason=str(error), cause=Workflow.PauseCause.BUDGET)
+        event_record(workflow=workflow, kind="workflow.paused", at=now, reason=str(error),
+                     cause=Workflow.PauseCause.BUDGET)
         workflow_save(workflow, "status", "reason", at=now)
 

@@ -30,10 +30,15 @@ def workflow_lock(workflow_id: int) -> Workflow:
 
 
 def workflow_save(workflow: Workflow, *fields: str, at: datetime) -> None:
-    """Save named fields and bump ``version`` (optimistic concurrency for readers that compare it)."""
+    """Save named fields and bump ``version`` (optimistic concurrency for readers that compare it).
+
+    Saving ``status`` saves ``pause_cause`` too: the transitions set the cause with the status
+    (``pause`` sets it, every way out of paused clears it), so the two never disagree.
+    """
     workflow.version += 1
     workflow.updated_at = at
-    workflow.save(update_fields=[*fields, "version", "updated_at"])
+    extra = ["pause_cause"] if "status" in fields and "pause_cause" not in fields else []
+    workflow.save(update_fields=[*fields, *extra, "version", "updated_at"])
 
 
 def event_record(*, workflow: Workflow, kind: str, at: datetime, **data: Any) -> Event:
@@ -74,6 +79,20 @@ def events_batched(workflow: Workflow) -> Iterator[None]:
             Workflow.objects.filter(pk=workflow.pk).update(event_seq=workflow.event_seq)
     finally:
         _event_batch.reset(token)
+
+
+def events_pending(workflow: Workflow) -> int:
+    """How many events ``events_batched(workflow)`` holds unwritten (0 outside such a block)."""
+    batch = _event_batch.get()
+    return len(batch[1]) if batch is not None and batch[0] == workflow.pk else 0
+
+
+def events_pending_truncate(workflow: Workflow, count: int) -> None:
+    """Drop the batched events recorded after the first ``count`` (their savepoint rolled back;
+    the caller restores ``workflow.event_seq`` to match)."""
+    batch = _event_batch.get()
+    if batch is not None and batch[0] == workflow.pk:
+        del batch[1][count:]
 
 
 def release_current(*, at: datetime) -> BehavioralRelease:

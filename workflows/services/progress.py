@@ -12,6 +12,7 @@ from workflows import clock, registry
 from workflows.errors import InvalidInput
 from workflows.models import Activity, Event, ProgressSample, Workflow
 from workflows.services.common import event_record, workflow_lock, workflow_save
+from workflows.services.failures import row_isolated
 from workflows.services.steps import STAGNATION_PAUSE_PREFIX
 
 logger = logging.getLogger("agentops.progress")
@@ -59,20 +60,28 @@ def progress_record_once(*, workflow: Workflow, operation_id: str, result: Any, 
 
 
 def stagnation_check() -> int:
-    """Flag running workflows that stopped moving; each at most once per its window."""
+    """Flag running workflows that stopped moving; each at most once per its window.
+
+    Each workflow is checked in its own savepoint: one that raises is recorded and skipped.
+    """
     now = clock.now()
     silence = timedelta(hours=settings.AGENTOPS_SILENCE_HOURS)
-    flagged = 0
-    for workflow in Workflow.objects.filter(status=Workflow.Status.RUNNING).only(
+    workflows = {w.pk: w for w in Workflow.objects.filter(status=Workflow.Status.RUNNING).only(
         "pk", "stagnation_window_hours", "stagnation_flagged_at", "created_at"
-    ):
-        window = timedelta(hours=workflow.stagnation_window_hours)
-        if workflow.stagnation_flagged_at and workflow.stagnation_flagged_at > now - window:
-            continue
-        reason = _stalled_progress(workflow, now=now, window=window) or _silent(workflow, now=now, silence=silence)
-        if reason:
-            flagged += stagnation_flag_if_due(workflow_id=workflow.pk, reason=reason)
-    return flagged
+    )}
+    return sum(
+        row_isolated("check_stagnation", pk, lambda pk: _stagnation_check_one(workflows[pk], now=now, silence=silence),
+                     workflow_id=lambda pk: pk)
+        for pk in workflows
+    )
+
+
+def _stagnation_check_one(workflow: Workflow, *, now: datetime, silence: timedelta) -> int:
+    window = timedelta(hours=workflow.stagnation_window_hours)
+    if workflow.stagnation_flagged_at and workflow.stagnation_flagged_at > now - window:
+        return 0
+    reason = _stalled_progress(workflow, now=now, window=window) or _silent(workflow, now=now, silence=silence)
+    return stagnation_flag_if_due(workflow_id=workflow.pk, reason=reason) if reason else 0
 
 
 def _stalled_progress(workflow: Workflow, *, now: datetime, window: timedelta) -> str:
@@ -119,7 +128,8 @@ def stagnation_flag_if_due(*, workflow_id: int, reason: str) -> int:
     logger.warning("workflow.stagnating", extra={"workflow_id": workflow.pk, "policy": policy})
     if policy == Workflow.StagnationPolicy.PAUSE:
         workflow.pause(at=now, reason=f"{STAGNATION_PAUSE_PREFIX} {reason}. Look at it, then "
-                                      f"`manage.py agent resume {workflow.pk}`.")
+                                      f"`manage.py agent resume {workflow.pk}`.",
+                       cause=Workflow.PauseCause.STAGNATION)
         workflow_save(workflow, "status", "reason", at=now)
     elif policy == Workflow.StagnationPolicy.REPLAN:
         from workflows import doorbells

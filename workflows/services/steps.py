@@ -12,6 +12,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from workflows import doorbells, engine, registry
+from workflows.errors import InvalidInput
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
 from workflows.services.common import (
@@ -25,7 +26,7 @@ MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
 MAX_HOURS = 24 * 366
 MAX_BUDGET_USD = Decimal(10) ** 8
-# Reasons a workflow is paused start with one of these, so people and filters can tell them apart.
+# The reason texts of a pause start with these, for people; code reads ``Workflow.pause_cause``.
 BUDGET_PAUSE_PREFIX = "Budget exhausted"
 STAGNATION_PAUSE_PREFIX = "Stagnating:"
 # Compensation activities are recorded under this pseudo-node; no handler replays them.
@@ -39,6 +40,7 @@ class Outcome(enum.StrEnum):
     ALREADY_APPLIED = "already_applied"
     NOT_RUNNABLE = "not_runnable"
     SUSPENDED = "suspended"
+    HANDLER_FAILED = "handler_failed"
 
 
 @dataclass
@@ -118,7 +120,16 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
     )
 
 
+# The text fields of ``OpenWait`` that are stored in columns of that name on ``Wait``.
+WAIT_TEXT_FIELDS = ("operation_id", "kind", "candidate_hash", "required_role", "event_name", "timeout_policy")
+
+
 def wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) -> bool:
+    """Open the wait ``command`` asks for (True when a signal already satisfied it).
+
+    Raises InvalidInput, before writing anything, for a value longer than its column.
+    """
+    wait_check_lengths(workflow, command)
     seconds = command.expires_in_seconds
     expires_at = now + timedelta(seconds=seconds) if seconds is not None else None
     wait, created = Wait.objects.get_or_create(
@@ -150,6 +161,20 @@ def wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) ->
     workflow.park(at=now)
     workflow_save(workflow, "status", at=now)
     return False
+
+
+def wait_check_lengths(workflow: Workflow, command: engine.OpenWait) -> None:
+    """Refuse a text of ``command`` longer than its column (PostgreSQL would raise DataError)."""
+    for name in WAIT_TEXT_FIELDS:
+        value = getattr(command, name)
+        limit = Wait._meta.get_field(name).max_length
+        if limit is not None and len(value) > limit:
+            raise InvalidInput(
+                f"Node {workflow.current_node} of workflow {workflow.pk} opens a {command.kind} wait whose {name} "
+                f"is {len(value)} characters long; the limit is {limit}. Shorten it; when it comes from a launch "
+                "parameter, the definition's validate_params should refuse it at launch.",
+                workflow_id=workflow.pk, field=name,
+            )
 
 
 def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: datetime) -> None:

@@ -2,11 +2,14 @@
 
 Every sweep is safe to run at any moment, any number of times, from any number of beat
 processes: each row is claimed by a conditional UPDATE, so a second runner claims nothing.
+Each row runs in its own savepoint (``row_isolated``): a row that raises is logged, recorded
+on its workflow as ``sweep.row_failed`` and skipped, and the batch goes on.
 """
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
@@ -16,6 +19,7 @@ from workflows import clock, doorbells
 from workflows.models import Activity, Timer, Workflow
 from workflows.services.activities import activity_lease_expire_if_due
 from workflows.services.cancellation import workflow_deadline_enforce_if_due
+from workflows.services.failures import row_isolated
 from workflows.services.waits import timer_fire_if_due
 
 logger = logging.getLogger("agentops.sweeps")
@@ -31,7 +35,10 @@ def _batch() -> int:
 def timers_fire_due() -> int:
     """Fire timers whose ``fire_at`` has passed (index ``timer_pending_fire_idx``)."""
     ids = Timer.objects.filter(status=Timer.Status.PENDING, fire_at__lte=clock.now()).order_by("fire_at")
-    return sum(timer_fire_if_due(timer_id=pk) for pk in ids.values_list("pk", flat=True)[: _batch()])
+    return sum(
+        row_isolated("fire_timers", pk, lambda pk: timer_fire_if_due(timer_id=pk), workflow_id=_workflow_of(Timer))
+        for pk in ids.values_list("pk", flat=True)[: _batch()]
+    )
 
 
 def activities_redrive_due() -> int:
@@ -53,41 +60,78 @@ def activities_redrive_due() -> int:
     ).filter(Q(dispatched_at__isnull=True) | Q(ring_again_at__lte=now)).exclude(
         workflow__status=Workflow.Status.PAUSED
     )
-    rung = 0
-    for pk, dispatched_at in due.values_list("pk", "dispatched_at")[: _batch()]:
-        claim = Activity.objects.filter(pk=pk, status=Activity.Status.SCHEDULED)
-        claim = claim.filter(dispatched_at__isnull=True) if dispatched_at is None else claim.filter(
-            dispatched_at=dispatched_at)
-        if claim.update(dispatched_at=now):
-            doorbells.activity_run(activity_id=pk)
-            rung += 1
-    return rung
+    rows = dict(due.values_list("pk", "dispatched_at")[: _batch()])
+    return sum(
+        row_isolated("redrive_activities", pk, lambda pk: _activity_ring_if_undispatched(pk, rows[pk], now=now),
+                     workflow_id=_workflow_of(Activity))
+        for pk in rows
+    )
+
+
+def _activity_ring_if_undispatched(pk: int, dispatched_at: datetime | None, *, now: datetime) -> bool:
+    claim = Activity.objects.filter(pk=pk, status=Activity.Status.SCHEDULED)
+    claim = claim.filter(dispatched_at__isnull=True) if dispatched_at is None else claim.filter(
+        dispatched_at=dispatched_at)
+    if not claim.update(dispatched_at=now):
+        return False
+    doorbells.activity_run(activity_id=pk)
+    return True
 
 
 def leases_reap_expired() -> int:
     """Mark attempts whose lease ran out as lost and re-drive them (index ``act_running_lease_idx``)."""
     ids = Activity.objects.filter(status=Activity.Status.RUNNING, lease_expires_at__lt=clock.now())
-    return sum(activity_lease_expire_if_due(activity_id=pk) for pk in ids.values_list("pk", flat=True)[: _batch()])
+    return sum(
+        row_isolated("reap_leases", pk, lambda pk: activity_lease_expire_if_due(activity_id=pk),
+                     workflow_id=_workflow_of(Activity))
+        for pk in ids.values_list("pk", flat=True)[: _batch()]
+    )
 
 
 def workflows_redrive_idle() -> int:
     """Ring running or cancelling workflows that have no live activity and were idle too long:
-    their advance doorbell was lost (index ``wf_running_updated_idx``)."""
+    their advance doorbell was lost (index ``wf_running_updated_idx``).
+
+    A workflow whose advance failed is rung once its ``advance_retry_at`` passed, not before:
+    the backoff between failed advances is this sweep's schedule.
+    """
     now = clock.now()
     cutoff = now - timedelta(seconds=settings.AGENTOPS_REDISPATCH_AFTER_SECONDS)
     live = Activity.objects.filter(status__in=[Activity.Status.SCHEDULED, Activity.Status.RUNNING])
+    # Idle past the cutoff, or not rung since the retry time passed (the row changed last when
+    # the advance failed, before its retry time).
+    quiet = Q(updated_at__lt=cutoff) | Q(updated_at__lt=F("advance_retry_at"))
     idle = Workflow.objects.filter(
-        status__in=[Workflow.Status.RUNNING, Workflow.Status.CANCELLING], updated_at__lt=cutoff
+        quiet, Q(advance_retry_at__isnull=True) | Q(advance_retry_at__lte=now),
+        status__in=[Workflow.Status.RUNNING, Workflow.Status.CANCELLING],
     ).exclude(pk__in=live.values("workflow_id"))
-    rung = 0
-    for pk, updated_at in idle.values_list("pk", "updated_at")[: _batch()]:
-        if Workflow.objects.filter(pk=pk, updated_at=updated_at).update(updated_at=now):
-            doorbells.workflow_advance(workflow_id=pk)
-            rung += 1
-    return rung
+    rows = dict(idle.values_list("pk", "updated_at")[: _batch()])
+    return sum(
+        row_isolated("redrive_workflows", pk, lambda pk: _workflow_ring_if_idle(pk, rows[pk], now=now),
+                     workflow_id=lambda pk: pk)
+        for pk in rows
+    )
+
+
+def _workflow_ring_if_idle(pk: int, updated_at: datetime, *, now: datetime) -> bool:
+    if not Workflow.objects.filter(pk=pk, updated_at=updated_at).update(updated_at=now):
+        return False
+    doorbells.workflow_advance(workflow_id=pk)
+    return True
 
 
 def deadlines_enforce() -> int:
     """Cancel unfinished workflows past their time limit (index ``wf_open_deadline_idx``)."""
     due = Workflow.objects.filter(deadline__lte=clock.now(), status__in=Workflow.CANCELLABLE)
-    return sum(workflow_deadline_enforce_if_due(workflow_id=pk) for pk in due.values_list("pk", flat=True)[: _batch()])
+    return sum(
+        row_isolated("enforce_deadlines", pk, lambda pk: workflow_deadline_enforce_if_due(workflow_id=pk),
+                     workflow_id=lambda pk: pk)
+        for pk in due.values_list("pk", flat=True)[: _batch()]
+    )
+
+
+def _workflow_of(model: type[Activity] | type[Timer]) -> Callable[[int], int | None]:
+    """The workflow id of a row of ``model``, for recording a failed row on its workflow."""
+    def find(pk: int) -> int | None:
+        return model.objects.filter(pk=pk).values_list("workflow_id", flat=True).first()
+    return find

@@ -23,8 +23,13 @@ from workflows.services.common import (
     workflow_lock,
     workflow_save,
 )
+from workflows.services.failures import (
+    INFRASTRUCTURE_ERRORS,
+    AdvanceMark,
+    handler_failure_record,
+    handler_failures_clear,
+)
 from workflows.services.steps import (
-    BUDGET_PAUSE_PREFIX,
     MAX_BUDGET_USD,
     MAX_GOAL_CHARS,
     MAX_HOURS,
@@ -114,12 +119,16 @@ def workflow_advance_if_runnable(*, workflow_id: int) -> Outcome:
 
     Idempotent: a no-op unless the workflow is running (or cancelling) under its row lock;
     recorded steps are replayed, never re-run, so a duplicate doorbell changes nothing.
-    A doorbell for a workflow that no longer exists is a no-op too.
+    A doorbell for a workflow that no longer exists is a no-op too, and so is one that comes
+    before the retry time of a failed advance (``advance_retry_at``: beat rings it then).
     """
     try:
         workflow = workflow_lock(workflow_id)
     except NotFound:
         logger.warning("workflow.doorbell.unknown", extra={"workflow_id": workflow_id})
+        return Outcome.NOT_RUNNABLE
+    if workflow.advance_retry_at is not None and workflow.advance_retry_at > clock.now():
+        logger.info("workflow.doorbell.backing_off", extra={"workflow_id": workflow_id})
         return Outcome.NOT_RUNNABLE
     with events_batched(workflow):
         return advance_locked(workflow)
@@ -127,11 +136,35 @@ def workflow_advance_if_runnable(*, workflow_id: int) -> Outcome:
 
 def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Outcome:
     """Advance a workflow whose row lock the caller holds; ``chain`` takes the first activity
-    it schedules for the caller to run (see ``activity_schedule``)."""
+    it schedules for the caller to run (see ``activity_schedule``).
+
+    The failure boundary around definition code: the advance runs in a savepoint, so when a
+    handler (or a value it stores) raises, only the advance is rolled back; what the caller
+    recorded before it (an activity's result) stays. The failure is recorded and retried with
+    backoff, then paused for a person (``handler_failure_record``); HANDLER_FAILED says so.
+    ``Permanent`` and a failed activity are not failures of the code: they fail the workflow.
+    Errors of the database connection itself propagate (INFRASTRUCTURE_ERRORS).
+    """
+    if workflow.status not in (Workflow.Status.RUNNING, Workflow.Status.CANCELLING):
+        return Outcome.NOT_RUNNABLE
+    mark = AdvanceMark.take(workflow, chain)
+    try:
+        with transaction.atomic():
+            outcome = _advance(workflow, chain=chain)
+    except INFRASTRUCTURE_ERRORS:
+        raise
+    except Exception as exc:
+        node = workflow.current_node  # where it raised: the restore below goes back to the recorded node
+        mark.restore(workflow, chain)
+        handler_failure_record(workflow, exc, node=node, now=clock.now())
+        return Outcome.HANDLER_FAILED
+    handler_failures_clear(workflow, mark, now=clock.now())
+    return outcome
+
+
+def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
     if workflow.status == Workflow.Status.CANCELLING:
         return advance_cancellation(workflow)
-    if workflow.status != Workflow.Status.RUNNING:
-        return Outcome.NOT_RUNNABLE
     definition = registry.definition(workflow.kind)
     goal = functools.cache(lambda: selectors.current_goal(workflow))
     for _ in range(MAX_STEPS_PER_ADVANCE):
@@ -234,19 +267,25 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Outcome:
     """Resume a paused workflow, retry a cancelling workflow's failed compensations, or re-ring
     a running one whose doorbell may be lost.
 
+    A workflow paused, or backing off, after failed advances is advanced at once, in this
+    call, with a fresh count of failures: HANDLER_FAILED when it fails again (recorded).
     Idempotent: resuming a running workflow only rings its doorbell again; only failed
     compensations get new attempts (conditional UPDATE on status=failed).
     Raises TransitionRefused for waiting and terminal workflows, naming what they wait for.
     """
     workflow = workflow_lock(workflow_id)
     now = clock.now()
-    if workflow.status == Workflow.Status.PAUSED and workflow.reason.startswith(BUDGET_PAUSE_PREFIX):
+    by = username_of(user) or "an operator"
+    if workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.BUDGET:
         raise TransitionRefused(f"Workflow {workflow_id} is paused because its budget ran out; resuming would pause "
                                 f"it again at its next model call. Raise it with `manage.py agent budget "
                                 f"{workflow_id} --total USD --user NAME`, which resumes it.")
     if workflow.status == Workflow.Status.PAUSED:
-        wake_locked(workflow, now=now, cause=f"resumed by {username_of(user) or 'an operator'}")
-        return Outcome.APPLIED
+        failed = workflow.pause_cause == Workflow.PauseCause.HANDLER_FAILED
+        wake_locked(workflow, now=now, cause=f"resumed by {by}")
+        return _advance_now(workflow, now=now, by=by) if failed else Outcome.APPLIED
+    if workflow.status == Workflow.Status.RUNNING and workflow.handler_failures:
+        return _advance_now(workflow, now=now, by=by)
     if workflow.status == Workflow.Status.CANCELLING and compensations_retry(workflow, now=now):
         return Outcome.APPLIED
     if workflow.status in (Workflow.Status.RUNNING, Workflow.Status.CANCELLING):
@@ -260,3 +299,15 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Outcome:
     raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; it cannot be resumed.")
 
 
+def _advance_now(workflow: Workflow, *, now: datetime, by: str) -> Outcome:
+    """Advance a workflow after its handler failures, presumably fixed, with a fresh count
+    (the failures' reason goes with them; a new failure writes its own)."""
+    if workflow.status != Workflow.Status.RUNNING:
+        return Outcome.APPLIED  # waking it ended it (its release policy) or sent it elsewhere
+    event_record(workflow=workflow, kind="workflow.advance_retried", at=now, by=by,
+                 failures=workflow.handler_failures)
+    workflow.handler_failures, workflow.advance_retry_at, workflow.reason = 0, None, ""
+    workflow_save(workflow, "handler_failures", "advance_retry_at", "reason", at=now)
+    with events_batched(workflow):
+        outcome = advance_locked(workflow)
+    return Outcome.HANDLER_FAILED if outcome == Outcome.HANDLER_FAILED else Outcome.APPLIED

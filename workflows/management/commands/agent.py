@@ -21,6 +21,8 @@ from workflows.models import Workflow
 
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 3
+# Shown in the head of `agent show` (why it is paused, failed advances), not as a kind's extra table.
+FAILURE_KEYS = ("pause_cause", "handler_failures", "advance_retry_at")
 
 
 class Command(BaseCommand):
@@ -138,10 +140,16 @@ class Command(BaseCommand):
         self.console.print(table if rows else "No workflows yet. Launch one with `manage.py agent launch`.")
 
     def _show(self, options: dict[str, Any]) -> None:
-        detail = selectors.workflow_detail(workflow_by_id(options["id"]), events=options["events"])
+        workflow = workflow_by_id(options["id"])
+        detail = selectors.workflow_detail(workflow, events=options["events"])
         if options["json"]:
             self._emit(options, detail, "")
             return
+        # For the readable view only, until the JSON shape carries them (selectors.workflow_summary).
+        retry_at = workflow.advance_retry_at
+        for key, value in zip(FAILURE_KEYS, (workflow.pause_cause, workflow.handler_failures,
+                                             retry_at.isoformat() if retry_at else None), strict=True):
+            detail.setdefault(key, value)
         self.console.print(render_detail(detail))
 
     def _approve(self, options: dict[str, Any]) -> None:
@@ -200,8 +208,11 @@ class Command(BaseCommand):
 
     def _resume(self, options: dict[str, Any]) -> None:
         outcome = services.workflow_resume(workflow_id=options["id"], user=user_or_none(options["user"]))
-        text = ("Workflow resumed." if outcome == services.Outcome.APPLIED
-                else "Workflow was already running; its doorbell was rung again.")
+        text = {
+            services.Outcome.APPLIED: "Workflow resumed.",
+            services.Outcome.HANDLER_FAILED: f"Workflow resumed, but advancing failed again; see `manage.py agent "
+                                             f"show {options['id']}`.",
+        }.get(outcome, "Workflow was already running; its doorbell was rung again.")
         self._emit(options, {"id": options["id"], "outcome": outcome.value}, text)
 
 
@@ -273,8 +284,14 @@ def render_detail(detail: dict[str, Any]) -> Any:
             f"{detail['current_node']} (intent v{detail['intent_version']})\nGoal: {detail['goal']}\n"
             f"Release: {detail['release']['provider']} {detail['release']['model']} "
             f"prompt {detail['release']['prompt_version']}")
+    if detail.get("pause_cause"):
+        head += f"\nPaused: {detail['pause_cause']}"
     if detail["reason"]:
         head += f"\nReason: {detail['reason']}"
+    if detail.get("handler_failures"):
+        retry = detail.get("advance_retry_at")
+        head += (f"\nHandler failures: {detail['handler_failures']} in a row"
+                 + (f"; next try at {retry[:19]}" if retry else "") + " (see the workflow.handler_failed events)")
     spend = detail["spend"]
     simulated = " (simulated: scripted provider)" if detail["release"]["provider"] == "scripted" else ""
     head += (f"\nSpend{simulated}: {spend['spent_usd']} USD of {spend['budget_total_usd'] or 'unlimited'} "
@@ -300,7 +317,8 @@ def render_detail(detail: dict[str, Any]) -> Any:
         latest = detail["progress"][0]
         parts.append(f"Progress: {latest['percent']}% (confidence {latest['confidence']:.0%}) at {latest['at'][:19]}; "
                      f"remaining: {', '.join(latest['remaining']) or 'nothing'}")
-    parts += [extra_table(name, rows) for name, rows in detail.items() if name not in selectors.DETAIL_KEYS and rows]
+    parts += [extra_table(name, rows) for name, rows in detail.items()
+              if name not in selectors.DETAIL_KEYS and name not in FAILURE_KEYS and rows]
     activities = Table("operation", "activity", "status", "attempts", "error", title="Activities")
     for a in detail["activities"]:
         activities.add_row(a["operation_id"], a["name"], a["status"], str(a["attempts"]), a["error"][:60])

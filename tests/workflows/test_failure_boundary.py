@@ -1,0 +1,289 @@
+"""The failure boundary: a handler that raises never undoes recorded work; it is recorded, retried
+with backoff, then paused for a person; a sweep row that raises does not stop the other rows."""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.apps import apps
+from django.core.management import call_command
+
+from workflows import clock, engine, registry, services
+from workflows.activity_context import ActivityContext
+from workflows.models import Activity, Event, Wait, Workflow
+from workflows.services import Outcome, RunOutcome, steps, sweeps
+from workflows.testing import registered
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rung")]
+
+KIND = "test-failure-boundary"
+CALLS: list[str] = []  # the external calls of the side-effecting activity
+
+
+@registry.activity("test_failure_boundary_call")
+def side_effect(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    CALLS.append(input["key"])
+    return {"call": len(CALLS)}
+
+
+class Boundary(engine.WorkflowDefinition):
+    """CALL runs one side-effecting activity, then AFTER breaks as the goal says (see BREAKS)."""
+
+    kind = KIND
+    start_node = "CALL"
+    revalidate_node = "CALL"
+
+    @engine.node("CALL")
+    def call(self, ctx: engine.NodeContext[Any]) -> engine.Decision:
+        if ctx.goal == "at launch":
+            ctx.state["missing"]
+        return engine.Goto("AFTER", {"receipt": ctx.activity(side_effect, {"key": ctx.goal})})
+
+    @engine.node("AFTER")
+    def after(self, ctx: engine.NodeContext[Any]) -> engine.Decision:
+        return BREAKS[ctx.goal](ctx)
+
+    @engine.node("DONE")
+    def done(self, ctx: engine.NodeContext[Any]) -> engine.Decision:
+        return engine.Complete({"receipt": ctx.state["receipt"]})
+
+
+def _long_role(ctx: engine.NodeContext[Any]) -> engine.Decision:
+    ctx.approval(candidate={}, candidate_hash="0" * 64, role="r" * 200, expires_in_seconds=60, state_versions={})
+    return engine.Goto("DONE")
+
+
+def _after_a_signal(ctx: engine.NodeContext[Any]) -> engine.Decision:
+    ctx.wait_for_event("go")
+    return engine.Goto("DONE", {"x": ctx.state["missing"]})
+
+
+BREAKS: dict[str, Callable[[engine.NodeContext[Any]], engine.Decision]] = {
+    "attribute": lambda ctx: engine.Goto("DONE", {"x": ctx.goal.no_such_method()}),
+    "key": lambda ctx: engine.Goto("DONE", {"x": ctx.state["missing"]}),
+    "nul": lambda ctx: engine.Goto("DONE", {"note": "a\x00b"}),
+    "long role": _long_role,
+    "long role, not refused": _long_role,  # the test turns the length check off: the column refuses it
+    "after a signal": _after_a_signal,
+}
+
+
+def fixed(ctx: engine.NodeContext[Any]) -> engine.Decision:
+    return engine.Goto("DONE")
+
+
+@pytest.fixture(autouse=True)
+def boundary_kind(settings: Any) -> Iterator[None]:
+    settings.AGENTOPS_HANDLER_MAX_FAILURES = 3
+    CALLS.clear()
+    with registered(Boundary, side_effect):
+        yield
+
+
+@pytest.fixture
+def frozen(time_machine: Any) -> Any:
+    time_machine.move_to(clock.now(), tick=False)
+    return time_machine
+
+
+def launch_and_call(goal: str) -> tuple[Workflow, Activity]:
+    """Launch, run the side-effecting activity once; its result's advance runs AFTER."""
+    workflow = services.workflow_launch(kind=KIND, goal=goal)
+    activity = Activity.objects.get(workflow=workflow, name=side_effect.name)
+    assert services.activity_run_if_runnable(activity_id=activity.pk) == RunOutcome.RECORDED
+    workflow.refresh_from_db()
+    activity.refresh_from_db()
+    return workflow, activity
+
+
+def events(workflow: Workflow, kind: str) -> list[dict[str, Any]]:
+    return list(Event.objects.filter(workflow=workflow, kind=kind).order_by("seq").values_list("data", flat=True))
+
+
+def assert_history_contiguous(workflow: Workflow) -> None:
+    seqs = list(Event.objects.filter(workflow=workflow).values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+    assert Workflow.objects.get(pk=workflow.pk).event_seq == len(seqs)
+
+
+@pytest.mark.parametrize(("goal", "error_type", "message"), [
+    ("attribute", "AttributeError", "'str' object has no attribute 'no_such_method'"),
+    ("key", "KeyError", "'missing'"),
+    ("nul", "InvalidInput", "State written by node AFTER contains a NUL character"),
+    ("long role", "InvalidInput", "whose required_role is 200 characters long; the limit is 150"),
+    ("long role, not refused", "DataError", "value too long for type character varying(150)"),
+])
+def test_a_raising_handler_keeps_the_recorded_result_and_retries_later(frozen, monkeypatch, goal, error_type,
+                                                                       message):
+    """The activity ran once and its result stays recorded; the failure is an event, the workflow
+    stays running at the recorded node with a retry time, and a second doorbell runs nothing."""
+    if goal.endswith("not refused"):
+        monkeypatch.setattr(steps, "wait_check_lengths", lambda workflow, command: None)
+    node = "AFTER"
+    workflow, activity = launch_and_call(goal)
+
+    assert CALLS == [goal]
+    assert (activity.status, activity.result) == ("succeeded", {"call": 1})
+    assert (workflow.status, workflow.current_node, workflow.handler_failures) == ("running", "CALL", 1)
+    assert workflow.advance_retry_at == clock.now() + timedelta(seconds=30)
+    [failure] = events(workflow, "workflow.handler_failed")
+    assert (failure["node"], failure["error_type"], failure["failures"]) == (node, error_type, 1)
+    assert message in failure["message"]
+    assert len(failure["traceback_sha256"]) == 64 and failure["frames"]
+    assert f"Advancing failed at node {node} (1 of 3 tries): {error_type}" in workflow.reason
+    assert f"`manage.py agent resume {workflow.pk}` tries at once" in workflow.reason
+    assert not Wait.objects.filter(workflow=workflow).exists()
+    assert_history_contiguous(workflow)
+    assert services.activity_run_if_runnable(activity_id=activity.pk) == RunOutcome.SKIPPED
+    assert CALLS == [goal]
+
+
+def test_failures_back_off_then_pause_and_resume_after_a_fix_completes(frozen, rung, monkeypatch):
+    """Retries come from the idle sweep at 30 s, then 60 s; the third failure pauses the workflow
+    for a person; resumed after a fix, it completes with the activity's one result."""
+    t0 = clock.now()
+    workflow, _ = launch_and_call("key")
+    rung.clear()
+    assert services.workflow_advance_if_runnable(workflow_id=workflow.pk) == Outcome.NOT_RUNNABLE  # before retry
+    frozen.move_to(t0 + timedelta(seconds=29), tick=False)
+    assert services.workflows_redrive_idle() == 0
+
+    frozen.move_to(t0 + timedelta(seconds=31), tick=False)
+    assert services.workflows_redrive_idle() == 1
+    assert rung == [("workflow", workflow.pk)]
+    assert services.workflow_advance_if_runnable(workflow_id=workflow.pk) == Outcome.HANDLER_FAILED
+    workflow.refresh_from_db()
+    assert workflow.handler_failures == 2
+    assert workflow.advance_retry_at == t0 + timedelta(seconds=31 + 60)
+    frozen.move_to(t0 + timedelta(seconds=31 + 45), tick=False)  # idle past the cutoff, not yet its retry time
+    assert services.workflows_redrive_idle() == 0
+
+    frozen.move_to(t0 + timedelta(seconds=31 + 61), tick=False)
+    assert services.workflows_redrive_idle() == 1
+    assert services.workflow_advance_if_runnable(workflow_id=workflow.pk) == Outcome.HANDLER_FAILED
+    workflow.refresh_from_db()
+    assert (workflow.status, workflow.pause_cause, workflow.handler_failures) == ("paused", "handler_failed", 3)
+    assert workflow.advance_retry_at is None
+    assert workflow.reason.startswith("Paused: advancing at node AFTER failed 3 times in a row: KeyError")
+    assert f"then `manage.py agent resume {workflow.pk}`; or `manage.py agent cancel {workflow.pk}`" in workflow.reason
+    assert [e["failures"] for e in events(workflow, "workflow.handler_failed")] == [1, 2, 3]
+    assert events(workflow, "workflow.paused") == [{"reason": workflow.reason, "cause": "handler_failed"}]
+    frozen.move_to(t0 + timedelta(hours=1), tick=False)
+    assert services.workflows_redrive_idle() == 0
+
+    monkeypatch.setitem(BREAKS, "key", fixed)
+    assert services.workflow_resume(workflow_id=workflow.pk) == Outcome.APPLIED
+
+    workflow.refresh_from_db()
+    assert (workflow.status, workflow.result) == ("completed", {"receipt": {"call": 1}})
+    assert (workflow.handler_failures, workflow.pause_cause, workflow.reason) == (0, "", "")
+    assert CALLS == ["key"]
+    assert_history_contiguous(workflow)
+
+
+def test_resuming_without_a_fix_records_one_more_failure_and_says_so(frozen, monkeypatch):
+    """A resume runs the advance at once with a fresh count: failing again is reported, not raised."""
+    workflow, _ = launch_and_call("key")
+    Workflow.objects.filter(pk=workflow.pk).update(handler_failures=3)  # as if paused at the cap
+    frozen.shift(timedelta(minutes=5))
+    workflow = Workflow.objects.get(pk=workflow.pk)
+
+    assert services.workflow_resume(workflow_id=workflow.pk) == Outcome.HANDLER_FAILED
+
+    workflow.refresh_from_db()
+    assert (workflow.status, workflow.handler_failures) == ("running", 1)
+    assert events(workflow, "workflow.advance_retried") == [{"by": "an operator", "failures": 3}]
+    out = StringIO()
+    call_command("agent", "show", str(workflow.pk), stdout=out)
+    text = " ".join(out.getvalue().split())
+    assert "Handler failures: 1 in a row; next try at" in text
+    assert "Advancing failed at node AFTER (1 of 3 tries): KeyError" in text
+
+
+def test_the_doorbell_path_records_a_failure_instead_of_raising(frozen):
+    """A signal wakes the workflow; its doorbell's advance raises: recorded, nothing undone."""
+    workflow, _ = launch_and_call("after a signal")
+    assert workflow.status == "waiting"
+    services.workflow_signal(workflow_id=workflow.pk, name="go", payload={"n": 1})
+
+    assert services.workflow_advance_if_runnable(workflow_id=workflow.pk) == Outcome.HANDLER_FAILED
+
+    workflow.refresh_from_db()
+    assert (workflow.status, workflow.current_node, workflow.handler_failures) == ("running", "AFTER", 1)
+    assert Wait.objects.get(workflow=workflow).status == "satisfied"
+    assert [e["error_type"] for e in events(workflow, "workflow.handler_failed")] == ["KeyError"]
+    assert CALLS == ["after a signal"]
+    assert_history_contiguous(workflow)
+
+
+def test_a_handler_raising_at_launch_is_recorded_not_raised(frozen):
+    """The launch commits its workflow with the failure recorded; nothing was scheduled."""
+    workflow = services.workflow_launch(kind=KIND, goal="at launch")
+
+    workflow.refresh_from_db()
+    assert (workflow.status, workflow.handler_failures) == ("running", 1)
+    assert [e["node"] for e in events(workflow, "workflow.handler_failed")] == ["CALL"]
+    assert not Activity.objects.filter(workflow=workflow).exists()
+    assert_history_contiguous(workflow)
+
+
+def test_a_paused_handler_failure_shows_in_agent_show(frozen, settings):
+    """`agent show` names the pause cause and the reason that says what to do."""
+    settings.AGENTOPS_HANDLER_MAX_FAILURES = 1
+    workflow, _ = launch_and_call("key")
+    assert workflow.status == "paused"
+
+    out = StringIO()
+    call_command("agent", "show", str(workflow.pk), stdout=out)
+
+    text = " ".join(out.getvalue().split())
+    assert "Paused: handler_failed" in text
+    assert f"Fix the cause (the workflow.handler_failed events hold the last frames), then `manage.py agent resume " \
+           f"{workflow.pk}`" in text
+
+
+def test_a_poisoned_row_does_not_stop_the_lease_sweep(frozen, monkeypatch):
+    """One row whose reaping raises (a database error, even) is recorded on its workflow and
+    skipped; the other expired leases are reaped in the same batch."""
+    rows = [services.workflow_launch(kind=KIND, goal="key") for _ in range(3)]
+    activities = [Activity.objects.get(workflow=w) for w in rows]
+    for row in activities:
+        services.activity_claim_if_runnable(activity_id=row.pk, worker="doomed", task_id="")
+    frozen.shift(timedelta(minutes=10))
+    poisoned = activities[0]
+    reap = sweeps.activity_lease_expire_if_due
+
+    def poisoning(*, activity_id: int) -> bool:
+        if activity_id == poisoned.pk:
+            Workflow.objects.filter(pk=poisoned.workflow_id).update(current_node="N" * 80)  # DataError
+        return reap(activity_id=activity_id)
+
+    monkeypatch.setattr(sweeps, "activity_lease_expire_if_due", poisoning)
+
+    assert services.leases_reap_expired() == 2
+
+    statuses = dict(Activity.objects.values_list("pk", "status"))
+    assert [statuses[a.pk] for a in activities] == ["running", "scheduled", "scheduled"]
+    [failure] = events(rows[0], "sweep.row_failed")
+    assert (failure["sweep"], failure["row_id"], failure["error_type"]) == ("reap_leases", poisoned.pk, "DataError")
+    assert Workflow.objects.get(pk=poisoned.workflow_id).current_node == "CALL"
+    monkeypatch.setattr(sweeps, "activity_lease_expire_if_due", reap)
+    assert services.leases_reap_expired() == 1
+
+
+def test_the_migration_sets_the_pause_cause_from_the_reason_prefix(frozen):
+    """Paused rows from before the field get their cause from the prefix of their reason."""
+    migration = importlib.import_module("workflows.migrations.0003_workflow_handler_failures_pause_cause")
+    budget, stagnating, other = (services.workflow_launch(kind=KIND, goal="key") for _ in range(3))
+    for workflow, reason in ((budget, "Budget exhausted: workflow 1 has used …"),
+                             (stagnating, "Stagnating: no event for 3.0 h. Look at it"), (other, "Something else")):
+        Workflow.objects.filter(pk=workflow.pk).update(status="paused", reason=reason, pause_cause="")
+
+    migration.pause_cause_from_reason(apps, None)
+
+    causes = dict(Workflow.objects.values_list("pk", "pause_cause"))
+    assert [causes[w.pk] for w in (budget, stagnating, other)] == ["budget", "stagnation", ""]
