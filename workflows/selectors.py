@@ -69,6 +69,9 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
         "release": {"provider": workflow.release.provider, "model": workflow.release.model,
                     "prompt_version": workflow.release.prompt_version},
         "reason": workflow.reason,
+        "pause_cause": workflow.pause_cause,
+        "handler_failures": workflow.handler_failures,
+        "advance_retry_at": _iso(workflow.advance_retry_at),
         "deadline": _iso(workflow.deadline),
         "created_at": workflow.created_at.isoformat(),
         "updated_at": workflow.updated_at.isoformat(),
@@ -77,8 +80,9 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
 
 # The keys of ``agent show --json`` that every kind has; a kind's ``show_extras`` adds others.
 DETAIL_KEYS = frozenset({
-    "id", "kind", "status", "current_node", "intent_version", "goal", "release", "reason", "deadline", "created_at",
-    "updated_at", "params", "result", "waits", "activities", "commitments", "spend", "progress", "events",
+    "id", "kind", "status", "current_node", "intent_version", "goal", "release", "reason", "pause_cause",
+    "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params", "result", "waits",
+    "activities", "commitments", "spend", "progress", "events",
 })
 
 

@@ -10,14 +10,13 @@ from django.db.models import Count
 from workflows.admin.charts import Reading, TimeChart, time_chart, usd, when
 from workflows.models import Event, ProgressSample, UsageEntry, Workflow
 from workflows.selectors import spend_summary
-from workflows.services.steps import BUDGET_PAUSE_PREFIX
 
 # The offline provider: deterministic answers, priced as if a real model had given them.
 SCRIPTED = "scripted"
 
 
 def is_budget_paused(workflow: Workflow) -> bool:
-    return workflow.status == Workflow.Status.PAUSED and workflow.reason.startswith(BUDGET_PAUSE_PREFIX)
+    return workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.BUDGET
 
 
 def spend_chart(workflow: Workflow, entries: list[UsageEntry], *, simulated: bool) -> TimeChart | None:

@@ -95,7 +95,9 @@ class Release(WorkflowDefinition):
         role = str(params.get("approver_role", DEFAULT_ROLE)).strip() or DEFAULT_ROLE
         role_limit = Wait._meta.get_field("required_role").max_length or 0
         if len(role) > role_limit:
-            raise InvalidInput(f"Parameter approver_role is {len(role)} characters long; the limit is {role_limit}.")
+            raise InvalidInput(f"Parameter approver_role is {len(role)} characters long; the limit is {role_limit} "
+                               f"(a Django group name): name an existing group, e.g. "
+                               f"--param approver_role={DEFAULT_ROLE}.")
         return {"repo": repo, "test_command": command, "approver_role": role, "approval_expiry_hours": hours}
 
     @node("GATHER_EVIDENCE")

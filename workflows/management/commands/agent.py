@@ -21,8 +21,6 @@ from workflows.models import Workflow
 
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 3
-# Shown in the head of `agent show` (why it is paused, failed advances), not as a kind's extra table.
-FAILURE_KEYS = ("pause_cause", "handler_failures", "advance_retry_at")
 
 
 class Command(BaseCommand):
@@ -145,11 +143,6 @@ class Command(BaseCommand):
         if options["json"]:
             self._emit(options, detail, "")
             return
-        # For the readable view only, until the JSON shape carries them (selectors.workflow_summary).
-        retry_at = workflow.advance_retry_at
-        for key, value in zip(FAILURE_KEYS, (workflow.pause_cause, workflow.handler_failures,
-                                             retry_at.isoformat() if retry_at else None), strict=True):
-            detail.setdefault(key, value)
         self.console.print(render_detail(detail))
 
     def _approve(self, options: dict[str, Any]) -> None:
@@ -318,7 +311,7 @@ def render_detail(detail: dict[str, Any]) -> Any:
         parts.append(f"Progress: {latest['percent']}% (confidence {latest['confidence']:.0%}) at {latest['at'][:19]}; "
                      f"remaining: {', '.join(latest['remaining']) or 'nothing'}")
     parts += [extra_table(name, rows) for name, rows in detail.items()
-              if name not in selectors.DETAIL_KEYS and name not in FAILURE_KEYS and rows]
+              if name not in selectors.DETAIL_KEYS and rows]
     activities = Table("operation", "activity", "status", "attempts", "error", title="Activities")
     for a in detail["activities"]:
         activities.add_row(a["operation_id"], a["name"], a["status"], str(a["attempts"]), a["error"][:60])
