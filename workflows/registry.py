@@ -245,13 +245,10 @@ def activity(
         name = fn_or_name if isinstance(fn_or_name, str) else fn.__name__
         if not 0 < len(name) <= NAME_MAX_LENGTH:
             raise DefinitionError(f"Activity name {name!r} must be 1–{NAME_MAX_LENGTH} characters.")
-        if name in _activities and _activities[name].fn is not fn:
-            raise DefinitionError(f"Activity {name!r} is registered twice: by {_activities[name].fn.__module__} "
-                                  f"and by {fn.__module__}; give one of them another name.")
         spec = ActivityType(fn, name=name, retry=retry or RetryPolicy(), lease_seconds=lease_seconds,
                             reconcile=reconcile, commitment=commitment, compensation=compensation,
                             records_progress=records_progress)
-        _activities[name] = spec
+        register_activity(spec)
         return spec
 
     if callable(fn_or_name):
@@ -283,7 +280,12 @@ def restore(saved: Snapshot) -> None:
 
 
 def register_activity(spec: ActivityType[Any, Any]) -> None:
-    """Register an activity made by ``@activity`` again after a ``restore`` removed it."""
-    if spec.name in _activities and _activities[spec.name] is not spec:
-        raise DefinitionError(f"Activity {spec.name!r} is registered twice.")
+    """Register an activity (``@activity`` does; so does the test kit after a ``restore`` removed it).
+
+    Registering the same function again is a no-op; another function under the same name is refused.
+    """
+    known = _activities.get(spec.name)
+    if known is not None and known.fn is not spec.fn:
+        raise DefinitionError(f"Activity {spec.name!r} is registered twice: by {known.fn.__module__} "
+                              f"and by {spec.fn.__module__}; give one of them another name.")
     _activities[spec.name] = spec

@@ -13,6 +13,15 @@ from workflows.errors import InvalidInput
 from workflows.models import Activity, Event, Intent, UsageEntry, Wait, Workflow
 
 
+def definition_of(workflow: Workflow) -> engine.WorkflowDefinition | None:
+    """The definition of a workflow's kind, or None when no package on this host registers it
+    (the pages and commands that show a workflow still work without its kind's hooks)."""
+    try:
+        return registry.definition(workflow.kind)
+    except InvalidInput:
+        return None
+
+
 def current_goal(workflow: Workflow) -> str:
     return Intent.objects.values_list("goal", flat=True).get(workflow=workflow, version=workflow.intent_version)
 
@@ -122,10 +131,8 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
     detail["events"] = [
         {"seq": e.seq, "kind": e.kind, "at": e.created_at.isoformat(), "data": e.data} for e in reversed(recent)
     ]
-    try:
-        extras = registry.definition(workflow.kind).show_extras(workflow)
-    except InvalidInput:  # the kind's package is not installed on this host
-        extras = {}
+    definition = definition_of(workflow)
+    extras = definition.show_extras(workflow) if definition else {}
     return {**detail, **{key: value for key, value in extras.items() if key not in DETAIL_KEYS}}
 
 

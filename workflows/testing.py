@@ -175,7 +175,7 @@ class WorkflowRun:
         """Run the pending call of ``activity`` for real (in an ActivityEnvironment), record its
         result and advance; returns the result."""
         command = self._pending(activity)
-        env = env or ActivityEnvironment(workflow_id=self.workflow_id, operation_id=command.operation_id)
+        env = env or ActivityEnvironment(workflow_id=self.workflow_id)
         env.operation_id = command.operation_id
         result = env.run(activity, activity.decode_input(command.input))
         self._record(Step(command.operation_id, self.node, "activity", activity.name, "succeeded",
@@ -212,7 +212,9 @@ class WorkflowRun:
     # The engine loop -----------------------------------------------------------------------
 
     def advance(self) -> None:
-        """Run handlers until the definition needs an answer, completes or fails (as the services do)."""
+        """Run handlers until the definition needs an answer, completes or fails, as the services do;
+        except that a NonDeterminismError propagates (the services fail the workflow with it), so a
+        test sees it at once."""
         for _ in range(100):
             if self.status not in ("running", "waiting"):
                 return

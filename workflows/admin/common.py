@@ -11,10 +11,8 @@ from django.template.response import TemplateResponse
 from django.utils.html import format_html
 from django.utils.timesince import timeuntil
 
-from workflows import registry
-from workflows.engine import WorkflowDefinition
-from workflows.errors import Refused
 from workflows.presentation import CandidateView, candidate_as_json
+from workflows.selectors import definition_of
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -53,15 +51,7 @@ def forbidden(
     return TemplateResponse(request, "admin/workflows/forbidden.html", context, status=status)
 
 
-def kind_of(workflow: Any) -> WorkflowDefinition | None:
-    """The definition of a workflow's kind, or None when no package on this host registers it."""
-    try:
-        return registry.definition(workflow.kind)
-    except Refused:
-        return None
-
-
 def candidate_view(workflow: Any, candidate: Any) -> CandidateView:
     """A candidate as its kind describes it (all of it as JSON when the kind is not registered here)."""
-    definition = kind_of(workflow)
+    definition = definition_of(workflow)
     return definition.describe_candidate(candidate) if definition else candidate_as_json(candidate)

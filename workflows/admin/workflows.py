@@ -15,12 +15,12 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from workflows import clock, services
-from workflows.admin.common import ReadOnlyAdmin, forbidden, kind_of, pretty_json
+from workflows.admin.common import ReadOnlyAdmin, forbidden, pretty_json
 from workflows.admin.inspection import inspect_workflow
 from workflows.admin.reasoning import is_budget_paused, reasoning_panel
 from workflows.errors import Refused
 from workflows.models import Commitment, Intent, Wait, Workflow
-from workflows.selectors import spend_summary
+from workflows.selectors import definition_of, spend_summary
 from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS
 
 # The permission that lets an operator cancel, resume, re-goal or re-budget a workflow. Generic
@@ -264,7 +264,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
             now = clock.now()
             extra["inspection"] = inspect_workflow(workflow, now=now)
             extra["reasoning"] = reasoning_panel(workflow, now=now)
-            definition = kind_of(workflow)
+            definition = definition_of(workflow)
             extra["kind_panels"] = definition.admin_panels(workflow) if definition else []
             may_operate = request.user.has_perm(OPERATE_PERMISSION)
             extra["operator_actions"] = [
