@@ -66,21 +66,26 @@ def stagnation_check() -> int:
     """
     now = clock.now()
     silence = timedelta(hours=settings.AGENTOPS_SILENCE_HOURS)
-    workflows = {w.pk: w for w in Workflow.objects.filter(status=Workflow.Status.RUNNING).only(
+    running = Workflow.objects.filter(status=Workflow.Status.RUNNING).only(
         "pk", "stagnation_window_hours", "stagnation_flagged_at", "created_at"
-    )}
+    )
+    # Flagged within its window: nothing to read or write, so no savepoint either.
+    due = {w.pk: w for w in running
+           if not (w.stagnation_flagged_at and w.stagnation_flagged_at > now - _window(w))}
     return sum(
-        row_isolated("check_stagnation", pk, lambda pk: _stagnation_check_one(workflows[pk], now=now, silence=silence),
+        row_isolated("check_stagnation", pk, lambda pk: _stagnation_check_one(due[pk], now=now, silence=silence),
                      workflow_id=lambda pk: pk)
-        for pk in workflows
+        for pk in due
     )
 
 
+def _window(workflow: Workflow) -> timedelta:
+    return timedelta(hours=workflow.stagnation_window_hours)
+
+
 def _stagnation_check_one(workflow: Workflow, *, now: datetime, silence: timedelta) -> int:
-    window = timedelta(hours=workflow.stagnation_window_hours)
-    if workflow.stagnation_flagged_at and workflow.stagnation_flagged_at > now - window:
-        return 0
-    reason = _stalled_progress(workflow, now=now, window=window) or _silent(workflow, now=now, silence=silence)
+    reason = (_stalled_progress(workflow, now=now, window=_window(workflow))
+              or _silent(workflow, now=now, silence=silence))
     return stagnation_flag_if_due(workflow_id=workflow.pk, reason=reason) if reason else 0
 
 
