@@ -12,6 +12,8 @@ from workflows.leases import Claim, Lease, LeaseLost
 
 __all__ = ["ActivityContext", "Claim", "LeaseLost"]
 
+LEASE_LOST = "was taken over or its work is no longer wanted; stopping without recording a result"
+
 
 @dataclass
 class ActivityContext:
@@ -44,9 +46,23 @@ class ActivityContext:
         return self.claim.definition_version
 
     def heartbeat(self, detail: str = "") -> None:
-        """Extend the lease; raises LeaseLost when this attempt was superseded or cancelled."""
+        """Extend the lease; raises LeaseLost when this attempt was taken over or its work is no
+        longer wanted (the workflow cancelled or failed, its goal superseded, its node left)."""
         if not self.lease.heartbeat(self.claim, detail):
-            raise self._lease_lost("lost its lease or its workflow is cancelling; stopping without recording a result")
+            raise self._lease_lost(LEASE_LOST)
+
+    def fence(self, effect: str) -> None:
+        """Call right before each external effect (a request that changes something, a model
+        call, a tool that writes): raises LeaseLost, and the effect must not be made, unless this
+        attempt still holds its lease and its work is still wanted. Extends the lease as a
+        heartbeat does, and shows ``effect`` as what the attempt is doing.
+
+        An effect sent after the fence can still land after a cancel (a worker paused in between):
+        send ``operation_id`` as its idempotency key to a target that remembers a compensated key
+        (docs/deploy-protocol.md, "tombstones"), so the late effect is refused.
+        """
+        if not self.lease.heartbeat(self.claim, f"before {effect}"[:200]):
+            raise self._lease_lost(f"{LEASE_LOST}; {effect} was not made")
 
     @property
     def resume(self) -> dict[str, Any] | None:
@@ -58,19 +74,19 @@ class ActivityContext:
         """Save ``state`` (JSON, under 1 MB) for a later attempt to resume from, when
         AGENTOPS_CHECKPOINT_SECONDS have passed since this attempt started or last saved (or
         ``force``). Saving also heartbeats. True when saved; raises LeaseLost, as a heartbeat
-        does, when this attempt was superseded or its workflow is cancelling."""
+        does, when this attempt was taken over or its work is no longer wanted."""
         due = time.monotonic() - self._checkpointed_at >= settings.AGENTOPS_CHECKPOINT_SECONDS
         if not (due or force):
             return False
         if not self.lease.checkpoint(self.claim, state, detail):
-            raise self._lease_lost("lost its lease or its workflow is cancelling; stopping without recording a result")
+            raise self._lease_lost(LEASE_LOST)
         self._checkpointed_at = time.monotonic()
         return True
 
     def note(self, kind: str, **data: Any) -> None:
         """Record an event in the workflow's history for this attempt (raises LeaseLost when fenced off)."""
         if not self.lease.note(self.claim, kind, data):
-            raise self._lease_lost("lost its lease; stopping")
+            raise self._lease_lost(LEASE_LOST)
 
     def _lease_lost(self, why: str) -> LeaseLost:
         return LeaseLost(f"Attempt {self.attempt} of {self.operation_id} {why}.", operation_id=self.operation_id)

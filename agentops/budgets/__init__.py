@@ -74,9 +74,11 @@ def metered_complete(
     Reserves the estimated cost under the ledger key ``<operation_id>#<call>`` (raising
     BudgetDeferred or BudgetExhausted at the limits), calls the provider, then charges
     the reported usage once: a retried attempt reuses its key and is never counted twice.
+    The call is fenced: an attempt whose work is no longer wanted raises LeaseLost instead.
     """
     from workflows.services.budgets import budget_charge_once, budget_reserve_ensure
 
+    ctx.fence(f"model call {call}")
     provider = get_provider()
     key = f"{ctx.operation_id}#{call}"
     prompt_chars = len(system) + len(json.dumps(messages, default=str)) + len(json.dumps(tools or []))

@@ -97,7 +97,7 @@ class DeploymentStore:
 
     def _load(self) -> JSONDict:
         if not self.path.exists():
-            return {"version": STATE_VERSION, "deployments": {}, "latest_by_key": {}, "effects": {}}
+            return {"version": STATE_VERSION, "deployments": {}, "latest_by_key": {}, "effects": {}, "tombstones": {}}
         try:
             state = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
@@ -106,6 +106,7 @@ class DeploymentStore:
             ) from exc
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"{self.path} is not a version {STATE_VERSION} deploy-target state file")
+        state.setdefault("tombstones", {})  # files written before tombstones were kept
         return state
 
     def _commit(self, state: JSONDict) -> None:
@@ -129,9 +130,12 @@ class DeploymentStore:
         deployment_id = state["latest_by_key"].get(key)
         return None if deployment_id is None else state["deployments"][deployment_id]
 
-    def create(self, *, key: str, body: JSONDict, idempotent: bool = True) -> tuple[JSONDict, bool]:
-        """Return (deployment, created): the key's existing deployment, or a new one with one effect."""
+    def create(self, *, key: str, body: JSONDict, idempotent: bool = True) -> tuple[JSONDict | None, bool]:
+        """Return (deployment, created): the key's existing deployment, or a new one with one effect;
+        (None, False) when the key was deleted before it made anything (a tombstone)."""
         with self._lock:
+            if key in self._state["tombstones"]:
+                return None, False
             existing = self._latest(self._state, key)
             if existing is not None and idempotent:
                 return copy.deepcopy(existing), False
@@ -156,11 +160,18 @@ class DeploymentStore:
             return None if found is None else copy.deepcopy(found)
 
     def delete(self, key: str) -> JSONDict | None:
-        """Mark the key's deployment deleted (one effect, the first time); None if there never was one."""
+        """Mark the key's deployment deleted (one effect, the first time); None if there never was
+        one, and then the key is kept as a tombstone: a later create with it makes nothing."""
         with self._lock:
             existing = self._latest(self._state, key)
-            if existing is None or existing["status"] == "deleted":
-                return None if existing is None else copy.deepcopy(existing)
+            if existing is None:
+                if key not in self._state["tombstones"]:
+                    state = copy.deepcopy(self._state)
+                    state["tombstones"][key] = _now()
+                    self._commit(state)
+                return None
+            if existing["status"] == "deleted":
+                return copy.deepcopy(existing)
             state = copy.deepcopy(self._state)
             deployment = self._latest(state, key)
             assert deployment is not None
@@ -186,6 +197,7 @@ class DeploymentStore:
                 "deployments": len(self._state["deployments"]),
                 "active": sum(1 for d in deployments if d["status"] == "deployed"),
                 "effects": copy.deepcopy(self._state["effects"]),
+                "tombstones": len(self._state["tombstones"]),
                 "requests": self._requests,
                 "fault": self._fault.to_json(),
             }
@@ -306,6 +318,10 @@ class _Handler(BaseHTTPRequestHandler):
         deployment, created = self.server.store.create(
             key=key, body=body, idempotent=fault.mode != "no_idempotency"
         )
+        if deployment is None:
+            self._send(HTTPStatus.GONE, {"error": f"idempotency key {key!r} was deleted before it made a "
+                                                  "deployment; a new deployment needs a new key"})
+            return
         if fault.mode == "accept_then_drop":
             self._drop()
             return

@@ -93,7 +93,7 @@ def test_the_fake_lease_keeps_heartbeats_and_a_cancel_stops_the_activity():
     assert env.lease.notes == [("tool.called", {"tool": "none"})]
 
     env.lease.cancel()
-    with pytest.raises(LeaseLost, match="lost its lease or its workflow is cancelling"):
+    with pytest.raises(LeaseLost, match="its work is no longer wanted"):
         env.run(heartbeats, {"turns": 1})
 
 

@@ -13,7 +13,7 @@ from agentops.deploytarget.server import Fault
 from tests.conftest import drive, open_approval, release_params, run_claimed, worker_context
 from workflows import clock, services
 from workflows.activity_context import LeaseLost
-from workflows.errors import NotFound, TransitionRefused, WaitRefused
+from workflows.errors import NotFound, Permanent, TransitionRefused, WaitRefused
 from workflows.models import Activity, ActivityAttempt, Commitment, Event, Timer, Workflow
 from workflows.services import Outcome, RunOutcome
 
@@ -140,53 +140,65 @@ def test_cancelling_twice_changes_nothing(git_repo, deploy_target, requester, ap
     assert effects(deploy_target, deploy_activity) == {"created": 1, "deleted": 1}
 
 
-def test_cancel_during_a_running_deploy_waits_then_compensates_the_uncertain_effect(
+def test_cancel_during_a_running_deploy_compensates_at_once_and_a_late_post_is_refused(
     git_repo, deploy_target, requester, approver
 ):
-    """The deploy attempt is in flight when cancel arrives; its worker dies after the POST took effect.
+    """Issue 10.1: the deploy attempt passed its fence, then its worker paused before the POST.
 
-    Cancellation waits for the attempt; the heartbeat tells it to stop; once its lease expires the
-    possible deployment is compensated anyway.
+    Cancel voids the attempt and compensates the uncertain effect at once: the DELETE finds
+    nothing (404) and the target keeps the key as a tombstone. When the worker wakes and POSTs,
+    the target refuses (410): no deployment exists for the cancelled workflow. (Before: cancel
+    waited for the lease, the DELETE's 404 counted as done, and the late POST deployed for good.)
     """
     workflow = approved(git_repo, requester, approver)
     activity = run_until_scheduled(workflow.pk, "deploy")
-    claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="doomed", task_id="t1")
-    run_claimed(deploy, claim)  # the POST lands; the worker dies before recording
+    claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="paused", task_id="t1")
+    worker_context(claim).fence("POST the deployment")  # the worker stops here, its POST not yet sent
 
     assert services.workflow_cancel(workflow_id=workflow.pk) == Outcome.SUSPENDED
-    workflow.refresh_from_db()
-    assert workflow.status == "cancelling"
-    assert not compensations(workflow), "compensating before the attempt ended could miss its effect"
-    assert services.activity_heartbeat_if_current(claim=claim) is False
-
-    Activity.objects.filter(pk=activity.pk).update(lease_expires_at=clock.now() - timedelta(seconds=1))
-    assert services.leases_reap_expired() == 1
-
     activity.refresh_from_db()
-    assert activity.status == "cancelled"
-    assert ActivityAttempt.objects.get(activity=activity, number=1).status == "lost"
-    commitment = Commitment.objects.get(workflow=workflow)
-    assert commitment.data == {"uncertain": True}
+    assert (activity.status, activity.error) == ("cancelled", "workflow cancelled")
+    assert ActivityAttempt.objects.get(activity=activity, number=1).status == "cancelled"
+    assert Commitment.objects.get(workflow=workflow).data == {"uncertain": True}
     workflow = drive(workflow.pk)
     assert workflow.status == "cancelled"
-    commitment.refresh_from_db()
-    assert commitment.status == "compensated"
-    assert effects(deploy_target, activity) == {"created": 1, "deleted": 1}
-    assert [a.name for a in compensations(workflow)] == ["undeploy"]
+    assert [(a.name, a.result["deleted"]) for a in compensations(workflow)] == [("undeploy", False)]
+    assert deploy_target.store.stats()["tombstones"] == 1
+
+    with pytest.raises(Permanent, match="410"):  # the paused worker wakes and sends its POST
+        client.create_deployment(base_url=deploy_target.url, idempotency_key=claim.operation_id,
+                                 body={"workflow_id": workflow.pk}, timeout=5)
+    assert effects(deploy_target, activity) == {"created": 0, "deleted": 0}
+    assert deploy_target.store.stats()["active"] == 0
+    assert services.activity_failure_record_if_current(claim=claim, error=Permanent("410")) == RunOutcome.STALE
+    assert Commitment.objects.get(workflow=workflow).status == "compensated"
+
+
+def test_a_fence_after_cancel_stops_the_effect_before_it_is_made(git_repo, deploy_target, requester, approver):
+    """The worker paused before its fence: on waking, the fence refuses and nothing is sent."""
+    workflow = approved(git_repo, requester, approver)
+    activity = run_until_scheduled(workflow.pk, "deploy")
+    claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="paused", task_id="t1")
+    services.workflow_cancel(workflow_id=workflow.pk)
+
+    with pytest.raises(LeaseLost, match="POST the deployment was not made"):
+        run_claimed(deploy, claim)
+    assert deploy_target.store.stats()["requests"] == 0
 
 
 def test_attempt_stopped_by_its_heartbeat_is_compensated_at_once(git_repo, deploy_target, requester, approver):
-    """The in-flight deploy sees the cancel at its heartbeat and stops; no need to wait for its lease."""
+    """The in-flight deploy sees the cancel at its heartbeat and stops; its failure report changes
+    nothing (the cancel voided it), and its effect is compensated without waiting for its lease."""
     workflow = approved(git_repo, requester, approver)
     activity = run_until_scheduled(workflow.pk, "deploy")
     claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="polite", task_id="t1")
     ctx = worker_context(claim)
     deploy.execute(ctx, claim.input)
     services.workflow_cancel(workflow_id=workflow.pk)
-    with pytest.raises(LeaseLost, match="lost its lease or its workflow is cancelling") as stopped:
+    with pytest.raises(LeaseLost, match="its work is no longer wanted") as stopped:
         ctx.heartbeat("still deploying")
 
-    assert services.activity_failure_record_if_current(claim=claim, error=stopped.value) == RunOutcome.FAILED
+    assert services.activity_failure_record_if_current(claim=claim, error=stopped.value) == RunOutcome.STALE
 
     activity.refresh_from_db()
     assert activity.status == "cancelled"
@@ -197,14 +209,15 @@ def test_attempt_stopped_by_its_heartbeat_is_compensated_at_once(git_repo, deplo
 
 
 def test_late_deploy_result_after_cancel_is_compensated_not_continued(git_repo, deploy_target, requester, approver):
-    """The in-flight deploy records its result after cancel: no verification runs, the deployment is undone."""
+    """The in-flight deploy took effect and reports after cancel: its result is refused as stale,
+    no verification runs, and the deployment is undone as an uncertain effect."""
     workflow = approved(git_repo, requester, approver)
     activity = run_until_scheduled(workflow.pk, "deploy")
     claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="slow", task_id="t1")
     result = run_claimed(deploy, claim)
     assert services.workflow_cancel(workflow_id=workflow.pk) == Outcome.SUSPENDED
 
-    assert services.activity_result_record_if_current(claim=claim, result=result) == RunOutcome.RECORDED
+    assert services.activity_result_record_if_current(claim=claim, result=result) == RunOutcome.STALE
 
     workflow = drive(workflow.pk)
     assert (workflow.status, workflow.current_node) == ("cancelled", "COMMIT_OPERATION")

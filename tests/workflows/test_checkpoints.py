@@ -75,12 +75,12 @@ def test_bad_checkpoints_are_refused_and_change_nothing(state, message):
     assert snapshot() == before
 
 
-def test_a_checkpoint_tells_the_attempt_to_stop_once_its_workflow_is_cancelling():
+def test_a_checkpoint_tells_the_attempt_to_stop_once_its_workflow_is_cancelled():
     """Like a heartbeat: a task that checkpoints instead of heartbeating must still notice a cancel."""
     workflow, activity, claim = claimed()
     services.workflow_cancel(workflow_id=workflow.pk, reason="not needed")
     workflow.refresh_from_db()
-    assert workflow.status == "cancelling"
+    assert workflow.status == "cancelled", "the running task was voided, and it made no commitment"
 
     assert services.activity_checkpoint_if_current(claim=claim, state={"turn": 1}) is False
     assert services.activity_heartbeat_if_current(claim=claim) is False

@@ -83,6 +83,7 @@ class ActivityAttempt(models.Model):
         FAILED = "failed"
         LOST = "lost", "Lost: the lease expired before a result was recorded"
         STALE = "stale", "Stale: finished after its lease was taken over; result discarded"
+        CANCELLED = "cancelled", "Cancelled: its work was no longer wanted (cancel, new goal, node left, failure)"
 
     activity = models.ForeignKey(Activity, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField(help_text="1 for the first attempt.")

@@ -19,7 +19,13 @@ from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import event_record, events_batched, json_checked, workflow_lock
 from workflows.services.progress import progress_record_once, progress_validate
-from workflows.services.steps import COMPENSATION_NODE, ChainSlot, attempt_start, lease_expiry
+from workflows.services.steps import (
+    COMPENSATION_NODE,
+    ChainSlot,
+    attempt_start,
+    commitment_compensated_by,
+    lease_expiry,
+)
 from workflows.services.workflows import advance_locked
 
 logger = logging.getLogger("agentops.activities")
@@ -108,8 +114,9 @@ def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -
     now = clock.now()
     workflow = workflow_lock(activity.workflow_id)
     spec = registry.activity_type(activity.name)
-    # A paused workflow (e.g. out of budget) starts no new attempts until a person resumes it.
-    paused = workflow.status == Workflow.Status.PAUSED
+    # A paused workflow (e.g. out of budget) starts no new attempts until a person resumes it;
+    # compensations still run: they undo effects and spend no budget.
+    paused = workflow.status == Workflow.Status.PAUSED and activity.node != COMPENSATION_NODE
     previous = activity.attempt
     activity.attempt, activity.lease_token = previous + 1, uuid.uuid4().hex
     claimed = not paused and Activity.objects.filter(
@@ -143,7 +150,12 @@ def _attempt_finish(claim: Claim, status: str, error: str = "") -> None:
 
 
 def _refuse_stale(workflow: Workflow, claim: Claim) -> RunOutcome:
-    _attempt_finish(claim, ActivityAttempt.Status.STALE, "lease was taken over before the result was recorded")
+    # An attempt already closed as cancelled (its work voided) keeps that status; a lost one came back.
+    ActivityAttempt.objects.filter(
+        activity_id=claim.activity_id, number=claim.attempt,
+        status__in=(ActivityAttempt.Status.RUNNING, ActivityAttempt.Status.LOST),
+    ).update(status=ActivityAttempt.Status.STALE, error="lease was taken over, or its work voided, before the "
+             "result was recorded", finished_at=clock.now())
     event_record(workflow=workflow, kind="activity.stale_result_discarded", at=clock.now(),
                  operation_id=claim.operation_id, attempt=claim.attempt)
     logger.warning("activity.stale_writer_rejected", extra={"operation_id": claim.operation_id})
@@ -189,6 +201,7 @@ def activity_result_record_if_current(
     with events_batched(workflow):
         event_record(workflow=workflow, kind="activity.succeeded", at=now, operation_id=claim.operation_id,
                      attempt=claim.attempt, reconciled=reconciled)
+        commitment_compensated_by(workflow, operation_id=claim.operation_id, input=claim.input, now=now)
         advance_locked(workflow, chain=chain)
     faults.faultpoint("transition.before_commit", workflow_id=workflow.pk, operation_id=claim.operation_id)
     return RunOutcome.RECORDED
@@ -208,11 +221,7 @@ def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseExceptio
     spec = registry.activity_type(claim.name)
     message = f"{type(error).__name__}: {error}"
     activity = Activity.objects.get(pk=claim.activity_id)
-    # Cancelling voids the workflow's own work, but its compensations must retry until they succeed.
-    if workflow.status == Workflow.Status.CANCELLING and activity.node != COMPENSATION_NODE:
-        updated = _fenced(claim).update(status=Activity.Status.CANCELLED, error=message, completed_at=now)
-        outcome = RunOutcome.FAILED
-    elif isinstance(error, BudgetExhausted):
+    if isinstance(error, BudgetExhausted):
         if not _fenced(claim).exists():
             return _refuse_stale(workflow, claim)
         _attempt_finish(claim, ActivityAttempt.Status.FAILED, message)
@@ -236,6 +245,12 @@ def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseExceptio
     _attempt_finish(claim, ActivityAttempt.Status.FAILED, message)
     event_record(workflow=workflow, kind=f"activity.{outcome.value}", at=now, operation_id=claim.operation_id,
                  attempt=claim.attempt, error=message[:500])
+    if outcome == RunOutcome.FAILED and activity.node == COMPENSATION_NODE and (
+        workflow.status != Workflow.Status.CANCELLING  # cancellation says so in the workflow's reason
+    ):
+        # An effect nothing undoes: the admin and `agent show` list the active commitment, and
+        # `manage.py agent resume` tries the compensation again.
+        event_record(workflow=workflow, kind="compensation.failed", at=now, operation_id=claim.operation_id)
     if outcome == RunOutcome.FAILED:
         advance_locked(workflow)
     return outcome
@@ -271,11 +286,10 @@ def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detai
 
 
 def _lease_extend_if_current(claim: Claim, *, now: datetime, detail: str, **fields: Any) -> bool:
-    """Extend a running attempt's lease, writing ``fields`` too; False when it is fenced off, or
-    when its workflow is cancelling and it is not a compensation (the attempt must stop)."""
-    cancelling = Workflow.objects.filter(pk=claim.workflow_id, status=Workflow.Status.CANCELLING).exists()
-    if cancelling and not Activity.objects.filter(pk=claim.activity_id, node=COMPENSATION_NODE).exists():
-        return False
+    """Extend a running attempt's lease, writing ``fields`` too; False when it is fenced off:
+    taken over, or its work voided (cancel, a new goal, its node left, the workflow ended), since
+    voiding sets the activity's own row cancelled. The conditional UPDATE waits for a voiding
+    transaction that holds the row and then sees its outcome, so no check races it."""
     return bool(_fenced(claim).update(heartbeat_at=now, heartbeat_detail=detail[:200],
                                       lease_expires_at=lease_expiry(registry.activity_type(claim.name), now),
                                       **fields))
@@ -300,9 +314,7 @@ def activity_lease_expire_if_due(*, activity_id: int) -> bool:
             lease_token=activity.lease_token, lease_expires_at__lt=now,
         )
         error = f"attempt {activity.attempt} lost: lease expired at {activity.lease_expires_at:%H:%M:%S}"
-        if workflow.status == Workflow.Status.CANCELLING and activity.node != COMPENSATION_NODE:
-            status = Activity.Status.CANCELLED
-        elif activity.attempt < activity.max_attempts:
+        if activity.attempt < activity.max_attempts:
             status = Activity.Status.SCHEDULED
         else:
             status = Activity.Status.FAILED

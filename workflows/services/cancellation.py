@@ -1,4 +1,4 @@
-"""Cancellation: close waits, void scheduled work, compensate commitments newest first; deadlines."""
+"""Cancellation: close waits, void live work, compensate commitments newest first; deadlines."""
 from __future__ import annotations
 
 from datetime import datetime
@@ -6,16 +6,24 @@ from typing import Any
 
 from django.db import transaction
 
-from workflows import clock, doorbells, engine, registry
+from workflows import clock, doorbells, registry
 from workflows.errors import TransitionRefused
 from workflows.models import Activity, Commitment, Timer, Wait, Workflow
 from workflows.services.common import event_record, text_checked, workflow_lock, workflow_save
-from workflows.services.steps import COMPENSATION_NODE, Outcome, activity_schedule_ensure, username_of
+from workflows.services.steps import (
+    COMPENSATION_NODE,
+    Outcome,
+    commitment_close_compensated,
+    compensation_ensure,
+    live_work_void,
+    uncertain_commitments_ensure,
+    username_of,
+)
 
 
 @transaction.atomic
 def workflow_cancel(*, workflow_id: int, reason: str = "", user: Any = None) -> Outcome:
-    """Cancel: close waits, void scheduled work, compensate commitments in reverse order, end cancelled.
+    """Cancel: close waits, void live work, compensate commitments in reverse order, end cancelled.
 
     Idempotent: a workflow already cancelling or cancelled returns ALREADY_APPLIED.
     Raises TransitionRefused for a completed or failed workflow.
@@ -53,37 +61,25 @@ def _cancel_locked(workflow: Workflow, reason: str, *, by: str, now: datetime) -
         wait.cancel(at=now)
         wait.save(update_fields=["status", "decided_at"])
     workflow.timers.filter(status=Timer.Status.PENDING).update(status=Timer.Status.IGNORED, note="workflow cancelled")
-    workflow.activities.filter(status=Activity.Status.SCHEDULED).update(
-        status=Activity.Status.CANCELLED, error="workflow cancelled", completed_at=now
-    )
+    # A running attempt is voided too, not awaited: it records nothing, and an effect it still
+    # sends after its last fenced check lands on a key that compensation has already closed
+    # (the deploy protocol's tombstone), so compensating at once is safe.
+    live_work_void(workflow, now=now, reason="workflow cancelled")
     event_record(workflow=workflow, kind="workflow.cancelling", at=now, reason=reason, by=by)
     return advance_cancellation(workflow)
 
 
 def advance_cancellation(workflow: Workflow) -> Outcome:
-    """Compensate one commitment at a time, newest first; finish when none is active.
-
-    Work still running is awaited first: its effect may land after we compensate.
-    """
+    """Compensate one commitment at a time, newest first; finish when none is active."""
     now = clock.now()
-    if workflow.activities.filter(status=Activity.Status.RUNNING).exclude(node=COMPENSATION_NODE).exists():
-        return Outcome.SUSPENDED
-    _commitments_for_uncertain_effects(workflow, now=now)
+    uncertain_commitments_ensure(workflow, now=now)
     for commitment in workflow.commitments.filter(status=Commitment.Status.ACTIVE).order_by("-created_at", "-pk"):
-        compensation = activity_schedule_ensure(
-            workflow=workflow, now=now, node=COMPENSATION_NODE,
-            command=engine.ScheduleActivity(
-                operation_id=f"{commitment.activity.operation_id}/compensate", name=commitment.compensation,
-                input={"operation_id": commitment.activity.operation_id, "data": commitment.data},
-            ),
-        )
+        compensation = compensation_ensure(workflow, commitment, now=now)
         if compensation.status == Activity.Status.FAILED:
             _note_failed_compensation(workflow, compensation, now=now)
         if compensation.status != Activity.Status.SUCCEEDED:
             return Outcome.SUSPENDED
-        commitment.compensated(at=now)
-        commitment.save(update_fields=["status", "closed_at"])
-        event_record(workflow=workflow, kind="commitment.compensated", at=now, commitment_id=commitment.pk)
+        commitment_close_compensated(workflow, commitment, now=now)
     workflow.finish_cancel(at=now)
     event_record(workflow=workflow, kind="workflow.cancelled", at=now)
     workflow_save(workflow, "status", at=now)
@@ -114,18 +110,3 @@ def compensations_retry(workflow: Workflow, *, now: datetime) -> int:
         doorbells.activity_run(activity_id=compensation.pk)
         retried += 1
     return retried
-
-
-def _commitments_for_uncertain_effects(workflow: Workflow, *, now: datetime) -> None:
-    """An attempt that was lost or cut off may still have taken effect: compensate it too."""
-    for activity in workflow.activities.filter(commitment__isnull=True, attempt__gt=0).exclude(
-        status=Activity.Status.SUCCEEDED
-    ):
-        spec = registry.activity_type(activity.name)
-        if spec.commitment:
-            Commitment.objects.create(
-                workflow=workflow, activity=activity, kind=spec.commitment, compensation=spec.compensation,
-                data={"uncertain": True}, created_at=now,
-            )
-
-

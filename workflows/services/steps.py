@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -31,6 +32,7 @@ BUDGET_PAUSE_PREFIX = "Budget exhausted"
 STAGNATION_PAUSE_PREFIX = "Stagnating:"
 # Compensation activities are recorded under this pseudo-node; no handler replays them.
 COMPENSATION_NODE = "CANCEL"
+LIVE = (Activity.Status.SCHEDULED, Activity.Status.RUNNING)
 
 
 class Outcome(enum.StrEnum):
@@ -178,7 +180,12 @@ def wait_check_lengths(workflow: Workflow, command: engine.OpenWait) -> None:
 
 
 def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: datetime) -> None:
+    """Leave the current node visit for a new visit of ``node``. Work the left visit still has
+    in flight (a replan leaves a running task behind) is voided, its possible effects compensated."""
     previous = workflow.current_node
+    left = live_work_void(workflow, now=now, reason=f"node {previous} (visit {workflow.node_visit}) was left",
+                          visit=workflow.node_visit)
+    commitments_compensate(workflow, left, now=now)
     workflow.state = json_checked({**workflow.state, **updates}, what=f"State written by node {previous}")
     workflow.enter_node(node, at=now)
     workflow.checkpoint = Checkpoint.objects.create(
@@ -191,6 +198,8 @@ def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: d
 
 
 def complete_locked(workflow: Workflow, result: Any, *, now: datetime) -> None:
+    """Complete: the active commitments are handed over as the outcome (released)."""
+    commitments_compensate(workflow, live_work_void(workflow, now=now, reason="workflow completed"), now=now)
     for commitment in workflow.commitments.filter(status=Commitment.Status.ACTIVE):
         commitment.release(at=now)
         commitment.save(update_fields=["status", "closed_at"])
@@ -202,9 +211,114 @@ def complete_locked(workflow: Workflow, result: Any, *, now: datetime) -> None:
 
 
 def fail_locked(workflow: Workflow, reason: str, *, now: datetime) -> None:
+    """Fail: void the work in flight and compensate every active commitment, the uncertain
+    effects of failed or voided attempts included; a failed workflow owns no effect."""
+    live_work_void(workflow, now=now, reason="workflow failed")
+    uncertain_commitments_ensure(workflow, now=now)
     workflow.fail(at=now, reason=reason)
     event_record(workflow=workflow, kind="workflow.failed", at=now, reason=reason)
     workflow_save(workflow, "status", "reason", at=now)
+    commitments_compensate(workflow, workflow.commitments.filter(status=Commitment.Status.ACTIVE), now=now)
+
+
+def live_work_void(workflow: Workflow, *, now: datetime, reason: str, visit: int | None = None) -> list[Commitment]:
+    """Cancel the workflow's scheduled and running activities (of node visit ``visit``, or all),
+    compensations excepted: work of a left node visit, a superseded intent or an ended workflow
+    is no longer wanted. A running attempt finds out at its next fenced call (heartbeat,
+    checkpoint, note, ``ActivityContext.fence`` before an effect) and records nothing.
+
+    Returns the commitments recorded for voided activities one of whose attempts may have taken
+    effect (see ``uncertain_commitments_ensure``); the caller decides when to compensate them.
+    Idempotent: voided activities are no longer live.
+    """
+    live = workflow.activities.filter(status__in=LIVE).exclude(node=COMPENSATION_NODE)
+    if visit is not None:
+        live = live.filter(node_visit=visit)
+    rows = list(live.values_list("pk", "operation_id", "status"))
+    if not rows:
+        return []
+    pks = [pk for pk, _, _ in rows]
+    Activity.objects.filter(pk__in=pks, status__in=LIVE).update(
+        status=Activity.Status.CANCELLED, error=reason, completed_at=now, lease_expires_at=None,
+    )
+    ActivityAttempt.objects.filter(activity_id__in=pks, status=ActivityAttempt.Status.RUNNING).update(
+        status=ActivityAttempt.Status.CANCELLED, error=reason, finished_at=now,
+    )
+    for _, operation_id, status in rows:
+        event_record(workflow=workflow, kind="activity.voided", at=now, operation_id=operation_id, was=status,
+                     reason=reason)
+    return uncertain_commitments_ensure(workflow, now=now, activity_ids=pks)
+
+
+def uncertain_commitments_ensure(
+    workflow: Workflow, *, now: datetime, activity_ids: list[int] | None = None
+) -> list[Commitment]:
+    """Record a commitment (``{"uncertain": true}``) for each unfinished or failed activity that
+    declares one and has started an attempt: that attempt may have taken effect before it was
+    cut off, so its effect must be compensated like a recorded one.
+
+    Idempotent: an activity has at most one commitment (one-to-one).
+    """
+    candidates = workflow.activities.filter(commitment__isnull=True, attempt__gt=0).exclude(
+        status=Activity.Status.SUCCEEDED
+    ).exclude(node=COMPENSATION_NODE)
+    if activity_ids is not None:
+        candidates = candidates.filter(pk__in=activity_ids)
+    created = []
+    for activity in candidates:
+        spec = registry.activity_type(activity.name)
+        if spec.commitment:
+            created.append(Commitment.objects.create(
+                workflow=workflow, activity=activity, kind=spec.commitment, compensation=spec.compensation,
+                data={"uncertain": True}, created_at=now,
+            ))
+            event_record(workflow=workflow, kind="commitment.uncertain", at=now,
+                         operation_id=activity.operation_id, commitment_kind=spec.commitment)
+    return created
+
+
+def compensation_ensure(workflow: Workflow, commitment: Commitment, *, now: datetime) -> Activity:
+    """The compensation activity of ``commitment``, scheduled if absent.
+
+    Idempotent: its operation id is derived from the commitment's (see ``activity_schedule_ensure``).
+    """
+    return activity_schedule_ensure(
+        workflow=workflow, now=now, node=COMPENSATION_NODE,
+        command=engine.ScheduleActivity(
+            operation_id=compensation_operation_id(commitment.activity.operation_id), name=commitment.compensation,
+            input={"operation_id": commitment.activity.operation_id, "data": commitment.data},
+        ),
+    )
+
+
+def compensation_operation_id(operation_id: str) -> str:
+    return f"{operation_id}/compensate"
+
+
+def commitments_compensate(workflow: Workflow, commitments: Iterable[Commitment], *, now: datetime) -> None:
+    """Schedule the compensation of each commitment at once (cancellation instead goes one at a
+    time, newest first: ``advance_cancellation``). The compensation's result closes its
+    commitment (``commitment_compensated_by``)."""
+    for commitment in commitments:
+        compensation_ensure(workflow, commitment, now=now)
+
+
+def commitment_compensated_by(workflow: Workflow, *, operation_id: str, input: Any, now: datetime) -> None:
+    """Close the active commitment that the succeeded activity ``operation_id`` compensates, if
+    it is a compensation (its operation id is the one ``compensation_ensure`` derives)."""
+    compensated = input.get("operation_id") if isinstance(input, dict) else None
+    if not isinstance(compensated, str) or operation_id != compensation_operation_id(compensated):
+        return
+    commitment = workflow.commitments.filter(status=Commitment.Status.ACTIVE,
+                                             activity__operation_id=compensated).first()
+    if commitment is not None:
+        commitment_close_compensated(workflow, commitment, now=now)
+
+
+def commitment_close_compensated(workflow: Workflow, commitment: Commitment, *, now: datetime) -> None:
+    commitment.compensated(at=now)
+    commitment.save(update_fields=["status", "closed_at"])
+    event_record(workflow=workflow, kind="commitment.compensated", at=now, commitment_id=commitment.pk)
 
 
 def wake_locked(workflow: Workflow, *, now: datetime, cause: str) -> None:

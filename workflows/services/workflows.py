@@ -12,7 +12,7 @@ from django.db import transaction
 
 from workflows import clock, doorbells, engine, registry, selectors
 from workflows.errors import InvalidInput, NotFound, Permanent, TransitionRefused
-from workflows.models import Activity, Intent, Signal, Wait, Workflow
+from workflows.models import Commitment, Intent, Signal, Wait, Workflow
 from workflows.services.cancellation import advance_cancellation, compensations_retry
 from workflows.services.common import (
     event_record,
@@ -37,9 +37,11 @@ from workflows.services.steps import (
     ChainSlot,
     Outcome,
     activity_schedule,
+    commitments_compensate,
     complete_locked,
     enter_node,
     fail_locked,
+    live_work_void,
     signal_consume,
     username_of,
     wait_open,
@@ -233,6 +235,8 @@ def workflow_signal(*, workflow_id: int, name: str, payload: Any = None, dedupe_
 def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None) -> Intent:
     """Record a new intent version; old waits are invalidated and the workflow revalidates.
 
+    The old intent's activities in flight are voided (a running attempt stops at its next
+    fenced call) and its active commitments are compensated.
     Not idempotent: each call adds an intent version. Timers of the old version stay in
     place and are recorded as ignored when they fire.
     """
@@ -250,9 +254,10 @@ def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None) -> Inte
         wait.invalidate(at=now)
         wait.save(update_fields=["status", "decided_at"])
         event_record(workflow=workflow, kind="wait.invalidated", at=now, wait_id=wait.pk, reason="intent superseded")
-    workflow.activities.filter(status=Activity.Status.SCHEDULED, intent_version=old).update(
-        status=Activity.Status.CANCELLED, error=f"intent v{old} superseded", completed_at=now
-    )
+    # No effect outlives its intent: the old goal's work in flight is voided and every effect
+    # made for it (recorded or uncertain) is compensated while the workflow rebuilds.
+    live_work_void(workflow, now=now, reason=f"intent v{old} superseded")
+    commitments_compensate(workflow, workflow.commitments.filter(status=Commitment.Status.ACTIVE), now=now)
     event_record(workflow=workflow, kind="intent.superseded", at=now, old=old, new=old + 1, by=username_of(user))
     if workflow.status == Workflow.Status.WAITING:
         workflow.wake(at=now)

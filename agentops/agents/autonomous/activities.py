@@ -168,6 +168,8 @@ def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
         messages.append(response.assistant_turn())
         results = []
         for call in response.tool_calls:
+            # A taken-over or unwanted attempt must not touch the workspace the current one uses.
+            ctx.fence(f"tool {call['name']}")
             ok, output = run_tool(root, call["name"], call.get("input") or {})
             ctx.note("tool.called", tool=call["name"], input=_short(call.get("input")), ok=ok, output=output[:300])
             results.append({"type": "tool_result", "tool_use_id": call["id"], "content": output, "is_error": not ok})
@@ -183,7 +185,16 @@ def _short(value: Any) -> str:
 
 
 def run_tool(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str]:
-    """Run one tool confined to ``root``; returns (ok, output). Bad input is an error result, not a crash."""
+    """Run one tool confined to ``root``; returns (ok, output). Bad input is an error result, not a crash.
+
+    The output is text the database can store: NUL characters (a binary file read, a command's
+    raw bytes) are shown as ``\\x00``.
+    """
+    ok, output = _run_tool(root, name, args)
+    return ok, output.replace("\x00", "\\x00")
+
+
+def _run_tool(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str]:
     try:
         if name == "list_files":
             base = confined(root, str(args.get("path") or "."))

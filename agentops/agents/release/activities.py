@@ -215,6 +215,7 @@ def find_deployment_by_key(ctx: ActivityContext, input: DeployInput) -> Deployme
 def undeploy(ctx: ActivityContext, input: CompensationInput) -> dict[str, Any]:
     """Compensate a deployment; idempotent on the deploy target (404 means nothing to undo)."""
     url, timeout = _deploy_target()
+    ctx.fence("DELETE the deployment")
     ctx.faultpoint("activity.before_external_call")
     deleted = client.delete_deployment(base_url=url, idempotency_key=input.operation_id, timeout=timeout)
     ctx.faultpoint("activity.after_external_call")
@@ -229,6 +230,7 @@ def deploy(ctx: ActivityContext, input: DeployInput) -> Deployment:
     url, timeout = _deploy_target()
     body = {"workflow_id": ctx.workflow_id, "candidate_hash": input.candidate_hash, "head": input.head,
             "title": input.title, "files": input.files}
+    ctx.fence("POST the deployment")
     ctx.faultpoint("activity.before_external_call")
     deployment = client.create_deployment(base_url=url, idempotency_key=ctx.operation_id, body=body, timeout=timeout)
     ctx.faultpoint("activity.after_external_call")
