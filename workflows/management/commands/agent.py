@@ -17,7 +17,8 @@ from rich.table import Table
 
 from workflows import selectors, services
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
-from workflows.models import Workflow
+from workflows.models import Signal, Workflow
+from workflows.services.workflows import SIGNAL_AUTO_KEY_PREFIX
 
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 3
@@ -72,7 +73,10 @@ class Command(BaseCommand):
         signal.add_argument("id", type=int)
         signal.add_argument("name")
         signal.add_argument("--payload", default="null", help="JSON payload")
-        signal.add_argument("--dedupe-key", default="", help="a repeated key is delivered once")
+        key_limit = Signal._meta.get_field("dedupe_key").max_length
+        signal.add_argument("--dedupe-key", default="", help=(
+            f"a repeated key is delivered once; at most {key_limit} characters, not starting with "
+            f"{SIGNAL_AUTO_KEY_PREFIX!r} (reserved for the keys given to signals sent without one)"))
 
         supersede = verb("supersede", "Replace the goal with a new intent version; open waits are invalidated.")
         supersede.add_argument("id", type=int)
