@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
 
-from tests.admin.conftest import ROLE, AdminGate, gate_wait
+from tests.admin.conftest import GATE_HASH, GATE_KIND, ROLE, AdminGate, gate_wait, state_of
 from workflows import services
 from workflows.errors import InvalidInput
 from workflows.models import Event, Signal, Workflow
@@ -94,6 +94,29 @@ def test_the_command_refuses_a_long_dedupe_key_with_exit_status_2(requester):
     assert (signals_of(wait.workflow_id), history(wait.workflow_id)) == ([], before)
 
 
+# --- 2. Negative event counts -------------------------------------------------------------
+
+
+def test_show_refuses_a_negative_event_count_with_exit_status_2(requester):
+    wait = gate_wait(requester)
+    message = refused_on_the_command_line("show", str(wait.workflow_id), "--events", "-1")
+    assert message == "--events must be 0 or more; got -1."
+
+
+def test_show_with_zero_events_lists_none(requester):
+    wait = gate_wait(requester)
+    detail = agent("show", str(wait.workflow_id), "--events", "0", "--json")
+    assert '"events": []' in detail
+
+
+def test_the_real_command_line_refuses_a_negative_event_count_in_one_line():
+    """A real process exits 2 with one line on stderr, no traceback (checked before any lookup)."""
+    done = subprocess.run([sys.executable, "manage.py", "agent", "show", "1", "--events", "-1"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "CommandError: --events must be 0 or more; got -1."
+
+
 # --- 3. User keys and generated keys never collide ----------------------------------------
 
 
@@ -139,3 +162,23 @@ def test_the_signal_help_names_the_limit_and_the_reserved_prefix():
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     assert f"at most {KEY_LIMIT} characters, not starting with 'auto-'" in " ".join(done.stdout.split())
+
+
+# --- 4. Deactivated users -----------------------------------------------------------------
+
+
+def test_a_deactivated_approver_is_refused_and_the_wait_stays_open(requester):
+    approver_named("bob", is_active=False)
+    wait = gate_wait(requester)
+    before = state_of(wait)
+    message = refused_on_the_command_line("approve", str(wait.pk), "--user", "bob", "--candidate-hash", GATE_HASH)
+    assert message == "User 'bob' is deactivated (Active is off in the admin); act as an active user, " \
+                      "or reactivate bob first."
+    assert state_of(wait) == before
+
+
+def test_a_deactivated_user_cannot_launch(db):
+    User.objects.create_user("gone", password="gone-password", is_active=False)
+    message = refused_on_the_command_line("launch", GATE_KIND, "--goal", "Open the gate", "--user", "gone")
+    assert "User 'gone' is deactivated" in message
+    assert Workflow.objects.count() == 0
