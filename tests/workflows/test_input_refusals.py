@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 
-from tests.admin.conftest import GATE_HASH, GATE_KIND, ROLE, AdminGate, gate_wait, state_of
+from tests.admin.conftest import GATE_HASH, GATE_KIND, ROLE, AdminGate, gate_wait, logged_in, make_staff, state_of
+from tests.conftest import open_approval
 from workflows import services
-from workflows.errors import InvalidInput
-from workflows.models import Event, Signal, Workflow
-from workflows.services import Outcome
+from workflows.errors import InvalidInput, WaitRefused
+from workflows.models import Event, Signal, Wait, Workflow
+from workflows.services import Decision, Outcome
 from workflows.testing import registered
 
 pytestmark = pytest.mark.django_db
@@ -182,3 +184,69 @@ def test_a_deactivated_user_cannot_launch(db):
     message = refused_on_the_command_line("launch", GATE_KIND, "--goal", "Open the gate", "--user", "gone")
     assert "User 'gone' is deactivated" in message
     assert Workflow.objects.count() == 0
+
+
+# --- 5. Whoever set the goal may not approve its candidate --------------------------------
+
+
+def superseded_by(wait: Wait, user: User | None) -> Wait:
+    """The wait opened again after ``user`` changed the goal of ``wait``'s workflow."""
+    services.workflow_supersede(workflow_id=wait.workflow_id, goal="Open the gate for 2.0", user=user)
+    services.workflow_advance_if_runnable(workflow_id=wait.workflow_id)
+    return open_approval(wait.workflow_id)
+
+
+def test_the_author_of_the_waits_intent_may_not_decide_it(requester, settings):
+    """alice changed the goal (intent v2): the candidate built for it needs another approver."""
+    settings.AGENTOPS_ALLOW_SELF_APPROVAL = False
+    alice = approver_named("alice")
+    wait = superseded_by(gate_wait(requester), alice)
+    assert wait.intent_version == 2
+    before = state_of(wait)
+    expected = (f"alice set the goal of workflow {wait.workflow_id} \\(intent v2\\) that wait {wait.pk} was opened "
+                "for, and may not decide its approvals \\(AGENTOPS_ALLOW_SELF_APPROVAL is off\\); another approver")
+    with pytest.raises(WaitRefused, match=expected):
+        services.wait_approve(wait_id=wait.pk, user=alice, candidate_hash=GATE_HASH)
+    with pytest.raises(WaitRefused, match=expected):
+        services.wait_reject(wait_id=wait.pk, user=alice)
+    assert state_of(wait) == before
+
+    result = services.wait_approve(wait_id=wait.pk, user=approver_named("bob"), candidate_hash=GATE_HASH)
+    assert result.outcome == Decision.APPLIED
+
+
+def test_only_the_author_of_the_waits_own_intent_version_is_refused(requester, settings):
+    """alice set v2, bob set v3: the wait under v3 is bob's goal, so alice may decide it."""
+    settings.AGENTOPS_ALLOW_SELF_APPROVAL = False
+    alice, bob = approver_named("alice"), approver_named("bob")
+    wait = superseded_by(superseded_by(gate_wait(requester), alice), bob)
+    assert wait.intent_version == 3
+    with pytest.raises(WaitRefused, match="bob set the goal"):
+        services.wait_approve(wait_id=wait.pk, user=bob, candidate_hash=GATE_HASH)
+    assert services.wait_approve(wait_id=wait.pk, user=alice, candidate_hash=GATE_HASH).outcome == Decision.APPLIED
+
+
+def test_allowing_self_approval_lets_the_author_of_the_goal_decide(requester, settings):
+    settings.AGENTOPS_ALLOW_SELF_APPROVAL = True
+    alice = approver_named("alice")
+    wait = superseded_by(gate_wait(requester), alice)
+    assert services.wait_approve(wait_id=wait.pk, user=alice, candidate_hash=GATE_HASH).outcome == Decision.APPLIED
+
+
+def test_the_admin_shows_the_author_of_the_goal_no_buttons_and_answers_a_forged_post_with_403(requester, settings):
+    settings.AGENTOPS_ALLOW_SELF_APPROVAL = False
+    alice = make_staff(approver_named("alice"), "workflows.view_workflow", "workflows.view_wait")
+    wait = superseded_by(gate_wait(requester), alice)
+    client = logged_in(alice)
+    reason = f"alice set the goal of workflow {wait.workflow_id} (intent v2) that wait {wait.pk} was opened for"
+
+    page = client.get(reverse("admin:workflows_wait_approvals")).content.decode()
+    assert 'value="approve"' not in page and 'value="reject"' not in page
+    assert f'id="other-wait-{wait.pk}"' in page and reason in page
+
+    before = state_of(wait)
+    response = client.post(reverse("admin:workflows_wait_decide", args=[wait.pk]),
+                           {"decision": "approve", "candidate_hash": GATE_HASH, "comment": ""})
+    assert response.status_code == 403
+    assert reason in response.content.decode()
+    assert state_of(wait) == before
