@@ -32,13 +32,18 @@ def decide_refusal(user: Any, wait: Wait, *, groups: set[str] | None = None) -> 
 
 
 def open_approvals(now: datetime) -> QuerySet[Wait]:
-    """Approval waits that are open and not yet past their expiry, soonest expiry first."""
-    goal = Intent.objects.filter(workflow=OuterRef("workflow_id"), version=OuterRef("intent_version"))
+    """Approval waits that are open and not yet past their expiry, soonest expiry first.
+
+    Each carries the goal it serves and who set it (``intent_created_by_id``, read by the
+    self-approval check) from its intent version.
+    """
+    intent = Intent.objects.filter(workflow=OuterRef("workflow_id"), version=OuterRef("intent_version"))
     return (
         Wait.objects.filter(kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN)
         .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
         .select_related("workflow", "workflow__launched_by")
-        .annotate(goal=Subquery(goal.values("goal")[:1]))
+        .annotate(goal=Subquery(intent.values("goal")[:1]),
+                  intent_created_by_id=Subquery(intent.values("created_by")[:1]))
         .order_by("expires_at", "pk")
     )
 

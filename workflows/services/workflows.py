@@ -206,22 +206,44 @@ def _apply(workflow: Workflow, command: engine.Command, *, now: datetime, chain:
     return wait_open(workflow, command, now=now)
 
 
+SIGNAL_AUTO_KEY_PREFIX = "auto-"
+
+
 @transaction.atomic
 def workflow_signal(*, workflow_id: int, name: str, payload: Any = None, dedupe_key: str = "") -> Outcome:
     """Deliver a named event; it satisfies an open event wait for that name, now or later.
 
     Idempotent per ``dedupe_key``: unique constraint ``uniq_signal_dedupe``; a repeated key
-    returns ALREADY_APPLIED. Without a key, every delivery is a new signal.
+    returns ALREADY_APPLIED. Without a key, every delivery is a new signal, stored under a key
+    of its own that starts with SIGNAL_AUTO_KEY_PREFIX. Raises InvalidInput, and stores
+    nothing, for a key longer than the column or one in that reserved namespace.
     """
     name = text_checked(name, what="The signal name", max_length=100)
     payload = json_checked(payload, what="The signal payload")
+    max_key = Signal._meta.get_field("dedupe_key").max_length
+    if max_key is not None and len(dedupe_key) > max_key:
+        raise InvalidInput(f"The dedupe key is {len(dedupe_key)} characters long; the limit is {max_key}. "
+                           "Send a shorter key, e.g. a hash of this one.")
+    if dedupe_key.startswith(SIGNAL_AUTO_KEY_PREFIX):
+        raise InvalidInput(f"The dedupe key {dedupe_key[:40]!r} starts with {SIGNAL_AUTO_KEY_PREFIX!r}, which is "
+                           "reserved for the keys of signals sent without one; choose a key without that prefix.")
     workflow = workflow_lock(workflow_id)
     if workflow.is_terminal:
         raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; it takes no more signals.")
     now = clock.now()
-    key = dedupe_key or f"auto-{workflow.event_seq + 1}"
-    if Signal.objects.filter(workflow=workflow, dedupe_key=key).exists():
+    keys = Signal.objects.filter(workflow=workflow)
+    if dedupe_key and keys.filter(dedupe_key=dedupe_key).exists():
         return Outcome.ALREADY_APPLIED
+    key = dedupe_key
+    if not key:
+        # A keyless signal is never a repeat. The seq of the event that records it makes its key
+        # unique among generated ones; the suffix steps around a key a sender chose in this
+        # namespace before it was reserved (such rows stay as they are).
+        seq, n = workflow.event_seq + 1, 0
+        key = f"{SIGNAL_AUTO_KEY_PREFIX}{seq}"
+        while keys.filter(dedupe_key=key).exists():
+            n += 1
+            key = f"{SIGNAL_AUTO_KEY_PREFIX}{seq}.{n}"
     signal = Signal.objects.create(workflow=workflow, name=name, payload=payload, dedupe_key=key, received_at=now)
     event_record(workflow=workflow, kind="signal.received", at=now, name=name, dedupe_key=key)
     wait = workflow.waits.filter(kind=Wait.Kind.EVENT, status=Wait.Status.OPEN, event_name=name).first()

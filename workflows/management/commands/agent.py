@@ -17,7 +17,8 @@ from rich.table import Table
 
 from workflows import selectors, services
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
-from workflows.models import Workflow
+from workflows.models import Signal, Workflow
+from workflows.services.workflows import SIGNAL_AUTO_KEY_PREFIX
 
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 3
@@ -55,7 +56,7 @@ class Command(BaseCommand):
 
         show = verb("show", "Show a workflow: node, waits, activities, commitments, recent events.")
         show.add_argument("id", type=int)
-        show.add_argument("--events", type=int, default=50, help="how many recent events (default 50)")
+        show.add_argument("--events", type=int, default=50, help="how many recent events, 0 or more (default 50)")
 
         approve = verb("approve", "Approve an approval wait for one exact candidate.")
         approve.add_argument("wait_id", type=int)
@@ -72,7 +73,10 @@ class Command(BaseCommand):
         signal.add_argument("id", type=int)
         signal.add_argument("name")
         signal.add_argument("--payload", default="null", help="JSON payload")
-        signal.add_argument("--dedupe-key", default="", help="a repeated key is delivered once")
+        key_limit = Signal._meta.get_field("dedupe_key").max_length
+        signal.add_argument("--dedupe-key", default="", help=(
+            f"a repeated key is delivered once; at most {key_limit} characters, not starting with "
+            f"{SIGNAL_AUTO_KEY_PREFIX!r} (reserved for the keys given to signals sent without one)"))
 
         supersede = verb("supersede", "Replace the goal with a new intent version; open waits are invalidated.")
         supersede.add_argument("id", type=int)
@@ -138,6 +142,8 @@ class Command(BaseCommand):
         self.console.print(table if rows else "No workflows yet. Launch one with `manage.py agent launch`.")
 
     def _show(self, options: dict[str, Any]) -> None:
+        if options["events"] < 0:
+            raise InvalidInput(f"--events must be 0 or more; got {options['events']}.")
         workflow = workflow_by_id(options["id"])
         detail = selectors.workflow_detail(workflow, events=options["events"])
         if options["json"]:
@@ -238,12 +244,17 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
 
 
 def user_by_name(username: str) -> Any:
+    """The active user named ``username``; a deactivated account may not act (nor log in to the admin)."""
     user_model = get_user_model()
     try:
-        return user_model.objects.get(username=username)
+        user = user_model.objects.get(username=username)
     except user_model.DoesNotExist:
         raise NotFound(f"No user named {username!r}; create one with `manage.py createsuperuser` "
                        "or in the admin.") from None
+    if not user.is_active:
+        raise InvalidInput(f"User {username!r} is deactivated (Active is off in the admin); act as an active user, "
+                           f"or reactivate {username} first.")
+    return user
 
 
 def user_or_none(username: str | None) -> Any:
