@@ -88,7 +88,8 @@ class ProtocolTarget:
 
     "minimal" answers only what the protocol requires: POST 201 (new) or 200 (known) with
     {"deployment_id"}, 410 for a deleted key; GET 200 {"deployment_id"} or an empty 404, also
-    for a deleted key; DELETE an empty 204, again 204, 404 for an unknown key.
+    for a deleted key; DELETE an empty 204, again 204, 404 for an unknown key, which it then
+    keeps as a tombstone (a POST with it answers 410).
     "full" answers every optional field and fields the protocol does not know, 200 for every POST,
     GET of a deleted key 200 with status "deleted", DELETE 200 with the deployment.
     """
@@ -96,6 +97,7 @@ class ProtocolTarget:
     def __init__(self, dialect: str) -> None:
         self.dialect = dialect
         self.deployments: dict[str, JSONDict] = {}
+        self.tombstones: set[str] = set()
         self.counts: Counter[tuple[str, str]] = Counter()
         self.lock = threading.Lock()
 
@@ -121,6 +123,8 @@ class ProtocolTarget:
         if not isinstance(body, dict):
             return _json(400, {"error": "the body must be a JSON object"})
         with self.lock:
+            if key in self.tombstones:
+                return 410, {}, b""
             found = self.deployments.get(key)
             if found is None:
                 found = self.deployments[key] = {
@@ -144,6 +148,7 @@ class ProtocolTarget:
         with self.lock:
             found = self.deployments.get(key)
             if found is None:
+                self.tombstones.add(key)
                 return 404, {}, b""
             if not found["deleted_at"]:
                 found["deleted_at"] = datetime.now(UTC).isoformat()
@@ -265,6 +270,19 @@ def test_delete_of_a_key_never_used_is_false(target: Target) -> None:
     """DELETE of an unknown key is a 404: False, no effect."""
     assert _delete(target, "never-used") is False
     assert target.effects("never-used") == {"created": 0, "deleted": 0}
+
+
+def test_a_key_deleted_before_it_deployed_never_deploys(target: Target) -> None:
+    """The undo arrived first (a paused worker's POST comes after cancel compensated): the
+    DELETE's 404 leaves a tombstone, and the late POST is a 410 Permanent that deploys nothing."""
+    assert _delete(target) is False
+
+    with pytest.raises(Permanent) as refused:
+        _create(target)
+
+    assert refused.value.status == 410
+    assert target.effects(KEY) == {"created": 0, "deleted": 0}
+    assert _get(target) is None
 
 
 def test_create_after_delete_never_deploys_again(target: Target) -> None:

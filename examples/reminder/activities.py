@@ -36,6 +36,7 @@ def send_reminder(ctx: ActivityContext, input: ReminderInput) -> ReminderSent:
     nothing again (a real mail API would take it as its idempotency key)."""
     path = outbox() / f"{ctx.operation_id.replace('/', '_')}.txt"
     if not path.exists():
+        ctx.fence("send the reminder")  # still wanted? (not cancelled, goal not changed, not taken over)
         path.parent.mkdir(parents=True, exist_ok=True)
         draft = path.with_suffix(".draft")
         draft.write_text(f"To: {input.email}\nSubject: Invoice {input.invoice} (reminder {input.number})\n\n"

@@ -83,7 +83,7 @@ def test_retry_after_a_503_runs_on_another_worker_with_the_same_key_and_inputs(
 
 CANCEL_FAULTS = [
     # Hold the post-deploy check so that the cancel lands while the deployment commitment is live
-    # (under the 4 s lease: the attempt finishes, it is not lost).
+    # (the cancel voids the held check; when it finishes, its result is discarded as stale).
     {"point": "activity.after_claim", "when": {"activity": "verify_deployment", "attempt": 1},
      "action": "sleep", "seconds": 2.5},
     # The compensation dies right after the deploy target accepted the DELETE.
@@ -112,7 +112,7 @@ def test_cancel_releases_the_deployment_although_the_compensating_worker_is_kill
     deploy = Activity.objects.get(workflow_id=wf, name="deploy")
     commitment = Commitment.objects.get(activity=deploy)
     assert (deploy.status, commitment.status) == ("succeeded", "active")
-    # Suspended: the cancel waits for the in-flight check before it compensates.
+    # Suspended: the in-flight check is voided and the compensation scheduled, not yet run.
     assert services.workflow_cancel(workflow_id=wf, reason="the release is no longer wanted") == "suspended"
     cancelled_at = time.time()
 
