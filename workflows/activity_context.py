@@ -41,6 +41,13 @@ class ActivityContext:
         return self.claim.workflow_id
 
     @property
+    def release(self) -> dict[str, Any] | None:
+        """The behavioral release this attempt must run on (``provider``, ``model``,
+        ``prompt_version``, ``tool_versions``) when its workflow pins one; None when it runs on
+        the current release. ``agentops.providers.provider_for(ctx)`` honours it."""
+        return self.claim.release
+
+    @property
     def definition_version(self) -> int:
         """The version of the workflow's definition recorded at launch."""
         return self.claim.definition_version

@@ -29,6 +29,9 @@ class Claim:
     previous_attempt_lost: bool
     checkpoint: dict[str, Any] | None = None
     definition_version: int = 1
+    # The behavioral release (provider, model, prompt_version, tool_versions) the attempt must run
+    # on when its workflow pins one (release policy "pin"); None: the current release.
+    release: dict[str, Any] | None = None
 
 
 class Lease(Protocol):

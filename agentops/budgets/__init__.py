@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 
-from agentops.providers import get_provider
+from agentops.providers import provider_for
 from agentops.providers.base import ModelResponse, Usage
 from workflows.activity_context import ActivityContext
 from workflows.errors import Permanent
@@ -79,7 +79,7 @@ def metered_complete(
     from workflows.services.budgets import budget_charge_once, budget_reserve_ensure
 
     ctx.fence(f"model call {call}")
-    provider = get_provider()
+    provider = provider_for(ctx)
     key = f"{ctx.operation_id}#{call}"
     prompt_chars = len(system) + len(json.dumps(messages, default=str)) + len(json.dumps(tools or []))
     budget_reserve_ensure(

@@ -82,10 +82,11 @@ class AnthropicProvider:
         self._client: anthropic.Anthropic | None = None
 
     @classmethod
-    def from_settings(cls, *, http_client: httpx2.Client | None = None) -> AnthropicProvider:
+    def from_settings(cls, *, model: str | None = None, http_client: httpx2.Client | None = None) -> AnthropicProvider:
+        """The provider the settings configure; ``model`` overrides AGENTOPS_MODEL (a pinned release)."""
         return cls(
             api_key=settings.ANTHROPIC_API_KEY,
-            model=settings.AGENTOPS_MODEL,
+            model=model or settings.AGENTOPS_MODEL,
             max_retries=settings.AGENTOPS_ANTHROPIC_MAX_RETRIES,
             timeout_seconds=settings.AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS,
             base_url=settings.ANTHROPIC_BASE_URL,

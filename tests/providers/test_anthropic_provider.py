@@ -461,7 +461,8 @@ def claude(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Tran
         build = AnthropicProvider.from_settings.__func__  # type: ignore[attr-defined]
         # get_provider() builds the provider from settings; only the HTTP client is swapped for the mock.
         monkeypatch.setattr(AnthropicProvider, "from_settings",
-                            classmethod(lambda cls, http_client=None: build(cls, http_client=transport.client())))
+                            classmethod(lambda cls, model=None, http_client=None: build(
+                                cls, model=model, http_client=transport.client())))
         return transport
 
     return use

@@ -11,7 +11,7 @@ from tests.conftest import drive, open_approval, release_params
 from workflows import clock, engine, services
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, NotFound, TransitionRefused
-from workflows.models import Activity, BehavioralRelease, Event, Signal, Timer, Wait, Workflow
+from workflows.models import Activity, BehavioralRelease, Event, Signal, Timer, UsageEntry, Wait, Workflow
 from workflows.registry import activity
 from workflows.services import Outcome
 from workflows.testing import registered
@@ -95,6 +95,42 @@ def test_release_change_under_pin_keeps_the_old_release(git_repo, deploy_target,
     assert workflow.release_id == old.pk
     assert workflow.result["candidate_hash"] == wait.candidate_hash
     assert deploy_target.store.stats()["deployments"] == 1
+
+
+def test_a_pinned_workflow_calls_the_pinned_model_after_the_settings_moved(git_repo, deploy_target, requester,
+                                                                          settings):
+    """Issue 10.7: before, activities always took the provider and model of the current settings,
+    so a pin pinned only a label. Now the model calls of a pinned workflow go to its release's model."""
+    settings.AGENTOPS_MODEL = "claude-pinned"
+    pinned = services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(git_repo),
+                                      user=requester, release_policy="pin")
+    current = services.workflow_launch(kind="release", goal="Ship the release notes",
+                                       params=release_params(git_repo), user=requester)
+    settings.AGENTOPS_MODEL = "claude-newer"
+
+    pinned, current = drive(pinned.pk), drive(current.pk)
+
+    assert (pinned.status, current.status) == ("waiting", "waiting")
+    assert pinned.state["proposal"]["model"]["model"] == "scripted/claude-pinned"
+    assert current.state["proposal"]["model"]["model"] == "scripted/claude-newer"
+    assert set(UsageEntry.objects.filter(workflow=pinned).values_list("model", flat=True)) == {
+        "scripted/claude-pinned"}
+
+
+def test_a_pinned_workflow_refuses_to_run_prompts_it_was_not_pinned_to(git_repo, deploy_target, requester, settings):
+    """The pinned prompt version is not the one this worker's code carries: the model call is
+    refused (never sent, nothing reserved) and the workflow fails saying why."""
+    workflow = services.workflow_launch(kind="release", goal="Ship the release notes",
+                                        params=release_params(git_repo), user=requester, release_policy="pin")
+    pinned_prompts = workflow.release.prompt_version
+    settings.AGENTOPS_PROMPT_VERSION = "release-prompt-9"
+
+    workflow = drive(workflow.pk)
+
+    assert workflow.status == "failed"
+    assert f"pinned to a release with prompt_version {pinned_prompts!r}" in workflow.reason
+    assert "this worker runs prompt_version 'release-prompt-9'" in workflow.reason
+    assert not UsageEntry.objects.filter(workflow=workflow).exists()
 
 
 def test_release_change_under_revalidate_rebuilds_and_asks_again(git_repo, deploy_target, requester, approver,

@@ -118,7 +118,7 @@ PROPOSE_SYSTEM = (
 @activity("propose_change", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0), lease_seconds=300)
 def propose_change(ctx: ActivityContext, input: ProposalInput) -> Proposal:
     evidence = input.evidence
-    provider = providers.get_provider()
+    provider = providers.provider_for(ctx)
     response = metered_complete(
         ctx, call=0, system=PROPOSE_SYSTEM,
         messages=[{"role": "user", "content": f"<goal>{input.goal}</goal>\n"
