@@ -636,3 +636,31 @@ def test_cancel_compensates_through_the_minimal_targets_204(
     assert Commitment.objects.get(workflow_id=workflow_id).status == "compensated"
     [key] = minimal_target.deployments
     assert minimal_target.effects(key) == {"created": 1, "deleted": 1}
+
+
+@pytest.mark.django_db
+def test_a_deploy_paused_after_its_fence_deploys_nothing_on_the_minimal_target_after_cancel(
+    git_repo: Path, minimal_target: ProtocolTarget, requester: Any, approver: Any, settings: Any
+) -> None:
+    """The cancel compensates before the paused worker's POST arrives: the minimal target's 404
+    leaves a tombstone, the late POST is a 410, and nothing is deployed for the cancelled workflow."""
+    from tests.conftest import drive, worker_context
+    from tests.workflows.test_cancel_and_commitments import run_until_scheduled
+    from workflows import services
+
+    workflow_id = _approved_release(git_repo, requester, approver)
+    deploy = run_until_scheduled(workflow_id, "deploy")
+    claim = services.activity_claim_if_runnable(activity_id=deploy.pk, worker="paused", task_id="t1")
+    assert claim is not None
+    worker_context(claim).fence("POST the deployment")
+
+    services.workflow_cancel(workflow_id=workflow_id)
+    assert drive(workflow_id).status == "cancelled"
+    with pytest.raises(Permanent) as refused:
+        client.create_deployment(base_url=settings.AGENTOPS_DEPLOY_TARGET_URL, idempotency_key=claim.operation_id,
+                                 body=BODY, timeout=TIMEOUT)
+
+    assert refused.value.status == 410
+    assert minimal_target.deployments == {}
+    assert claim.operation_id in minimal_target.tombstones
+
