@@ -146,6 +146,36 @@ def test_a_failed_workflow_compensates_the_deployment_it_made(git_repo, deploy_t
     assert kinds.index("workflow.failed") < kinds.index("commitment.compensated")
 
 
+def test_a_failed_compensation_of_a_failed_workflow_is_retried_by_resume(
+    git_repo, deploy_target, requester, approver, settings
+):
+    """The undo of a failed workflow's deployment runs out of attempts (the target is down): it
+    says so in an event, the commitment stays active, and `resume` tries again until it holds."""
+    workflow = approved(git_repo, requester, approver)
+    activity = run_until_scheduled(workflow.pk, "deploy")
+    assert services.activity_run_if_runnable(activity_id=activity.pk) == RunOutcome.RECORDED
+    deploy_target.store._state["deployments"][activity_result(activity)["deployment_id"]]["body"][
+        "candidate_hash"] = "not-ours"
+    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+    verify = Activity.objects.get(workflow=workflow, name="verify_deployment")
+    assert services.activity_run_if_runnable(activity_id=verify.pk) == RunOutcome.RECORDED
+    [undo] = compensations(Workflow.objects.get(pk=workflow.pk))
+    Activity.objects.filter(pk=undo.pk).update(max_attempts=1)
+    real_url, settings.AGENTOPS_DEPLOY_TARGET_URL = settings.AGENTOPS_DEPLOY_TARGET_URL, "http://127.0.0.1:9"
+
+    assert services.activity_run_if_runnable(activity_id=undo.pk) == RunOutcome.FAILED
+
+    workflow.refresh_from_db()
+    assert workflow.status == "failed"
+    assert Event.objects.filter(workflow=workflow, kind="compensation.failed").count() == 1
+    assert Commitment.objects.get(activity=activity).status == "active"
+    settings.AGENTOPS_DEPLOY_TARGET_URL = real_url
+    assert services.workflow_resume(workflow_id=workflow.pk) == services.Outcome.APPLIED
+    drive(workflow.pk)
+    assert Commitment.objects.get(activity=activity).status == "compensated"
+    assert live_deployments(deploy_target) == 0
+
+
 def activity_result(activity: Activity) -> dict[str, Any]:
     activity.refresh_from_db()
     assert activity.result is not None

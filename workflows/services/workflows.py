@@ -291,8 +291,8 @@ def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None) -> Inte
 
 @transaction.atomic
 def workflow_resume(*, workflow_id: int, user: Any = None) -> Outcome:
-    """Resume a paused workflow, retry a cancelling workflow's failed compensations, or re-ring
-    a running one whose doorbell may be lost.
+    """Resume a paused workflow, retry failed compensations (of a workflow in any state), or
+    re-ring a running one whose doorbell may be lost.
 
     A workflow paused, or backing off, after failed advances is advanced at once, in this
     call, with a fresh count of failures: HANDLER_FAILED when it fails again (recorded).
@@ -307,13 +307,15 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Outcome:
         raise TransitionRefused(f"Workflow {workflow_id} is paused because its budget ran out; resuming would pause "
                                 f"it again at its next model call. Raise it with `manage.py agent budget "
                                 f"{workflow_id} --total USD --user NAME`, which resumes it.")
+    # A compensation out of attempts leaves an effect nothing undoes, whatever the workflow's state.
+    retried = compensations_retry(workflow, now=now)
     if workflow.status == Workflow.Status.PAUSED:
         failed = workflow.pause_cause == Workflow.PauseCause.HANDLER_FAILED
         wake_locked(workflow, now=now, cause=f"resumed by {by}")
         return _advance_now(workflow, now=now, by=by) if failed else Outcome.APPLIED
     if workflow.status == Workflow.Status.RUNNING and workflow.handler_failures:
         return _advance_now(workflow, now=now, by=by)
-    if workflow.status == Workflow.Status.CANCELLING and compensations_retry(workflow, now=now):
+    if retried:
         return Outcome.APPLIED
     if workflow.status in (Workflow.Status.RUNNING, Workflow.Status.CANCELLING):
         doorbells.workflow_advance(workflow_id=workflow.pk)
