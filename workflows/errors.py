@@ -45,10 +45,6 @@ class TransitionRefused(Refused):
     """The workflow is not in a state that allows the requested operation."""
 
 
-class ConcurrentUpdate(Refused):
-    """The caller's expected version no longer matches the row; reload and try again."""
-
-
 class Retryable(AgentOpsError):
     """A transient failure (timeout, connection error, 429, 5xx): the activity may try again."""
 

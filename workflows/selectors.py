@@ -139,10 +139,16 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
 MICRO_USD = Decimal("0.000001")
 
 
+def spent_usd(workflow: Workflow) -> Decimal:
+    """Charged costs plus open reservations."""
+    entries = UsageEntry.objects.filter(workflow=workflow)
+    charged = entries.filter(status=UsageEntry.Status.CHARGED).aggregate(s=Sum("cost_usd"))["s"]
+    held = entries.filter(status=UsageEntry.Status.RESERVED).aggregate(s=Sum("reserved_usd"))["s"]
+    return (charged or Decimal(0)) + (held or Decimal(0))
+
+
 def spend_summary(workflow: Workflow) -> dict[str, Any]:
     """Spend, remaining budget, runway at the last hour's rate, and suggestions for a person."""
-    from workflows.services.budgets import spent_usd
-
     now = clock.now()
     entries = UsageEntry.objects.filter(workflow=workflow)
     spent = spent_usd(workflow)

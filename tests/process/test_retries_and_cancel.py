@@ -113,7 +113,7 @@ def test_cancel_releases_the_deployment_although_the_compensating_worker_is_kill
     commitment = Commitment.objects.get(activity=deploy)
     assert (deploy.status, commitment.status) == ("succeeded", "active")
     # Suspended: the in-flight check is voided and the compensation scheduled, not yet run.
-    assert services.workflow_cancel(workflow_id=wf, reason="the release is no longer wanted") == "suspended"
+    assert services.workflow_cancel(workflow_id=wf, reason="the release is no longer wanted").outcome == "suspended"
     cancelled_at = time.time()
 
     def undeploy_killed() -> dict | None:

@@ -10,7 +10,7 @@ import pytest
 
 from agentops.agents.autonomous.activities import confined, run_tool, validate_tasks
 from tests.conftest import drive
-from workflows import services
+from workflows import selectors, services
 from workflows.errors import InvalidInput
 from workflows.models import Activity, Event, ProgressSample, UsageEntry
 
@@ -35,7 +35,7 @@ def test_runs_to_completion_offline_with_tools_spend_and_progress(workspaces):
     assert notes == ["lay-out-the-steps.md", "record-the-outcome.md", "write-a-brief.md"]
     assert ProgressSample.objects.get(workflow=workflow).percent == 100
     assert UsageEntry.objects.filter(workflow=workflow, status="charged").count() == 11
-    assert services.spent_usd(workflow) > Decimal(0)
+    assert selectors.spent_usd(workflow) > Decimal(0)
 
 
 def test_a_task_that_keeps_failing_is_skipped_then_replanned(settings, tmp_path):

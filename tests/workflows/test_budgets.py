@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from tests.conftest import drive, open_approval, release_params
-from workflows import clock, services
+from workflows import clock, selectors, services
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import Activity, Event, UsageEntry, Workflow
 
@@ -57,7 +57,7 @@ def test_a_repeated_reservation_and_charge_count_once(git_repo):
     usage = {"input_tokens": 100, "output_tokens": 10, "cache_read_tokens": 0, "cache_write_tokens": 0}
     assert services.budget_charge_once(key="op#0", cost_usd=Decimal("0.02"), usage=usage) is True
     assert services.budget_charge_once(key="op#0", cost_usd=Decimal("0.02"), usage=usage) is False
-    assert services.spent_usd(workflow) == Decimal("0.02")
+    assert selectors.spent_usd(workflow) == Decimal("0.02")
     assert UsageEntry.objects.filter(workflow=workflow).count() == 1
 
 
@@ -87,7 +87,7 @@ def test_two_workers_racing_for_the_last_dollars_reserve_at_most_the_budget(git_
         for thread in threads:
             thread.join(timeout=30)
         assert sorted(outcomes) == ["exhausted", "reserved"], f"round {round_}: {outcomes}"
-        assert services.spent_usd(workflow) == Decimal("0.60")
+        assert selectors.spent_usd(workflow) == Decimal("0.60")
 
 
 def test_total_exhaustion_pauses_the_workflow_and_a_raise_resumes_it(git_repo, deploy_target, approver):
@@ -107,7 +107,7 @@ def test_total_exhaustion_pauses_the_workflow_and_a_raise_resumes_it(git_repo, d
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
     changed = Event.objects.get(workflow=workflow, kind="budget.changed")
     assert changed.data["by"] == "alice" and changed.data["new"]["total"] == "5"
-    assert Decimal(0) < services.spent_usd(workflow) <= Decimal(5)
+    assert Decimal(0) < selectors.spent_usd(workflow) <= Decimal(5)
     assert open_approval(workflow.pk)
 
 

@@ -77,7 +77,8 @@ def test_cancel_while_waiting_for_approval_needs_no_compensation(git_repo, deplo
                                               params=release_params(git_repo), user=requester).pk)
     wait = open_approval(workflow.pk)
 
-    assert services.workflow_cancel(workflow_id=workflow.pk, reason="not this week", user=requester) == Outcome.APPLIED
+    result = services.workflow_cancel(workflow_id=workflow.pk, reason="not this week", user=requester)
+    assert (result.outcome, result.message) == (Outcome.APPLIED, f"Workflow {workflow.pk} is cancelled.")
 
     workflow.refresh_from_db()
     wait.refresh_from_db()
@@ -102,7 +103,7 @@ def test_cancel_after_deploy_undeploys_once(git_repo, deploy_target, requester, 
     commitment = Commitment.objects.get(workflow=workflow)
     assert commitment.status == "active"
 
-    assert services.workflow_cancel(workflow_id=workflow.pk, reason="rollback") == Outcome.SUSPENDED
+    assert services.workflow_cancel(workflow_id=workflow.pk, reason="rollback").outcome == Outcome.SUSPENDED
 
     workflow.refresh_from_db()
     assert workflow.status == "cancelling"
@@ -131,7 +132,7 @@ def test_cancelling_twice_changes_nothing(git_repo, deploy_target, requester, ap
     for _ in range(2):
         workflow.refresh_from_db()
         before = (workflow.status, workflow.version, workflow.event_seq, len(compensations(workflow)))
-        assert services.workflow_cancel(workflow_id=workflow.pk, reason="again") == Outcome.ALREADY_APPLIED
+        assert services.workflow_cancel(workflow_id=workflow.pk, reason="again").outcome == Outcome.ALREADY_APPLIED
         workflow.refresh_from_db()
         assert (workflow.status, workflow.version, workflow.event_seq, len(compensations(workflow))) == before
         assert workflow.reason != "again"
@@ -155,7 +156,7 @@ def test_cancel_during_a_running_deploy_compensates_at_once_and_a_late_post_is_r
     claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="paused", task_id="t1")
     worker_context(claim).fence("POST the deployment")  # the worker stops here, its POST not yet sent
 
-    assert services.workflow_cancel(workflow_id=workflow.pk) == Outcome.SUSPENDED
+    assert services.workflow_cancel(workflow_id=workflow.pk).outcome == Outcome.SUSPENDED
     activity.refresh_from_db()
     assert (activity.status, activity.error) == ("cancelled", "workflow cancelled")
     assert ActivityAttempt.objects.get(activity=activity, number=1).status == "cancelled"
@@ -215,7 +216,7 @@ def test_late_deploy_result_after_cancel_is_compensated_not_continued(git_repo, 
     activity = run_until_scheduled(workflow.pk, "deploy")
     claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="slow", task_id="t1")
     result = run_claimed(deploy, claim)
-    assert services.workflow_cancel(workflow_id=workflow.pk) == Outcome.SUSPENDED
+    assert services.workflow_cancel(workflow_id=workflow.pk).outcome == Outcome.SUSPENDED
 
     assert services.activity_result_record_if_current(claim=claim, result=result) == RunOutcome.STALE
 
@@ -372,8 +373,8 @@ def test_exhausted_compensation_asks_a_person_and_resume_tries_again(
     assert event_kinds(workflow).count("compensation.failed") == 1
 
     settings.AGENTOPS_DEPLOY_TARGET_URL = real_url
-    assert services.workflow_resume(workflow_id=workflow.pk) == Outcome.APPLIED
-    assert services.workflow_resume(workflow_id=workflow.pk) == Outcome.ALREADY_APPLIED
+    assert services.workflow_resume(workflow_id=workflow.pk).outcome == Outcome.APPLIED
+    assert services.workflow_resume(workflow_id=workflow.pk).outcome == Outcome.ALREADY_APPLIED
     workflow = drive(workflow.pk)
     assert workflow.status == "cancelled"
     assert effects(deploy_target, deploy_activity) == {"created": 1, "deleted": 1}

@@ -170,7 +170,7 @@ def test_a_failed_compensation_of_a_failed_workflow_is_retried_by_resume(
     assert Event.objects.filter(workflow=workflow, kind="compensation.failed").count() == 1
     assert Commitment.objects.get(activity=activity).status == "active"
     settings.AGENTOPS_DEPLOY_TARGET_URL = real_url
-    assert services.workflow_resume(workflow_id=workflow.pk) == services.Outcome.APPLIED
+    assert services.workflow_resume(workflow_id=workflow.pk).outcome == services.Outcome.APPLIED
     drive(workflow.pk)
     assert Commitment.objects.get(activity=activity).status == "compensated"
     assert live_deployments(deploy_target) == 0

@@ -176,7 +176,7 @@ def test_failures_back_off_then_pause_and_resume_after_a_fix_completes(frozen, r
     assert services.workflows_redrive_idle() == 0
 
     monkeypatch.setitem(BREAKS, "key", fixed)
-    assert services.workflow_resume(workflow_id=workflow.pk) == Outcome.APPLIED
+    assert services.workflow_resume(workflow_id=workflow.pk).outcome == Outcome.APPLIED
 
     workflow.refresh_from_db()
     assert (workflow.status, workflow.result) == ("completed", {"receipt": {"call": 1}})
@@ -192,7 +192,7 @@ def test_resuming_without_a_fix_records_one_more_failure_and_says_so(frozen, mon
     frozen.shift(timedelta(minutes=5))
     workflow = Workflow.objects.get(pk=workflow.pk)
 
-    assert services.workflow_resume(workflow_id=workflow.pk) == Outcome.HANDLER_FAILED
+    assert services.workflow_resume(workflow_id=workflow.pk).outcome == Outcome.HANDLER_FAILED
 
     workflow.refresh_from_db()
     assert (workflow.status, workflow.handler_failures) == ("running", 1)

@@ -81,8 +81,8 @@ def test_a_dedupe_key_longer_than_the_column_is_refused_and_stores_nothing(reque
 def test_a_dedupe_key_of_exactly_the_column_length_is_delivered_once(requester):
     key = "k" * KEY_LIMIT
     wait = gate_wait(requester)
-    assert services.workflow_signal(workflow_id=wait.workflow_id, name="go", dedupe_key=key) == Outcome.APPLIED
-    assert services.workflow_signal(workflow_id=wait.workflow_id, name="go", dedupe_key=key) == \
+    assert services.workflow_signal(workflow_id=wait.workflow_id, name="go", dedupe_key=key).outcome == Outcome.APPLIED
+    assert services.workflow_signal(workflow_id=wait.workflow_id, name="go", dedupe_key=key).outcome == \
         Outcome.ALREADY_APPLIED
     assert signals_of(wait.workflow_id) == [("go", key)]
 
@@ -140,7 +140,7 @@ def test_a_keyless_signal_is_delivered_even_when_a_stored_user_key_has_its_gener
     taken = f"auto-{workflow.event_seq + 1}"  # the key today's code would generate next
     Signal.objects.create(workflow=workflow, name="user", dedupe_key=taken, received_at=workflow.created_at)
 
-    assert services.workflow_signal(workflow_id=workflow.pk, name="go") == Outcome.APPLIED
+    assert services.workflow_signal(workflow_id=workflow.pk, name="go").outcome == Outcome.APPLIED
 
     assert signals_of(workflow.pk) == [("user", taken), ("go", f"{taken}.1")]
     assert history(workflow.pk)[-1][1] == "signal.received"
@@ -149,10 +149,11 @@ def test_a_keyless_signal_is_delivered_even_when_a_stored_user_key_has_its_gener
 def test_keyless_signals_are_each_delivered_and_stored_keys_still_deduplicate(requester):
     wait = gate_wait(requester)
     workflow_id = wait.workflow_id
-    assert services.workflow_signal(workflow_id=workflow_id, name="go") == Outcome.APPLIED
-    assert services.workflow_signal(workflow_id=workflow_id, name="go") == Outcome.APPLIED
-    assert services.workflow_signal(workflow_id=workflow_id, name="go", dedupe_key="deliver-1") == Outcome.APPLIED
-    assert services.workflow_signal(workflow_id=workflow_id, name="go", dedupe_key="deliver-1") == \
+    assert services.workflow_signal(workflow_id=workflow_id, name="go").outcome == Outcome.APPLIED
+    assert services.workflow_signal(workflow_id=workflow_id, name="go").outcome == Outcome.APPLIED
+    first = services.workflow_signal(workflow_id=workflow_id, name="go", dedupe_key="deliver-1")
+    assert first.outcome == Outcome.APPLIED
+    assert services.workflow_signal(workflow_id=workflow_id, name="go", dedupe_key="deliver-1").outcome == \
         Outcome.ALREADY_APPLIED
     keys = [key for _, key in signals_of(workflow_id)]
     assert len(keys) == 3 and keys[2] == "deliver-1"

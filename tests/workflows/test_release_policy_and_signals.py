@@ -229,7 +229,7 @@ def test_signal_satisfies_the_open_event_wait():
 
     outcome = services.workflow_signal(workflow_id=workflow.pk, name="go", payload=payload, dedupe_key="k1")
 
-    assert outcome == Outcome.APPLIED
+    assert outcome.outcome == Outcome.APPLIED
     wait = Wait.objects.get(workflow=workflow)
     assert (wait.status, wait.payload) == ("satisfied", payload)
     assert Signal.objects.get(workflow=workflow).consumed_by == wait
@@ -241,7 +241,8 @@ def test_signal_satisfies_the_open_event_wait():
 def test_signal_before_the_wait_is_consumed_when_it_opens():
     """A signal that arrives early is kept and satisfies the wait the moment it opens."""
     workflow = services.workflow_launch(kind=EVENT_KIND, goal="Wait for the go")
-    assert services.workflow_signal(workflow_id=workflow.pk, name="go", payload={"early": True}) == Outcome.APPLIED
+    early = services.workflow_signal(workflow_id=workflow.pk, name="go", payload={"early": True})
+    assert early.outcome == Outcome.APPLIED
     signal = Signal.objects.get(workflow=workflow)
     assert signal.consumed_by is None
     assert not Wait.objects.filter(workflow=workflow).exists()
@@ -258,7 +259,7 @@ def test_signal_before_the_wait_is_consumed_when_it_opens():
 def test_signal_with_another_name_leaves_the_wait_open():
     """A signal for a name nobody waits on is stored, and the workflow keeps waiting."""
     workflow = waiting_for_go()
-    assert services.workflow_signal(workflow_id=workflow.pk, name="stop") == Outcome.APPLIED
+    assert services.workflow_signal(workflow_id=workflow.pk, name="stop").outcome == Outcome.APPLIED
     workflow.refresh_from_db()
     assert workflow.status == "waiting"
     assert Wait.objects.get(workflow=workflow).status == "open"
@@ -273,7 +274,7 @@ def test_repeated_dedupe_key_changes_nothing():
 
     again = services.workflow_signal(workflow_id=workflow.pk, name="go", payload={"n": 2}, dedupe_key="deliver-1")
 
-    assert again == Outcome.ALREADY_APPLIED
+    assert (again.outcome, again.message) == (Outcome.ALREADY_APPLIED, "Already delivered; nothing changed.")
     assert unchanged(workflow) == before
     assert list(Signal.objects.filter(workflow=workflow).values_list("payload", flat=True)) == [{"n": 1}]
     assert len(events(workflow, "signal.received")) == 1

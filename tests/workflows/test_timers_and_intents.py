@@ -217,7 +217,7 @@ def test_new_goal_while_waiting_rebuilds_and_asks_again(git_repo, deploy_target,
 
     intent = services.workflow_supersede(workflow_id=workflow.pk, goal="Ship the changelog instead", user=requester)
 
-    assert intent.version == 2
+    assert (intent.intent_version, intent.outcome) == (2, services.Outcome.APPLIED)
     assert Intent.objects.get(workflow=workflow, version=1).superseded_at is not None
     old_wait.refresh_from_db()
     assert old_wait.status == "invalidated"

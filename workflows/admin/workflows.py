@@ -315,14 +315,9 @@ class WorkflowAdmin(ReadOnlyAdmin):
 def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: Any) -> tuple[str, int]:
     """Call the service for ``action``; return the message for the operator and its level."""
     if action == "cancel":
-        outcome = services.workflow_cancel(workflow_id=workflow_id, reason=data["reason"], user=user)
-        status = Workflow.objects.values_list("status", flat=True).get(pk=workflow_id)
-        if outcome == services.Outcome.ALREADY_APPLIED:
-            return f"Workflow {workflow_id} was already {status}; nothing changed.", messages.WARNING
-        if status == Workflow.Status.CANCELLED:
-            return f"Workflow {workflow_id} is cancelled.", messages.SUCCESS
-        return (f"Workflow {workflow_id} is {status}: its active commitments are compensated, newest first, "
-                "before it ends cancelled.", messages.SUCCESS)
+        result = services.workflow_cancel(workflow_id=workflow_id, reason=data["reason"], user=user)
+        already = result.outcome == services.Outcome.ALREADY_APPLIED
+        return result.message, messages.WARNING if already else messages.SUCCESS
     if action == "budget":
         was_paused = is_budget_paused(Workflow.objects.get(pk=workflow_id))
         workflow = services.workflow_budget_set(
@@ -334,13 +329,7 @@ def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: An
             text += " It was paused for budget and goes on now."
         return text, messages.SUCCESS
     if action == "resume":
-        outcome = services.workflow_resume(workflow_id=workflow_id, user=user)
-        if outcome == services.Outcome.APPLIED:
-            return f"Workflow {workflow_id} resumed.", messages.SUCCESS
-        if outcome == services.Outcome.HANDLER_FAILED:
-            reason = Workflow.objects.values_list("reason", flat=True).get(pk=workflow_id)
-            return f"Workflow {workflow_id} was resumed, but advancing failed again. {reason}", messages.ERROR
-        return f"Workflow {workflow_id} was already running; its doorbell was rung again.", messages.WARNING
-    intent = services.workflow_supersede(workflow_id=workflow_id, goal=data["goal"], user=user)
-    return (f"Workflow {workflow_id} now pursues intent v{intent.version}; its open approvals were withdrawn "
-            "and it revalidates before going on.", messages.SUCCESS)
+        result = services.workflow_resume(workflow_id=workflow_id, user=user)
+        level = {services.Outcome.APPLIED: messages.SUCCESS, services.Outcome.HANDLER_FAILED: messages.ERROR}
+        return result.message, level.get(result.outcome, messages.WARNING)
+    return services.workflow_supersede(workflow_id=workflow_id, goal=data["goal"], user=user).message, messages.SUCCESS

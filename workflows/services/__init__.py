@@ -10,10 +10,10 @@ from workflows.services.activities import (
     activity_result_record_if_current,
     activity_run_if_runnable,
 )
-from workflows.services.budgets import budget_charge_once, budget_reserve_ensure, spent_usd, workflow_budget_set
+from workflows.services.budgets import budget_charge_once, budget_reserve_ensure, workflow_budget_set
 from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
 from workflows.services.progress import stagnation_check, stagnation_flag_if_due
-from workflows.services.steps import Outcome
+from workflows.services.steps import Outcome, Result
 from workflows.services.sweeps import (
     activities_redrive_due,
     deadlines_enforce,
@@ -34,6 +34,7 @@ __all__ = [
     "Decision",
     "DecisionResult",
     "Outcome",
+    "Result",
     "RunOutcome",
     "activities_redrive_due",
     "activity_checkpoint_if_current",
@@ -48,7 +49,6 @@ __all__ = [
     "budget_reserve_ensure",
     "deadlines_enforce",
     "leases_reap_expired",
-    "spent_usd",
     "stagnation_check",
     "stagnation_flag_if_due",
     "timer_fire_if_due",

@@ -6,11 +6,11 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Sum
 
 from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import Activity, UsageEntry, Workflow
+from workflows.selectors import spent_usd
 from workflows.services.common import event_record, workflow_lock, workflow_save
 from workflows.services.steps import BUDGET_PAUSE_PREFIX, MAX_BUDGET_USD, wake_locked
 
@@ -61,7 +61,7 @@ def _check_hourly(workflow: Workflow, estimate: Decimal, *, now: datetime) -> No
     limit = workflow.budget_hourly_usd
     if limit is None:
         return
-    window = list(_entries(workflow).filter(created_at__gt=now - HOUR).order_by("created_at", "pk"))
+    window = list(UsageEntry.objects.filter(workflow=workflow, created_at__gt=now - HOUR).order_by("created_at", "pk"))
     spend = total = sum((e.amount_usd for e in window), Decimal(0))
     if spend + estimate <= limit:
         return
@@ -81,17 +81,6 @@ def _check_hourly(workflow: Workflow, estimate: Decimal, *, now: datetime) -> No
         f"(limit {limit:.4f}); the next call waits until {retry_at:%H:%M:%S} UTC.",
         workflow_id=workflow.pk, retry_after_seconds=max((retry_at - now).total_seconds(), 1.0),
     )
-
-
-def _entries(workflow: Workflow) -> Any:
-    return UsageEntry.objects.filter(workflow=workflow)
-
-
-def spent_usd(workflow: Workflow) -> Decimal:
-    """Charged costs plus open reservations."""
-    charged = _entries(workflow).filter(status=UsageEntry.Status.CHARGED).aggregate(s=Sum("cost_usd"))["s"]
-    held = _entries(workflow).filter(status=UsageEntry.Status.RESERVED).aggregate(s=Sum("reserved_usd"))["s"]
-    return (charged or Decimal(0)) + (held or Decimal(0))
 
 
 def budget_charge_once(*, key: str, cost_usd: Decimal, usage: dict[str, int]) -> bool:

@@ -13,6 +13,7 @@ from workflows.services.common import event_record, text_checked, workflow_lock,
 from workflows.services.steps import (
     COMPENSATION_NODE,
     Outcome,
+    Result,
     commitment_close_compensated,
     compensation_ensure,
     live_work_void,
@@ -22,19 +23,26 @@ from workflows.services.steps import (
 
 
 @transaction.atomic
-def workflow_cancel(*, workflow_id: int, reason: str = "", user: Any = None) -> Outcome:
+def workflow_cancel(*, workflow_id: int, reason: str = "", user: Any = None) -> Result:
     """Cancel: close waits, void live work, compensate commitments in reverse order, end cancelled.
 
-    Idempotent: a workflow already cancelling or cancelled returns ALREADY_APPLIED.
-    Raises TransitionRefused for a completed or failed workflow.
+    The outcome is APPLIED when the workflow ended cancelled in this call, SUSPENDED while
+    compensations run. Idempotent: a workflow already cancelling or cancelled returns
+    ALREADY_APPLIED. Raises TransitionRefused for a completed or failed workflow.
     """
     reason = text_checked(reason, what="The reason", max_length=2000) if reason.strip() else ""
     workflow = workflow_lock(workflow_id)
     if workflow.status in (Workflow.Status.CANCELLING, Workflow.Status.CANCELLED):
-        return Outcome.ALREADY_APPLIED
+        return Result.of(workflow, Outcome.ALREADY_APPLIED,
+                         f"Workflow {workflow_id} was already {workflow.status}; nothing changed.")
     if workflow.is_terminal:
         raise TransitionRefused(f"Workflow {workflow_id} is already {workflow.status}; there is nothing to cancel.")
-    return _cancel_locked(workflow, reason or "cancelled by an operator", by=username_of(user), now=clock.now())
+    outcome = _cancel_locked(workflow, reason or "cancelled by an operator", by=username_of(user), now=clock.now())
+    if workflow.status == Workflow.Status.CANCELLED:
+        return Result.of(workflow, outcome, f"Workflow {workflow_id} is cancelled.")
+    return Result.of(workflow, outcome, f"Workflow {workflow_id} is cancelling: its work in flight was stopped, and "
+                                        "its active commitments are compensated, newest first, before it ends "
+                                        "cancelled.")
 
 
 @transaction.atomic

@@ -8,12 +8,12 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from workflows import clock, registry
+from workflows import clock, doorbells, registry
 from workflows.errors import InvalidInput
 from workflows.models import Activity, Event, ProgressSample, Workflow
 from workflows.services.common import event_record, workflow_lock, workflow_save
 from workflows.services.failures import row_isolated
-from workflows.services.steps import STAGNATION_PAUSE_PREFIX
+from workflows.services.steps import STAGNATION_PAUSE_PREFIX, enter_node
 
 logger = logging.getLogger("agentops.progress")
 
@@ -137,9 +137,6 @@ def stagnation_flag_if_due(*, workflow_id: int, reason: str) -> int:
                        cause=Workflow.PauseCause.STAGNATION)
         workflow_save(workflow, "status", "reason", at=now)
     elif policy == Workflow.StagnationPolicy.REPLAN:
-        from workflows import doorbells
-        from workflows.services.steps import enter_node
-
         adapt = registry.definition(workflow.kind).adapt_node
         if adapt:
             enter_node(workflow, adapt, {"stagnation": reason}, now=now)

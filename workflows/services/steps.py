@@ -45,6 +45,23 @@ class Outcome(enum.StrEnum):
     HANDLER_FAILED = "handler_failed"
 
 
+@dataclass(frozen=True)
+class Result:
+    """What a workflow service did: ``outcome`` for code, ``message`` for a person (the command
+    line and the admin show it as it is), and the workflow as the call left it."""
+
+    outcome: Outcome
+    message: str
+    workflow_id: int
+    status: str
+    intent_version: int
+
+    @classmethod
+    def of(cls, workflow: Workflow, outcome: Outcome, message: str) -> Result:
+        return cls(outcome=outcome, message=message, workflow_id=workflow.pk, status=workflow.status,
+                   intent_version=workflow.intent_version)
+
+
 @dataclass
 class ChainSlot:
     """Room for the next activity a result schedules, to be run at once by the worker that

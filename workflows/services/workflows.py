@@ -36,6 +36,7 @@ from workflows.services.steps import (
     MAX_STEPS_PER_ADVANCE,
     ChainSlot,
     Outcome,
+    Result,
     activity_schedule,
     commitments_compensate,
     complete_locked,
@@ -210,7 +211,7 @@ SIGNAL_AUTO_KEY_PREFIX = "auto-"
 
 
 @transaction.atomic
-def workflow_signal(*, workflow_id: int, name: str, payload: Any = None, dedupe_key: str = "") -> Outcome:
+def workflow_signal(*, workflow_id: int, name: str, payload: Any = None, dedupe_key: str = "") -> Result:
     """Deliver a named event; it satisfies an open event wait for that name, now or later.
 
     Idempotent per ``dedupe_key``: unique constraint ``uniq_signal_dedupe``; a repeated key
@@ -233,7 +234,7 @@ def workflow_signal(*, workflow_id: int, name: str, payload: Any = None, dedupe_
     now = clock.now()
     keys = Signal.objects.filter(workflow=workflow)
     if dedupe_key and keys.filter(dedupe_key=dedupe_key).exists():
-        return Outcome.ALREADY_APPLIED
+        return Result.of(workflow, Outcome.ALREADY_APPLIED, "Already delivered; nothing changed.")
     key = dedupe_key
     if not key:
         # A keyless signal is never a repeat. The seq of the event that records it makes its key
@@ -250,11 +251,11 @@ def workflow_signal(*, workflow_id: int, name: str, payload: Any = None, dedupe_
     if wait is not None:
         signal_consume(workflow, wait, signal, now=now)
         wake_locked(workflow, now=now, cause=f"signal {name}")
-    return Outcome.APPLIED
+    return Result.of(workflow, Outcome.APPLIED, "Signal delivered.")
 
 
 @transaction.atomic
-def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None) -> Intent:
+def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None) -> Result:
     """Record a new intent version; old waits are invalidated and the workflow revalidates.
 
     The old intent's activities in flight are voided (a running attempt stops at its next
@@ -269,7 +270,7 @@ def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None) -> Inte
     now = clock.now()
     old = workflow.intent_version
     Intent.objects.filter(workflow=workflow, version=old).update(superseded_at=now)
-    intent = Intent.objects.create(workflow=workflow, version=old + 1, goal=goal, created_by=user, created_at=now)
+    Intent.objects.create(workflow=workflow, version=old + 1, goal=goal, created_by=user, created_at=now)
     workflow.intent_version = old + 1
     workflow_save(workflow, "intent_version", at=now)
     for wait in workflow.waits.filter(status=Wait.Status.OPEN):
@@ -286,11 +287,13 @@ def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None) -> Inte
         workflow_save(workflow, "status", at=now)
     enter_node(workflow, registry.definition(workflow.kind).revalidate_node, {}, now=now)
     doorbells.workflow_advance(workflow_id=workflow.pk)
-    return intent
+    return Result.of(workflow, Outcome.APPLIED,
+                     f"Workflow {workflow_id} now pursues intent v{old + 1}; its open approvals were withdrawn, its "
+                     f"work for the old goal stopped and its effects compensated, and it revalidates before going on.")
 
 
 @transaction.atomic
-def workflow_resume(*, workflow_id: int, user: Any = None) -> Outcome:
+def workflow_resume(*, workflow_id: int, user: Any = None) -> Result:
     """Resume a paused workflow, retry failed compensations (of a workflow in any state), or
     re-ring a running one whose doorbell may be lost.
 
@@ -312,14 +315,16 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Outcome:
     if workflow.status == Workflow.Status.PAUSED:
         failed = workflow.pause_cause == Workflow.PauseCause.HANDLER_FAILED
         wake_locked(workflow, now=now, cause=f"resumed by {by}")
-        return _advance_now(workflow, now=now, by=by) if failed else Outcome.APPLIED
+        return _advance_now(workflow, now=now, by=by) if failed else _resumed(workflow)
     if workflow.status == Workflow.Status.RUNNING and workflow.handler_failures:
         return _advance_now(workflow, now=now, by=by)
     if retried:
-        return Outcome.APPLIED
+        return Result.of(workflow, Outcome.APPLIED, f"Workflow {workflow_id}: {retried} failed compensation"
+                                                    f"{'s get' if retried > 1 else ' gets'} new attempts.")
     if workflow.status in (Workflow.Status.RUNNING, Workflow.Status.CANCELLING):
         doorbells.workflow_advance(workflow_id=workflow.pk)
-        return Outcome.ALREADY_APPLIED
+        return Result.of(workflow, Outcome.ALREADY_APPLIED,
+                         f"Workflow {workflow_id} was already {workflow.status}; its doorbell was rung again.")
     if workflow.status == Workflow.Status.WAITING:
         waits = ", ".join(f"{w.kind} wait {w.pk}" for w in workflow.waits.filter(status=Wait.Status.OPEN))
         raise TransitionRefused(
@@ -328,15 +333,22 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Outcome:
     raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; it cannot be resumed.")
 
 
-def _advance_now(workflow: Workflow, *, now: datetime, by: str) -> Outcome:
+def _resumed(workflow: Workflow) -> Result:
+    return Result.of(workflow, Outcome.APPLIED, f"Workflow {workflow.pk} resumed; it is {workflow.status}.")
+
+
+def _advance_now(workflow: Workflow, *, now: datetime, by: str) -> Result:
     """Advance a workflow after its handler failures, presumably fixed, with a fresh count
     (the failures' reason goes with them; a new failure writes its own)."""
     if workflow.status != Workflow.Status.RUNNING:
-        return Outcome.APPLIED  # waking it ended it (its release policy) or sent it elsewhere
+        return _resumed(workflow)  # waking it ended it (its release policy) or sent it elsewhere
     event_record(workflow=workflow, kind="workflow.advance_retried", at=now, by=by,
                  failures=workflow.handler_failures)
     workflow.handler_failures, workflow.advance_retry_at, workflow.reason = 0, None, ""
     workflow_save(workflow, "handler_failures", "advance_retry_at", "reason", at=now)
     with events_batched(workflow):
         outcome = advance_locked(workflow)
-    return Outcome.HANDLER_FAILED if outcome == Outcome.HANDLER_FAILED else Outcome.APPLIED
+    if outcome == Outcome.HANDLER_FAILED:
+        return Result.of(workflow, outcome, f"Workflow {workflow.pk} was resumed, but advancing failed again: "
+                                            f"{workflow.reason}")
+    return _resumed(workflow)

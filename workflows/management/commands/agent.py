@@ -173,27 +173,23 @@ class Command(BaseCommand):
             payload = json.loads(options["payload"])
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"--payload is not valid JSON: {exc.msg} at position {exc.pos}.") from None
-        outcome = services.workflow_signal(
+        result = services.workflow_signal(
             workflow_id=options["id"], name=options["name"], payload=payload, dedupe_key=options["dedupe_key"]
         )
-        text = "Signal delivered." if outcome == services.Outcome.APPLIED else "Already delivered; nothing changed."
-        self._emit(options, {"id": options["id"], "outcome": outcome.value}, text)
+        self._emit(options, {"id": options["id"], "outcome": result.outcome.value}, result.message)
 
     def _supersede(self, options: dict[str, Any]) -> None:
-        intent = services.workflow_supersede(
+        result = services.workflow_supersede(
             workflow_id=options["id"], goal=options["goal"], user=user_or_none(options["user"])
         )
-        self._emit(options, {"id": options["id"], "intent_version": intent.version},
-                   f"Workflow {options['id']} now pursues intent v{intent.version}; it revalidates before going on.")
+        self._emit(options, {"id": options["id"], "intent_version": result.intent_version}, result.message)
 
     def _cancel(self, options: dict[str, Any]) -> None:
-        outcome = services.workflow_cancel(
+        result = services.workflow_cancel(
             workflow_id=options["id"], reason=options["reason"], user=user_or_none(options["user"])
         )
-        status = Workflow.objects.values_list("status", flat=True).get(pk=options["id"])
-        text = {services.Outcome.ALREADY_APPLIED: f"Workflow {options['id']} was already {status}; nothing changed."}
-        self._emit(options, {"id": options["id"], "outcome": outcome.value, "status": status},
-                   text.get(outcome, f"Workflow {options['id']} is {status}; commitments are compensated first."))
+        self._emit(options, {"id": options["id"], "outcome": result.outcome.value, "status": result.status},
+                   result.message)
 
     def _budget(self, options: dict[str, Any]) -> None:
         workflow = services.workflow_budget_set(
@@ -206,13 +202,8 @@ class Command(BaseCommand):
                    f"hourly {spend['budget_hourly_usd'] or 'unlimited'} USD; it is {workflow.status}.")
 
     def _resume(self, options: dict[str, Any]) -> None:
-        outcome = services.workflow_resume(workflow_id=options["id"], user=user_or_none(options["user"]))
-        text = {
-            services.Outcome.APPLIED: "Workflow resumed.",
-            services.Outcome.HANDLER_FAILED: f"Workflow resumed, but advancing failed again; see `manage.py agent "
-                                             f"show {options['id']}`.",
-        }.get(outcome, "Workflow was already running; its doorbell was rung again.")
-        self._emit(options, {"id": options["id"], "outcome": outcome.value}, text)
+        result = services.workflow_resume(workflow_id=options["id"], user=user_or_none(options["user"]))
+        self._emit(options, {"id": options["id"], "outcome": result.outcome.value}, result.message)
 
 
 def console_for(stream: Any) -> Console:
