@@ -102,7 +102,7 @@ def db_report(*, events_per_workflow: int = 60) -> str:
 
     lines = ["--- durable state ---"]
     for wf in Workflow.objects.order_by("pk"):
-        lines.append(f"workflow {wf.pk}: {wf.status} at {wf.current_node} version={wf.version} "
+        lines.append(f"workflow {wf.pk}: {wf.status} at {wf.current_node} updated={_t(wf.updated_at)} "
                      f"event_seq={wf.event_seq} reason={wf.reason[:200]!r}")
         for a in Activity.objects.filter(workflow=wf).order_by("pk"):
             lines.append(f"  activity {a.pk} {a.name} {a.operation_id} {a.status} attempt={a.attempt} "

@@ -26,7 +26,7 @@ from workflows.models import Activity, Timer, Wait, Workflow
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
-WAITING_FIELDS = ("status", "current_node", "version", "node_visit")
+WAITING_FIELDS = ("status", "current_node", "updated_at", "node_visit")
 
 
 def _rows(ids: list[int]) -> dict[int, tuple]:

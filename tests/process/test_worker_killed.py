@@ -172,7 +172,7 @@ def test_paused_worker_cannot_write_back_after_its_lease_was_taken_over(
     assert second.worker.startswith("wb@"), second.worker
     # Paused longer than a heartbeat period: on SIGCONT the zombie heartbeats (or writes back) at once.
     time.sleep(max(0.0, 5.5 - (time.monotonic() - stopped_at)))
-    before = Workflow.objects.values("status", "current_node", "node_visit", "version", "state").get(pk=wf)
+    before = Workflow.objects.values("status", "current_node", "node_visit", "updated_at", "state").get(pk=wf)
 
     os.kill(pool.pid, signal.SIGCONT)
     paused = time.monotonic() - stopped_at
@@ -184,7 +184,7 @@ def test_paused_worker_cannot_write_back_after_its_lease_was_taken_over(
     # Attempt 2 still runs (its test sleeps 6 s), so nothing but the zombie could have written.
     assert Activity.objects.filter(pk=first.activity_id, status="running", attempt=2).exists(), \
         "attempt 2 finished before the zombie: the timing this test relies on did not hold"
-    assert Workflow.objects.values("status", "current_node", "node_visit", "version", "state").get(pk=wf) == before
+    assert Workflow.objects.values("status", "current_node", "node_visit", "updated_at", "state").get(pk=wf) == before
     assert event_count("activity.stale_result_discarded", workflow_id=wf, data__attempt=1) == 1
 
     # B's run needs its workspace after the zombie cleaned up its own.

@@ -94,7 +94,7 @@ def test_refusals_exit_3_and_change_nothing(git_repo, deploy_target, approver, o
     workflow_id = launch(git_repo, "--user", "rita")
     drive(workflow_id)
     wait = open_approval(workflow_id)
-    before = (wait.version, Event.objects.filter(workflow_id=workflow_id).count())
+    before = (wait.decided_at, Event.objects.filter(workflow_id=workflow_id).count())
     for args, message in [
         (["approve", str(wait.pk), "--user", "alice", "--candidate-hash", "0" * 64], "bound to candidate"),
         (["approve", str(wait.pk), "--user", "oscar", "--candidate-hash", wait.candidate_hash],
@@ -106,7 +106,7 @@ def test_refusals_exit_3_and_change_nothing(git_repo, deploy_target, approver, o
             agent(*args)
         assert excinfo.value.returncode == 3
     wait.refresh_from_db()
-    assert (wait.version, Event.objects.filter(workflow_id=workflow_id).count()) == before
+    assert (wait.decided_at, Event.objects.filter(workflow_id=workflow_id).count()) == before
 
 
 def test_supersede_cancel_and_readable_show(git_repo, deploy_target, requester):

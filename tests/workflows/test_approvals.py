@@ -77,7 +77,7 @@ def snapshot(wait: Wait) -> tuple[Any, ...]:
     """What a refused or repeated decision must leave untouched."""
     wait.refresh_from_db()
     workflow = Workflow.objects.get(pk=wait.workflow_id)
-    return (wait.status, wait.version, wait.decision, wait.decided_by_id, workflow.status, workflow.version,
+    return (wait.status, wait.decided_at, wait.decision, wait.decided_by_id, workflow.status, workflow.updated_at,
             workflow.current_node, Event.objects.filter(workflow=workflow).count())
 
 

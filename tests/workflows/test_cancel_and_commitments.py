@@ -131,10 +131,10 @@ def test_cancelling_twice_changes_nothing(git_repo, deploy_target, requester, ap
     services.workflow_cancel(workflow_id=workflow.pk)
     for _ in range(2):
         workflow.refresh_from_db()
-        before = (workflow.status, workflow.version, workflow.event_seq, len(compensations(workflow)))
+        before = (workflow.status, workflow.updated_at, workflow.event_seq, len(compensations(workflow)))
         assert services.workflow_cancel(workflow_id=workflow.pk, reason="again").outcome == Outcome.ALREADY_APPLIED
         workflow.refresh_from_db()
-        assert (workflow.status, workflow.version, workflow.event_seq, len(compensations(workflow))) == before
+        assert (workflow.status, workflow.updated_at, workflow.event_seq, len(compensations(workflow))) == before
         assert workflow.reason != "again"
         drive(workflow.pk)
     assert workflow.status == "cancelled"
@@ -332,13 +332,13 @@ def test_cancel_of_a_completed_workflow_is_refused(git_repo, deploy_target, requ
     """A completed release keeps its deployment: cancel is refused and nothing is undone."""
     workflow = drive(approved(git_repo, requester, approver).pk)
     assert workflow.status == "completed", workflow.reason
-    before = (workflow.version, workflow.event_seq)
+    before = (workflow.updated_at, workflow.event_seq)
 
     with pytest.raises(TransitionRefused, match=f"Workflow {workflow.pk} is already completed; there is nothing"):
         services.workflow_cancel(workflow_id=workflow.pk)
 
     workflow.refresh_from_db()
-    assert (workflow.status, workflow.version, workflow.event_seq) == ("completed", *before)
+    assert (workflow.status, workflow.updated_at, workflow.event_seq) == ("completed", *before)
     assert Commitment.objects.get(workflow=workflow).status == "released"
     assert not compensations(workflow)
     assert deploy_target.store.stats()["active"] == 1

@@ -141,7 +141,7 @@ def test_zombie_attempt_cannot_overwrite_the_current_result(git_repo):
     result = run_claimed(inspect_repository, current)
     assert services.activity_result_record_if_current(claim=current, result=result) == RunOutcome.RECORDED
     workflow.refresh_from_db()
-    before = (workflow.version, workflow.current_node, workflow.state)
+    before = (workflow.updated_at, workflow.current_node, workflow.state)
 
     outcome = services.activity_result_record_if_current(claim=zombie, result={**result, "head": "zombie"})
 
@@ -149,7 +149,7 @@ def test_zombie_attempt_cannot_overwrite_the_current_result(git_repo):
     activity.refresh_from_db()
     assert (activity.status, activity.attempt, activity.result) == ("succeeded", 2, result)
     workflow.refresh_from_db()
-    assert (workflow.version, workflow.current_node, workflow.state) == before
+    assert (workflow.updated_at, workflow.current_node, workflow.state) == before
     assert workflow.state["evidence"]["head"] == result["head"]
     assert attempts(activity) == [(1, "stale"), (2, "succeeded")]
     assert events(workflow, "activity.stale_result_discarded") == [
@@ -201,7 +201,7 @@ def test_duplicate_doorbell_is_ignored(git_repo):
     assert events(workflow, "activity.doorbell_ignored") == [
         {"operation_id": activity.operation_id, "status": "succeeded", "worker": "w2"},
     ]
-    assert Workflow.objects.get(pk=workflow.pk).version == workflow.version
+    assert Workflow.objects.get(pk=workflow.pk).updated_at == workflow.updated_at
 
     running = Activity.objects.get(workflow=workflow, name="propose_change")
     services.activity_claim_if_runnable(activity_id=running.pk, worker="w1", task_id="t1")

@@ -72,7 +72,7 @@ def waiting_for_go() -> Workflow:
 
 def unchanged(workflow: Workflow) -> tuple[Any, ...]:
     workflow.refresh_from_db()
-    return (workflow.status, workflow.version, workflow.event_seq, Signal.objects.filter(workflow=workflow).count())
+    return (workflow.status, workflow.updated_at, workflow.event_seq, Signal.objects.filter(workflow=workflow).count())
 
 
 # --- Behavioral release changes ---------------------------------------------------------------

@@ -74,7 +74,7 @@ def test_approval_timer_of_a_superseded_intent_is_ignored(git_repo, deploy_targe
     assert (old_timer.intent_version, new_timer.intent_version) == (1, 2)
     make_due(old_timer)
     target_before = deploy_target.store.stats()
-    version_before = workflow.version
+    updated_before = workflow.updated_at
 
     assert services.timers_fire_due() == 1
     assert services.timers_fire_due() == 0
@@ -86,8 +86,8 @@ def test_approval_timer_of_a_superseded_intent_is_ignored(git_repo, deploy_targe
     assert "superseded" in events(workflow, "timer.ignored")[0]["reason"]
     assert not events(workflow, "timer.fired")
     workflow.refresh_from_db()
-    assert (workflow.status, workflow.current_node, workflow.version) == ("waiting", "WAIT_FOR_APPROVAL",
-                                                                         version_before)
+    assert (workflow.status, workflow.current_node, workflow.updated_at) == ("waiting", "WAIT_FOR_APPROVAL",
+                                                                         updated_before)
     new_wait.refresh_from_db()
     new_timer.refresh_from_db()
     assert (new_wait.status, new_timer.status) == ("open", "pending")
@@ -134,12 +134,12 @@ def test_firing_a_due_timer_twice_fires_it_once(rung):
 
     assert services.timer_fire_if_due(timer_id=timer.pk) is True
     wait = Wait.objects.get(pk=timer.wait_id)
-    state = (wait.status, wait.version, Workflow.objects.get(pk=workflow.pk).version,
+    state = (wait.status, wait.decided_at, Workflow.objects.get(pk=workflow.pk).updated_at,
              Event.objects.filter(workflow=workflow).count())
     assert services.timer_fire_if_due(timer_id=timer.pk) is False
 
     wait.refresh_from_db()
-    assert (wait.status, wait.version, Workflow.objects.get(pk=workflow.pk).version,
+    assert (wait.status, wait.decided_at, Workflow.objects.get(pk=workflow.pk).updated_at,
             Event.objects.filter(workflow=workflow).count()) == state
     assert state[0] == "satisfied"
     assert len(events(workflow, "timer.fired")) == 1
@@ -254,13 +254,13 @@ def test_new_goal_for_a_completed_workflow_is_refused():
     services.workflow_advance_if_runnable(workflow_id=workflow.pk)
     workflow.refresh_from_db()
     assert workflow.status == "completed"
-    before = (workflow.version, workflow.event_seq, Intent.objects.filter(workflow=workflow).count())
+    before = (workflow.updated_at, workflow.event_seq, Intent.objects.filter(workflow=workflow).count())
 
     with pytest.raises(TransitionRefused, match=f"Workflow {workflow.pk} is completed; its goal can no longer"):
         services.workflow_supersede(workflow_id=workflow.pk, goal="Too late")
 
     workflow.refresh_from_db()
-    assert (workflow.version, workflow.event_seq, Intent.objects.filter(workflow=workflow).count()) == before
+    assert (workflow.updated_at, workflow.event_seq, Intent.objects.filter(workflow=workflow).count()) == before
 
 
 @pytest.mark.django_db
@@ -268,9 +268,9 @@ def test_new_goal_for_a_completed_workflow_is_refused():
 def test_bad_new_goal_is_refused(goal, message):
     """A new goal is validated like a launch goal; the sleeping workflow is untouched."""
     workflow = sleeping()
-    before = (workflow.version, workflow.event_seq, workflow.intent_version)
+    before = (workflow.updated_at, workflow.event_seq, workflow.intent_version)
     with pytest.raises(InvalidInput, match=message):
         services.workflow_supersede(workflow_id=workflow.pk, goal=goal)
     workflow.refresh_from_db()
-    assert (workflow.version, workflow.event_seq, workflow.intent_version) == before
+    assert (workflow.updated_at, workflow.event_seq, workflow.intent_version) == before
     assert Wait.objects.get(workflow=workflow).status == "open"

@@ -18,7 +18,7 @@ from workflows.selectors import definition_of
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Durable rows change only through the services, never through generic admin forms.
 
-    Those writes would skip the row lock, the version bump, the event history and the doorbell.
+    Those writes would skip the row lock, the event history and the doorbell.
     """
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

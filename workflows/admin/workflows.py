@@ -188,7 +188,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
                                     "reason", "pause_cause", "handler_failures", "advance_retry_at")}),
         ("What it runs", {"fields": ("kind", "definition_version", "release", "release_policy", "params_pretty")}),
         ("Who and when", {"fields": ("launched_by", "created_at", "updated_at", "deadline")}),
-        ("Outcome and durable state", {"fields": ("result_pretty", "state_pretty", "version", "event_seq"),
+        ("Outcome and durable state", {"fields": ("result_pretty", "state_pretty", "event_seq"),
                                        "classes": ("collapse",)}),
     )
 

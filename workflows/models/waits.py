@@ -56,7 +56,6 @@ class Wait(ConcurrentTransitionMixin, models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     comment = models.TextField(blank=True, help_text="Comment given with the decision.")
     payload = models.JSONField(null=True, blank=True, help_text="Payload of the event that satisfied the wait.")
-    version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField()
 
     # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.

@@ -69,7 +69,6 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     node_visit = models.PositiveIntegerField(
         default=1, help_text="How many node entries so far; part of every operation identity."
     )
-    version = models.PositiveIntegerField(default=1, help_text="Optimistic-concurrency version, bumped on every write.")
     intent_version = models.PositiveIntegerField(default=1, help_text="Version of the current intent (goal).")
     params = models.JSONField(default=dict, blank=True, help_text="Launch parameters (validated by the definition).")
     state = models.JSONField(default=dict, blank=True, help_text="Durable variables written by node handlers.")

@@ -30,15 +30,14 @@ def workflow_lock(workflow_id: int) -> Workflow:
 
 
 def workflow_save(workflow: Workflow, *fields: str, at: datetime) -> None:
-    """Save named fields and bump ``version`` (optimistic concurrency for readers that compare it).
+    """Save named fields and ``updated_at``.
 
     Saving ``status`` saves ``pause_cause`` too: the transitions set the cause with the status
     (``pause`` sets it, every way out of paused clears it), so the two never disagree.
     """
-    workflow.version += 1
     workflow.updated_at = at
     extra = ["pause_cause"] if "status" in fields and "pause_cause" not in fields else []
-    workflow.save(update_fields=[*fields, *extra, "version", "updated_at"])
+    workflow.save(update_fields=[*fields, *extra, "updated_at"])
 
 
 def event_record(*, workflow: Workflow, kind: str, at: datetime, **data: Any) -> Event:

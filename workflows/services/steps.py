@@ -381,8 +381,7 @@ def wake_locked(workflow: Workflow, *, now: datetime, cause: str) -> None:
 
 def signal_consume(workflow: Workflow, wait: Wait, signal: Signal, *, now: datetime) -> None:
     wait.satisfy(at=now, payload=signal.payload)
-    wait.version += 1
-    wait.save(update_fields=["status", "decided_at", "payload", "version"])
+    wait.save(update_fields=["status", "decided_at", "payload"])
     signal.consumed_by = wait
     signal.save(update_fields=["consumed_by"])
     event_record(workflow=workflow, kind="wait.satisfied", at=now, wait_id=wait.pk, signal=signal.name)

@@ -68,8 +68,7 @@ def _decide(*, wait_id: int, user: Any, decision: str, candidate_hash: str, comm
         _check_decidable(wait=wait, workflow=workflow, user=user, decision=decision, candidate_hash=candidate_hash,
                          now=now)
         wait.decide(decision=decision, by=user, at=now, comment=comment)
-        wait.version += 1
-        wait.save(update_fields=["status", "decision", "decided_by", "decided_at", "comment", "version"])
+        wait.save(update_fields=["status", "decision", "decided_by", "decided_at", "comment"])
         event_record(workflow=workflow, kind=f"wait.{decision}", at=now, wait_id=wait.pk, by=user.username,
                      candidate_hash=wait.candidate_hash, comment=comment)
         wake_locked(workflow, now=now, cause=f"wait {wait.pk} {decision} by {user.username}")
@@ -171,8 +170,7 @@ def timer_fire_if_due(*, timer_id: int) -> bool:
             wait.satisfy(at=now, payload=None)
         else:
             wait.expire(at=now)
-        wait.version += 1
-        wait.save(update_fields=["status", "decided_at", "payload", "version"])
+        wait.save(update_fields=["status", "decided_at", "payload"])
         event_record(workflow=workflow, kind="timer.fired", at=now, timer_id=timer_id, wait_id=wait.pk,
                      purpose=timer.purpose, late_seconds=round((now - timer.fire_at).total_seconds(), 3))
         if workflow.status == Workflow.Status.WAITING:
