@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentops
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install demo demo-admin lint test docs clean chromium screenshots bench
+.PHONY: install demo demo-admin lint test docs clean chromium bubblewrap screenshots bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint chromium
+test: lint chromium bubblewrap
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(BIN)/pytest
 
 # Debian's Chromium for the browser tests in tests/admin (never `playwright install`: its download is
@@ -38,6 +38,12 @@ test: lint chromium
 chromium:
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 	  || echo "warning: could not install chromium; the browser tests in tests/admin will be skipped"
+
+# Debian's bubblewrap: the sandbox of commands run for users (agentops/sandbox.py). Without it the
+# sandbox runs commands unisolated (AGENTOPS_SANDBOX=auto) and the bwrap tests in tests/test_sandbox.py skip.
+bubblewrap:
+	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } \
+	  || echo "warning: could not install bubblewrap; the sandbox tests that need it will be skipped"
 
 # Refresh docs/screenshots/ from the browser test that approves a release and opens its workflow page.
 screenshots: $(STAMP) chromium

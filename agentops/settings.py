@@ -209,6 +209,15 @@ if not AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS > 0:
         f"AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS={AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS} must be above 0.")
 AGENTOPS_PROMPT_VERSION = env_str("AGENTOPS_PROMPT_VERSION", "prompts-1")
 AGENTOPS_WORKSPACE_DIR = Path(env_str("AGENTOPS_WORKSPACE_DIR", str(VAR_DIR / "workspaces")))
+# Every command run for a user (the autonomous agent's run_command, the release agent's tests) is
+# sandboxed (agentops/sandbox.py): scrubbed environment, own process group, redacted output, and
+# bubblewrap (read-only system, no network, own PID namespace): "auto" uses it where it works,
+# "bwrap" refuses to run a command without it, "none" never uses it.
+AGENTOPS_SANDBOX = env_str("AGENTOPS_SANDBOX", "auto")
+if AGENTOPS_SANDBOX not in {"auto", "bwrap", "none"}:
+    raise ImproperlyConfigured(f"AGENTOPS_SANDBOX={AGENTOPS_SANDBOX!r} must be auto, bwrap or none.")
+# After a command's timeout its process group gets SIGTERM, then SIGKILL this much later.
+AGENTOPS_SANDBOX_GRACE_SECONDS = env_float("AGENTOPS_SANDBOX_GRACE_SECONDS", 5.0)
 # The packages that hold agent kinds (definition, activities, optional admin templates), imported at
 # start-up by web, workers and beat alike. Add a kind of your own with one more entry (docs/authoring.md).
 AGENTOPS_AGENT_MODULES = [

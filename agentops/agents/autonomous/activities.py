@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
 from django.conf import settings
 
+from agentops import sandbox
 from agentops.budgets import metered_complete
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent
@@ -170,8 +170,9 @@ def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
         for call in response.tool_calls:
             # A taken-over or unwanted attempt must not touch the workspace the current one uses.
             ctx.fence(f"tool {call['name']}")
-            ok, output = run_tool(root, call["name"], call.get("input") or {})
-            ctx.note("tool.called", tool=call["name"], input=_short(call.get("input")), ok=ok, output=output[:300])
+            ok, output, isolation = run_tool_isolated(root, call["name"], call.get("input") or {})
+            ctx.note("tool.called", tool=call["name"], input=sandbox.redact(_short(call.get("input"))), ok=ok,
+                     output=output[:300], **({"isolation": isolation} if isolation else {}))
             results.append({"type": "tool_result", "tool_use_id": call["id"], "content": output, "is_error": not ok})
         messages.append({"role": "user", "content": results})
         progress = f"task {task['id']} turn {turn + 1}"
@@ -185,13 +186,31 @@ def _short(value: Any) -> str:
 
 
 def run_tool(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str]:
-    """Run one tool confined to ``root``; returns (ok, output). Bad input is an error result, not a crash.
+    """Run one tool confined to ``root``; returns (ok, output). Bad input is an error result, not a crash."""
+    ok, output, _ = run_tool_isolated(root, name, args)
+    return ok, output
+
+
+def run_tool_isolated(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str, str]:
+    """``run_tool``, plus the isolation a command ran under ("bwrap", "none"; "" for other tools).
 
     The output is text the database can store: NUL characters (a binary file read, a command's
-    raw bytes) are shown as ``\\x00``.
+    raw bytes) are shown as ``\\x00``; and known secret values are ``[redacted]`` before it
+    reaches an event, a checkpoint or the model (``sandbox.redact``).
     """
-    ok, output = _run_tool(root, name, args)
-    return ok, output.replace("\x00", "\\x00")
+    isolation = ""
+    if name == "run_command":
+        ok, output, isolation = _run_command_tool(root, args)
+    else:
+        ok, output = _run_tool(root, name, args)
+    return ok, sandbox.redact(output.replace("\x00", "\\x00")), isolation
+
+
+def _run_command_tool(root: Path, args: dict[str, Any]) -> tuple[bool, str, str]:
+    try:
+        return _run(root, str(args["command"]), int(args.get("timeout_seconds") or 30))
+    except (KeyError, ValueError, OSError) as exc:
+        return False, f"{type(exc).__name__}: {exc}", ""
 
 
 def _run_tool(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str]:
@@ -210,8 +229,6 @@ def _run_tool(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str]:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content, encoding="utf-8")
             return True, f"wrote {len(content)} characters to {target.relative_to(root)}"
-        if name == "run_command":
-            return _run(root, str(args["command"]), int(args.get("timeout_seconds") or 30))
         return False, f"unknown tool {name!r}; tools are {', '.join(t['name'] for t in TOOLS)}"
     except (KeyError, ValueError, OSError, UnicodeDecodeError) as exc:
         return False, f"{type(exc).__name__}: {exc}"
@@ -225,19 +242,21 @@ def confined(root: Path, relative: str) -> Path:
     return target
 
 
-def _run(root: Path, command: str, timeout: int) -> tuple[bool, str]:
+def _run(root: Path, command: str, timeout: int) -> tuple[bool, str, str]:
+    """Run a command in the sandbox (agentops/sandbox.py); returns (ok, output, isolation)."""
     argv = shlex.split(command)
     if not argv:
-        return False, "empty command"
+        return False, "empty command", ""
     timeout = max(1, min(timeout, COMMAND_TIMEOUT_SECONDS))
     try:
-        done = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout, check=False)
+        done = sandbox.run(argv, workspace=root, timeout_seconds=timeout, max_output_bytes=4 * MAX_OUTPUT_CHARS)
     except FileNotFoundError:
-        return False, f"command {argv[0]!r} not found"
-    except subprocess.TimeoutExpired:
-        return False, f"command timed out after {timeout} s"
-    output = (done.stdout + done.stderr)[-MAX_OUTPUT_CHARS:]
-    return done.returncode == 0, f"exit {done.returncode}\n{output}"
+        return False, f"command {argv[0]!r} not found", sandbox.isolation()
+    output = sandbox.redacted_tail(done.output, MAX_OUTPUT_CHARS)
+    if done.timed_out:
+        return False, f"command timed out after {timeout} s and was stopped (sandbox: {done.isolation})\n{output}", \
+            done.isolation
+    return done.exit_code == 0, f"exit {done.exit_code} (sandbox: {done.isolation})\n{output}", done.isolation
 
 
 VERIFY_SYSTEM = ("<task>verify_goal</task>\nJudge whether the goal is met from the tasks and the workspace. Answer "

@@ -6,14 +6,13 @@ import os
 import shlex
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from django.conf import settings
 
-from agentops import providers
+from agentops import providers, sandbox
 from agentops.budgets import metered_complete
 from agentops.deploytarget import client
 from workflows.activity_context import ActivityContext
@@ -73,6 +72,7 @@ class RunTestsReport(TypedDict):
     passed: bool
     exit_code: int
     output_tail: str
+    isolation: NotRequired[str]  # the sandbox the tests ran in: "bwrap" or "none" (absent before it existed)
 
 
 @dataclass(frozen=True)
@@ -175,25 +175,21 @@ def run_tests(ctx: ActivityContext, input: RunTestsInput) -> RunTestsReport:
 
 
 def _run_command(ctx: ActivityContext, argv: list[str], *, cwd: Path) -> RunTestsReport:
-    deadline = time.monotonic() + settings.AGENTOPS_TEST_TIMEOUT_SECONDS
+    """Run the test command in the sandbox (agentops/sandbox.py), heartbeating every few seconds.
+
+    It sees the clone, the system and the worker's Python, and none of agentops' environment
+    (DJANGO_SETTINGS_MODULE, DATABASE_URL, the API key): the repository's tests run as on their own.
+    """
+    timeout = settings.AGENTOPS_TEST_TIMEOUT_SECONDS
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        done = sandbox.run(argv, workspace=cwd, timeout_seconds=timeout, wait_every_seconds=HEARTBEAT_EVERY_SECONDS,
+                           on_wait=lambda: ctx.heartbeat("tests running"))
     except FileNotFoundError:
         raise Permanent(f"Test command {argv[0]!r} was not found on this worker.") from None
-    try:
-        while True:
-            try:
-                output, _ = proc.communicate(timeout=HEARTBEAT_EVERY_SECONDS)
-                break
-            except subprocess.TimeoutExpired:
-                if time.monotonic() > deadline:
-                    raise Permanent(f"Tests ran longer than {settings.AGENTOPS_TEST_TIMEOUT_SECONDS} s.") from None
-                ctx.heartbeat("tests running")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return {"passed": proc.returncode == 0, "exit_code": proc.returncode, "output_tail": output[-2000:]}
+    if done.timed_out:
+        raise Permanent(f"Tests ran longer than {timeout} s (sandbox: {done.isolation}); they were stopped.")
+    return {"passed": done.exit_code == 0, "exit_code": done.exit_code,
+            "output_tail": sandbox.redacted_tail(done.output, 2000), "isolation": done.isolation}
 
 
 def _deploy_target() -> tuple[str, float]:
