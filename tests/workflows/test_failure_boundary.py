@@ -69,6 +69,7 @@ BREAKS: dict[str, Callable[[engine.NodeContext[Any]], engine.Decision]] = {
     "long role": _long_role,
     "long role, not refused": _long_role,  # the test turns the length check off: the column refuses it
     "after a signal": _after_a_signal,
+    "done": lambda ctx: engine.Goto("DONE"),
 }
 
 
@@ -246,6 +247,22 @@ def test_a_paused_handler_failure_shows_in_agent_show(frozen, settings):
            f"{workflow.pk}`" in text
 
 
+def test_a_new_goal_during_the_backoff_advances_at_once(frozen):
+    """A failed advance waits 30 s before the next try; a new goal is a fresh path, taken now."""
+    workflow, _ = launch_and_call("key")
+    assert workflow.advance_retry_at is not None and workflow.handler_failures == 1
+
+    services.workflow_supersede(workflow_id=workflow.pk, goal="done")
+
+    workflow.refresh_from_db()
+    assert (workflow.advance_retry_at, workflow.handler_failures, workflow.reason) == (None, 0, "")
+    assert services.workflow_advance_if_runnable(workflow_id=workflow.pk) == Outcome.SUSPENDED
+    call = Activity.objects.get(workflow=workflow, status="scheduled")
+    assert services.activity_run_if_runnable(activity_id=call.pk) == RunOutcome.RECORDED
+    assert Workflow.objects.get(pk=workflow.pk).status == "completed"
+    assert CALLS == ["key", "done"]
+
+
 def test_a_poisoned_row_does_not_stop_the_lease_sweep(frozen, monkeypatch):
     """One row whose reaping raises (a database error, even) is recorded on its workflow and
     skipped; the other expired leases are reaped in the same batch."""
@@ -271,6 +288,9 @@ def test_a_poisoned_row_does_not_stop_the_lease_sweep(frozen, monkeypatch):
     [failure] = events(rows[0], "sweep.row_failed")
     assert (failure["sweep"], failure["row_id"], failure["error_type"]) == ("reap_leases", poisoned.pk, "DataError")
     assert Workflow.objects.get(pk=poisoned.workflow_id).current_node == "CALL"
+    for _ in range(3):  # the same failure on the next ticks is logged, not written to the history again
+        assert services.leases_reap_expired() == 0
+    assert len(events(rows[0], "sweep.row_failed")) == 1
     monkeypatch.setattr(sweeps, "activity_lease_expire_if_due", reap)
     assert services.leases_reap_expired() == 1
 

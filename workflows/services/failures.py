@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 
 from workflows import clock
-from workflows.models import Workflow
+from workflows.models import Event, Workflow
 from workflows.services.common import (
     event_record,
     events_pending,
@@ -142,8 +142,9 @@ def last_frames(error: BaseException) -> list[str]:
 
 def row_isolated(sweep: str, row_id: int, fn: Callable[[int], Any], *, workflow_id: Callable[[int], int | None]) -> int:
     """Run one sweep row in its own savepoint; a row that raises is logged, recorded on its
-    workflow (``sweep.row_failed``, in a transaction of its own) and counted as 0, so the
-    batch goes on. ``workflow_id`` names the row's workflow, or None when it has none."""
+    workflow (``sweep.row_failed``, in a transaction of its own; once while it fails the same
+    way) and counted as 0, so the batch goes on. ``workflow_id`` names the row's workflow, or
+    None when it has none."""
     try:
         with transaction.atomic():
             return int(fn(row_id))
@@ -161,9 +162,14 @@ def _row_failure_record(sweep: str, row_id: int, error: Exception, *,
             if pk is None:
                 return
             workflow = workflow_lock(pk)
+            digest = traceback_digest(error)
+            last = Event.objects.filter(workflow=workflow, kind="sweep.row_failed", data__sweep=sweep,
+                                        data__row_id=row_id).order_by("-seq").values_list("data", flat=True).first()
+            if last is not None and last.get("traceback_sha256") == digest:
+                return  # the same failure on every tick: the history keeps the first, the log every one
             event_record(workflow=workflow, kind="sweep.row_failed", at=clock.now(), sweep=sweep, row_id=row_id,
                          error_type=type(error).__name__, message=str(error)[:MAX_MESSAGE_CHARS],
-                         traceback_sha256=traceback_digest(error))
+                         traceback_sha256=digest)
     except Exception:
         # The row's workflow may be the broken part: the log line above is the record then.
         logger.exception("sweep.row_failure_unrecorded", extra={"sweep": sweep, "row_id": row_id})

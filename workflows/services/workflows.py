@@ -282,6 +282,10 @@ def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None) -> Resu
     live_work_void(workflow, now=now, reason=f"intent v{old} superseded")
     commitments_compensate(workflow, workflow.commitments.filter(status=Commitment.Status.ACTIVE), now=now)
     event_record(workflow=workflow, kind="intent.superseded", at=now, old=old, new=old + 1, by=username_of(user))
+    if workflow.advance_retry_at is not None:
+        # Failed advances were failures of the old goal's path: the new one advances now.
+        workflow.handler_failures, workflow.advance_retry_at, workflow.reason = 0, None, ""
+        workflow_save(workflow, "handler_failures", "advance_retry_at", "reason", at=now)
     if workflow.status == Workflow.Status.WAITING:
         workflow.wake(at=now)
         workflow_save(workflow, "status", at=now)
