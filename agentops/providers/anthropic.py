@@ -29,7 +29,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from agentops.providers.base import ModelResponse, Usage
-from workflows.errors import AgentOpsError, Permanent, Retryable
+from workflows.errors import AgentOpsError, Permanent, Retryable, Throttled
 
 if TYPE_CHECKING:
     import httpx2
@@ -41,6 +41,7 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 # The longest server-requested wait the SDK may sleep through inside a worker; longer waits
 # become stored retry windows (a ``Retryable`` with ``retry_after_seconds``).
 INLINE_RETRY_WAIT_LIMIT_SECONDS = 10.0
+OVERLOADED = 529  # the API's overloaded_error
 CACHE_CONTROL: dict[str, Any] = {"type": "ephemeral"}
 # 429s that are not about request rate: retrying within hours will not help.
 SPEND_LIMIT_CODES = frozenset({"enforced_spend_limit_reached", "contract_spend_limit_reached"})
@@ -213,8 +214,10 @@ class AnthropicProvider:
             if isinstance(exc, anthropic.RateLimitError) or status in (408, 409) or status >= 500:
                 wait = retry_after_seconds(exc.response.headers)
                 when = f"the server asked to wait {wait:g} s" if wait is not None else "no retry-after given"
-                return Retryable(f"{where} is rate limited or unavailable ({detail}); {when}, and the activity "
-                                 "will try again then.", retry_after_seconds=wait, **attrs)
+                # Rate limits and overloads say nothing about the work: they do not use up attempts.
+                error = Throttled if isinstance(exc, anthropic.RateLimitError) or status == OVERLOADED else Retryable
+                return error(f"{where} is rate limited or unavailable ({detail}); {when}, and the activity "
+                             "will try again then.", retry_after_seconds=wait, **attrs)
             if isinstance(exc, anthropic.AuthenticationError):
                 todo = "check ANTHROPIC_API_KEY (a valid, active key for this organization)"
             elif isinstance(exc, anthropic.PermissionDeniedError):
