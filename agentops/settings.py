@@ -203,11 +203,15 @@ AGENTOPS_MODEL = env_str("AGENTOPS_MODEL", "claude-sonnet-5-5")
 AGENTOPS_ANTHROPIC_MAX_RETRIES = env_int("AGENTOPS_ANTHROPIC_MAX_RETRIES", 1)
 if not 0 <= AGENTOPS_ANTHROPIC_MAX_RETRIES <= 2:
     raise ImproperlyConfigured(f"AGENTOPS_ANTHROPIC_MAX_RETRIES={AGENTOPS_ANTHROPIC_MAX_RETRIES} must be 0, 1 or 2.")
+# Rate limits (429) and overloads (529) give their attempt back and are retried after the
+# server's retry-after, or else after a jittered exponential backoff from this to the cap.
+AGENTOPS_THROTTLE_BACKOFF_SECONDS = env_float("AGENTOPS_THROTTLE_BACKOFF_SECONDS", 5.0)
+AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS = env_float("AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS", 300.0)
 AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS = env_float("AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS", 120.0)
 if not AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS > 0:
     raise ImproperlyConfigured(
         f"AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS={AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS} must be above 0.")
-AGENTOPS_PROMPT_VERSION = env_str("AGENTOPS_PROMPT_VERSION", "prompts-1")
+AGENTOPS_PROMPT_VERSION = env_str("AGENTOPS_PROMPT_VERSION", "prompts-2")  # 2: structured answers as forced tool calls
 AGENTOPS_WORKSPACE_DIR = Path(env_str("AGENTOPS_WORKSPACE_DIR", str(VAR_DIR / "workspaces")))
 # Every command run for a user (the autonomous agent's run_command, the release agent's tests) is
 # sandboxed (agentops/sandbox.py): scrubbed environment, own process group, redacted output, and

@@ -57,6 +57,11 @@ class NonDeterminismError(Permanent):
     """A node handler asked for a different step than the one recorded at the same position."""
 
 
+class Throttled(Retryable):
+    """The provider is rate limiting or overloaded (429, 529): the work waits for ``retry_after_seconds``
+    (or a jittered backoff) without using up an attempt; throttling is not a failure of the work."""
+
+
 class BudgetDeferred(Retryable):
     """Over the hourly budget: the work waits for ``retry_after_seconds`` without using up an attempt."""
 

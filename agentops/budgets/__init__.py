@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from decimal import ROUND_UP, Decimal
 from typing import Any
@@ -11,7 +12,7 @@ from django.conf import settings
 from agentops.providers import provider_for
 from agentops.providers.base import ModelResponse, Usage
 from workflows.activity_context import ActivityContext
-from workflows.errors import Permanent
+from workflows.errors import AgentOpsError, Permanent
 
 MILLION = Decimal(1_000_000)
 CHARS_PER_TOKEN = 4
@@ -68,6 +69,7 @@ def metered_complete(
     messages: list[dict[str, Any]],
     max_tokens: int,
     tools: list[dict[str, Any]] | None = None,
+    tool_choice: dict[str, Any] | None = None,
 ) -> ModelResponse:
     """One model call of an activity, inside the workflow's budget.
 
@@ -75,6 +77,8 @@ def metered_complete(
     BudgetDeferred or BudgetExhausted at the limits), calls the provider, then charges
     the reported usage once: a retried attempt reuses its key and is never counted twice.
     The call is fenced: an attempt whose work is no longer wanted raises LeaseLost instead.
+    Each call that reached the provider is recorded as a ``model.called`` event (request id,
+    model, latency, tokens, stop reason, cost; or the error of a failed call).
     """
     from workflows.services.budgets import budget_charge_once, budget_reserve_ensure
 
@@ -87,10 +91,27 @@ def metered_complete(
         model=provider.model, estimate_usd=estimate_usd(provider.model, prompt_chars=prompt_chars,
                                                         max_tokens=max_tokens),
     )
-    response = provider.complete(system=system, messages=messages, max_tokens=max_tokens, tools=tools)
+    started = time.monotonic()
+    try:
+        response = provider.complete(system=system, messages=messages, max_tokens=max_tokens, tools=tools,
+                                     tool_choice=tool_choice)
+    except AgentOpsError as exc:
+        ctx.note("model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
+                 request_id=str(getattr(exc, "request_id", "") or ""), error=f"{type(exc).__name__}: {exc}"[:500],
+                 status_code=getattr(exc, "status_code", None))
+        raise
     usage = response.usage
-    budget_charge_once(key=key, cost_usd=cost_usd(provider.model, usage), usage={
+    cost = cost_usd(provider.model, usage)
+    budget_charge_once(key=key, cost_usd=cost, usage={
         "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
         "cache_read_tokens": usage.cache_read_input_tokens, "cache_write_tokens": usage.cache_creation_input_tokens,
     })
+    ctx.note("model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
+             request_id=response.request_id, stop_reason=response.stop_reason, input_tokens=usage.input_tokens,
+             output_tokens=usage.output_tokens, cache_read_tokens=usage.cache_read_input_tokens,
+             cache_write_tokens=usage.cache_creation_input_tokens, cost_usd=str(cost))
     return response
+
+
+def _ms_since(started: float) -> int:
+    return round((time.monotonic() - started) * 1000)

@@ -29,7 +29,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from agentops.providers.base import ModelResponse, Usage
-from workflows.errors import AgentOpsError, Permanent, Retryable
+from workflows.errors import AgentOpsError, Permanent, Retryable, Throttled
 
 if TYPE_CHECKING:
     import httpx2
@@ -41,7 +41,8 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 # The longest server-requested wait the SDK may sleep through inside a worker; longer waits
 # become stored retry windows (a ``Retryable`` with ``retry_after_seconds``).
 INLINE_RETRY_WAIT_LIMIT_SECONDS = 10.0
-CACHE_CONTROL = {"type": "ephemeral"}
+OVERLOADED = 529  # the API's overloaded_error
+CACHE_CONTROL: dict[str, Any] = {"type": "ephemeral"}
 # 429s that are not about request rate: retrying within hours will not help.
 SPEND_LIMIT_CODES = frozenset({"enforced_spend_limit_reached", "contract_spend_limit_reached"})
 
@@ -97,13 +98,13 @@ class AnthropicProvider:
         return f"AnthropicProvider(model={self.model!r}, base_url={self.base_url!r})"
 
     def complete(
-        self, *, system: str, messages: list[dict[str, Any]], max_tokens: int, tools: list[dict[str, Any]] | None = None
+        self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
+        tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
     ) -> ModelResponse:
-        request: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "messages": messages}
-        if system:
-            request["system"] = [{"type": "text", "text": system, "cache_control": CACHE_CONTROL}]
-        if tools:
-            request["tools"] = [*tools[:-1], {**tools[-1], "cache_control": CACHE_CONTROL}]
+        request = cached_request(model=self.model, system=system, messages=messages, max_tokens=max_tokens,
+                                 tools=tools)
+        if tool_choice:
+            request["tool_choice"] = tool_choice
         try:
             message = self._sdk().messages.create(**request)
         except anthropic.AnthropicError as exc:
@@ -213,8 +214,10 @@ class AnthropicProvider:
             if isinstance(exc, anthropic.RateLimitError) or status in (408, 409) or status >= 500:
                 wait = retry_after_seconds(exc.response.headers)
                 when = f"the server asked to wait {wait:g} s" if wait is not None else "no retry-after given"
-                return Retryable(f"{where} is rate limited or unavailable ({detail}); {when}, and the activity "
-                                 "will try again then.", retry_after_seconds=wait, **attrs)
+                # Rate limits and overloads say nothing about the work: they do not use up attempts.
+                error = Throttled if isinstance(exc, anthropic.RateLimitError) or status == OVERLOADED else Retryable
+                return error(f"{where} is rate limited or unavailable ({detail}); {when}, and the activity "
+                             "will try again then.", retry_after_seconds=wait, **attrs)
             if isinstance(exc, anthropic.AuthenticationError):
                 todo = "check ANTHROPIC_API_KEY (a valid, active key for this organization)"
             elif isinstance(exc, anthropic.PermissionDeniedError):
@@ -241,6 +244,49 @@ class AnthropicProvider:
                              provider=self.name, status_code=exc.status_code)
         return Permanent(f"{where} call failed before it was sent ({type(exc).__name__}); "
                          "check ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL.", provider=self.name)
+
+
+def cached_request(*, model: str, system: str, messages: list[dict[str, Any]], max_tokens: int,
+                   tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The request body with its prompt-cache breakpoints (3 of the API's 4).
+
+    The API renders tools, then system, then messages, and caches the prefix up to a
+    ``cache_control`` block once it is at least the model's minimum cacheable length (1024
+    tokens for Sonnet and Opus). Tools and system are stable and come first; but in agentops
+    they are a few hundred tokens, under that minimum, so on their own they never cache. The
+    breakpoint that pays is the **moving** one on the last block of the conversation: each turn
+    of a tool loop writes its whole prompt, and the next turn, whose prompt starts with exactly
+    those blocks, reads them back (the API looks up to 20 blocks behind a breakpoint for a
+    cached prefix) and writes only what was added. The caller's messages are not modified: the
+    breakpoint is set on a copy, so what is stored and sent next turn stays byte-identical.
+    """
+    request: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": with_breakpoint(messages)}
+    if system:
+        request["system"] = [{"type": "text", "text": system, "cache_control": CACHE_CONTROL}]
+    if tools:
+        request["tools"] = [*tools[:-1], {**tools[-1], "cache_control": CACHE_CONTROL}]
+    return request
+
+
+# Blocks that cannot carry cache_control; the breakpoint goes on the last block that can.
+UNMARKABLE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+
+
+def with_breakpoint(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A copy of ``messages`` with a cache breakpoint on the last markable block of the last message."""
+    if not messages:
+        return messages
+    *earlier, last = messages
+    content = last.get("content")
+    blocks: list[Any] = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+    for i in range(len(blocks) - 1, -1, -1):
+        block = blocks[i]
+        if isinstance(block, dict) and block.get("type") not in UNMARKABLE_BLOCKS and (
+            block.get("type") != "text" or block.get("text")  # an empty text block cannot be cached
+        ):
+            blocks[i] = {**block, "cache_control": CACHE_CONTROL}
+            return [*earlier, {**last, "content": blocks}]
+    return messages
 
 
 class NoLongInlineRetries(anthropic.Middleware):

@@ -41,5 +41,8 @@ class ModelProvider(Protocol):
     model: str
 
     def complete(
-        self, *, system: str, messages: list[dict[str, Any]], max_tokens: int, tools: list[dict[str, Any]] | None = None
-    ) -> ModelResponse: ...
+        self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
+        tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
+    ) -> ModelResponse:
+        """One Messages API call; ``tool_choice`` (``{"type": "tool", "name": …}``) forces a tool call."""
+        ...

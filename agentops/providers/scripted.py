@@ -23,7 +23,8 @@ class ScriptedProvider:
         self.model = f"scripted/{model}"
 
     def complete(
-        self, *, system: str, messages: list[dict[str, Any]], max_tokens: int, tools: list[dict[str, Any]] | None = None
+        self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
+        tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
     ) -> ModelResponse:
         prompt = "\n".join(str(m.get("content", "")) for m in messages)
         match = TASK_MARKER.search(system)
@@ -31,6 +32,11 @@ class ScriptedProvider:
         if task == "execute_task" and tools:
             return self._execute_turn(prompt, messages, system)
         answer = getattr(self, f"_answer_{task}", self._answer_chat)(prompt)
+        if tool_choice and tool_choice.get("type") == "tool":
+            # A forced tool call: the structured answer comes back as the tool's input, as from Claude.
+            call = {"id": f"toolu_scripted_{task}", "name": tool_choice["name"], "input": json.loads(answer)}
+            return ModelResponse(text="", stop_reason="tool_use", tool_calls=[call],
+                                 usage=_usage(system, prompt, answer))
         return ModelResponse(text=answer, stop_reason="end_turn", usage=_usage(system, prompt, answer))
 
     def _execute_turn(self, prompt: str, messages: list[dict[str, Any]], system: str) -> ModelResponse:

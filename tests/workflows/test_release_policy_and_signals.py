@@ -173,7 +173,7 @@ def test_release_change_under_fail_fails_naming_the_release(git_repo, deploy_tar
 
     workflow = drive(workflow.pk)
     assert workflow.status == "failed"
-    assert "prompt=prompts-1" in workflow.reason
+    assert "prompt=prompts-2" in workflow.reason
     assert "prompt=release-prompt-2" in workflow.reason
     assert "its release policy is 'fail'" in workflow.reason
     assert events(workflow, "release.changed")[0]["policy"] == "fail"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import random
 import time
 import uuid
 from datetime import datetime, timedelta
@@ -13,7 +14,7 @@ from django.db import transaction
 
 from workflows import clock, doorbells, faults, registry
 from workflows.activity_context import ActivityContext
-from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Permanent, Refused
+from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Permanent, Refused, Throttled
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.budgets import pause_for_budget_locked
@@ -36,6 +37,7 @@ class RunOutcome(enum.StrEnum):
     RETRY_SCHEDULED = "retry_scheduled"
     FAILED = "failed"
     DEFERRED = "deferred"
+    THROTTLED = "throttled"
     PAUSED = "paused"
     SKIPPED = "skipped"
     STALE = "stale"
@@ -227,15 +229,20 @@ def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseExceptio
         _attempt_finish(claim, ActivityAttempt.Status.FAILED, message)
         pause_for_budget_locked(workflow, activity, error, now=now)
         return RunOutcome.PAUSED
-    elif retryable and (claim.attempt < activity.max_attempts or isinstance(error, BudgetDeferred)):
-        delay = getattr(error, "retry_after_seconds", None) or spec.retry.delay_after(claim.attempt)
-        # A budget deferral is a wait for money, not a failed try: it gives its attempt back.
-        refund = 1 if isinstance(error, BudgetDeferred) else 0
+    elif retryable and (claim.attempt < activity.max_attempts or isinstance(error, (BudgetDeferred, Throttled))):
+        if isinstance(error, Throttled):
+            delay = error.attrs.get("retry_after_seconds") or throttle_backoff_seconds(claim)
+        else:
+            delay = getattr(error, "retry_after_seconds", None) or spec.retry.delay_after(claim.attempt)
+        # A budget deferral is a wait for money, and throttling a wait for the provider's
+        # capacity, not failed tries: both give their attempt back.
+        refund = 1 if isinstance(error, (BudgetDeferred, Throttled)) else 0
         updated = _fenced(claim).update(
             status=Activity.Status.SCHEDULED, error=message, next_attempt_at=now + timedelta(seconds=delay),
             dispatched_at=None, lease_expires_at=None, max_attempts=activity.max_attempts + refund,
         )
-        outcome = RunOutcome.DEFERRED if refund else RunOutcome.RETRY_SCHEDULED
+        outcome = (RunOutcome.THROTTLED if isinstance(error, Throttled)
+                   else RunOutcome.DEFERRED if refund else RunOutcome.RETRY_SCHEDULED)
     else:
         updated = _fenced(claim).update(status=Activity.Status.FAILED, error=message, completed_at=now,
                                         lease_expires_at=None)
@@ -254,6 +261,22 @@ def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseExceptio
     if outcome == RunOutcome.FAILED:
         advance_locked(workflow)
     return outcome
+
+
+THROTTLED_PREFIX = f"{Throttled.__name__}: "
+
+
+def throttle_backoff_seconds(claim: Claim) -> float:
+    """The wait after a throttled attempt whose provider named none: exponential in the number of
+    throttled attempts in a row (this one included), from AGENTOPS_THROTTLE_BACKOFF_SECONDS up to
+    AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS, with "equal jitter" (half fixed, half random) so the
+    workflows an overload stopped together do not all come back in the same second."""
+    earlier = ActivityAttempt.objects.filter(activity_id=claim.activity_id, number__lt=claim.attempt).order_by(
+        "-number").values_list("error", flat=True)[:16]
+    streak = next((i for i, error in enumerate(earlier) if not error.startswith(THROTTLED_PREFIX)), len(earlier))
+    ceiling = min(settings.AGENTOPS_THROTTLE_BACKOFF_SECONDS * 2 ** streak,
+                  settings.AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS)
+    return float(ceiling / 2 + random.uniform(0, ceiling / 2))
 
 
 def activity_heartbeat_if_current(*, claim: Claim, detail: str = "") -> bool:

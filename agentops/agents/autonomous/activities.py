@@ -15,8 +15,9 @@ from django.conf import settings
 
 from agentops import sandbox
 from agentops.budgets import metered_complete
+from agentops.providers.answers import AnswerTool, ask_structured
 from workflows.activity_context import ActivityContext
-from workflows.errors import InvalidInput, Permanent
+from workflows.errors import InvalidInput, Permanent, Retryable
 from workflows.registry import RetryPolicy, activity
 
 MAX_TASKS = 12
@@ -47,16 +48,6 @@ def workspace(ctx: ActivityContext) -> Path:
     root = Path(settings.AGENTOPS_WORKSPACE_DIR) / f"wf-{ctx.workflow_id}"
     root.mkdir(parents=True, exist_ok=True)
     return root.resolve()
-
-
-def _json_answer(text: str, *, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"The model's {what} is not JSON ({exc.msg}); it was not used.") from None
-    if not isinstance(data, dict):
-        raise InvalidInput(f"The model's {what} must be a JSON object.")
-    return data
 
 
 class Task(TypedDict, total=False):
@@ -127,16 +118,28 @@ def validate_tasks(data: dict[str, Any]) -> list[Task]:
     return clean
 
 
-PLAN_SYSTEM = ("<task>plan_tasks</task>\nBreak the goal into a short ordered list of concrete tasks. Answer with "
-               'one JSON object: {"tasks": [{"title": str, "instructions": str}]}.')
+PLAN_TOOL = AnswerTool("submit_plan", "Submit the ordered list of tasks that reaches the goal.", {
+    "type": "object", "required": ["tasks"], "properties": {"tasks": {
+        "type": "array", "minItems": 1, "maxItems": MAX_TASKS, "items": {
+            "type": "object", "required": ["title", "instructions"], "properties": {
+                "title": {"type": "string", "maxLength": 200}, "instructions": {"type": "string", "maxLength": 4000}},
+        }}},
+})
+
+PLAN_SYSTEM = ("<task>plan_tasks</task>\nBreak the goal into a short ordered list of concrete tasks. Answer by "
+               "calling submit_plan.")
+
+
+def _plan(data: dict[str, Any]) -> Plan:
+    return {"tasks": validate_tasks(data)}
 
 
 @activity("plan_tasks", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0),
           lease_seconds=MODEL_CALL_LEASE_SECONDS)
 def plan_tasks(ctx: ActivityContext, input: PlanInput) -> Plan:
-    response = metered_complete(ctx, call=0, system=PLAN_SYSTEM, max_tokens=1500,
-                                messages=[{"role": "user", "content": f"<goal>{input.goal}</goal>"}])
-    return {"tasks": validate_tasks(_json_answer(response.text, what="plan"))}
+    plan, _ = ask_structured(ctx, system=PLAN_SYSTEM, prompt=f"<goal>{input.goal}</goal>", tool=PLAN_TOOL,
+                             validate=_plan, max_tokens=1500, what="plan")
+    return plan
 
 
 EXECUTE_SYSTEM = ("<task>execute_task</task>\nYou carry out one task inside a workspace directory using the tools. "
@@ -159,10 +162,18 @@ def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
     if ctx.resume is not None:
         messages, first_turn = ctx.resume["messages"], ctx.resume["turn"]
         ctx.note("task.resumed", task=task["id"], turn=first_turn)
+    stopped = ""
     for turn in range(first_turn, MAX_TURNS):
         ctx.faultpoint("activity.before_external_call", turn=turn)
         response = metered_complete(ctx, call=turn, system=EXECUTE_SYSTEM, messages=messages, max_tokens=2000,
                                     tools=TOOLS)
+        stopped = response.stop_reason
+        if stopped == "model_context_window_exceeded":
+            raise Permanent(f"Task {task['id']} ({task['title']}) filled the model's context window after {turn + 1} "
+                            "turns; split the task or give it less to read.")
+        if stopped in UNFINISHED:
+            messages.extend(_carry_on(response))
+            continue
         if not response.tool_calls:
             return {"summary": response.text[:2000] or "done", "turns": turn + 1}
         messages.append(response.assistant_turn())
@@ -178,7 +189,30 @@ def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
         progress = f"task {task['id']} turn {turn + 1}"
         if not ctx.checkpoint({"messages": messages, "turn": turn + 1}, progress):
             ctx.heartbeat(progress)
+    if stopped in UNFINISHED:
+        raise Retryable(f"Task {task['id']} ({task['title']}) was still unfinished after {MAX_TURNS} model turns, the "
+                        f"last one stopped by {stopped}; the next attempt resumes from the last checkpoint.")
     raise Permanent(f"Task {task['id']} ({task['title']}) did not finish within {MAX_TURNS} model turns.")
+
+
+# Stop reasons that are not a finished answer: cut off by the output limit, or a server-side
+# pause of a long turn. The turn goes on (within MAX_TURNS); its tool calls, possibly cut off
+# mid-input, are not run.
+UNFINISHED = frozenset({"max_tokens", "pause_turn"})
+
+
+def _carry_on(response: Any) -> list[dict[str, Any]]:
+    """The turns that let the model go on after an unfinished answer.
+
+    ``pause_turn`` is continued by sending the assistant turn back as it is. A ``max_tokens``
+    cut-off keeps the text said so far (a half-written tool call cannot be sent back without
+    its result) and asks the model to carry on in shorter steps."""
+    if response.stop_reason == "pause_turn":
+        return [response.assistant_turn()]
+    said = [block for block in response.assistant_turn()["content"] if block.get("type") == "text" and block["text"]]
+    return [*([{"role": "assistant", "content": said}] if said else []), {"role": "user", "content": (
+        "Your last answer was cut off at the output limit (max_tokens) and was not used. Carry on from there "
+        "in shorter steps: one tool call at a time, and a short summary when the task is done.")}]
 
 
 def _short(value: Any) -> str:
@@ -259,10 +293,34 @@ def _run(root: Path, command: str, timeout: int) -> tuple[bool, str, str]:
     return done.exit_code == 0, f"exit {done.exit_code} (sandbox: {done.isolation})\n{output}", done.isolation
 
 
+PROGRESS_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["percent", "achievements", "remaining", "confidence"], "properties": {
+        "percent": {"type": "integer", "minimum": 0, "maximum": 100},
+        "achievements": {"type": "array", "items": {"type": "string", "maxLength": 500}},
+        "remaining": {"type": "array", "items": {"type": "string", "maxLength": 500}},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+        "estimated_hours_left": {"type": "number", "minimum": 0}},
+}
+VERDICT_TOOL = AnswerTool("submit_verdict", "Submit whether the goal is met, why, and the progress made.", {
+    "type": "object", "required": ["goal_met", "reason", "progress"], "properties": {
+        "goal_met": {"type": "boolean"}, "reason": {"type": "string", "maxLength": 2000},
+        "progress": PROGRESS_SCHEMA},
+})
+
 VERIFY_SYSTEM = ("<task>verify_goal</task>\nJudge whether the goal is met from the tasks and the workspace. Answer "
-                 'with one JSON object: {"goal_met": bool, "reason": str, "progress": {"percent": int 0-100, '
-                 '"achievements": [str], "remaining": [str], "confidence": number 0-1, '
-                 '"estimated_hours_left": number}}.')
+                 "by calling submit_verdict.")
+
+
+def validate_verdict(data: dict[str, Any]) -> Verdict:
+    """Model output is data: a verdict needs goal_met and a reason; progress is checked when recorded."""
+    if not isinstance(data.get("goal_met"), bool) or not isinstance(data.get("reason"), str):
+        raise InvalidInput("The model's verdict needs goal_met (true or false) and a reason.")
+    progress = data.get("progress")
+    if progress is not None:
+        from workflows.services.progress import progress_validate
+
+        progress_validate({"progress": progress})  # refused here, where the model can be told why
+    return {"goal_met": data["goal_met"], "reason": data["reason"][:2000], "progress": progress}
 
 
 @activity("verify_goal", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0), records_progress=True,
@@ -272,18 +330,15 @@ def verify_goal(ctx: ActivityContext, input: VerifyInput) -> Verdict:
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())[:200]
     lines = [f"- [{t['status']}] {t['title']}" + (f" ({t.get('reason')})" if t.get("reason") else "")
              for t in input.tasks]
-    response = metered_complete(ctx, call=0, system=VERIFY_SYSTEM, max_tokens=1000, messages=[{
-        "role": "user", "content": f"<goal>{input.goal}</goal>\n<tasks>\n" + "\n".join(lines)
-        + f"\n</tasks>\n<files>{', '.join(files)}</files>"}])
-    data = _json_answer(response.text, what="verdict")
-    if not isinstance(data.get("goal_met"), bool) or not isinstance(data.get("reason"), str):
-        raise InvalidInput("The model's verdict needs goal_met (true or false) and a reason.")
-    return {"goal_met": data["goal_met"], "reason": data["reason"][:2000], "progress": data.get("progress")}
+    prompt = (f"<goal>{input.goal}</goal>\n<tasks>\n" + "\n".join(lines)
+              + f"\n</tasks>\n<files>{', '.join(files)}</files>")
+    verdict, _ = ask_structured(ctx, system=VERIFY_SYSTEM, prompt=prompt, tool=VERDICT_TOOL,
+                                validate=validate_verdict, max_tokens=1000, what="verdict")
+    return verdict
 
 
 REPLAN_SYSTEM = ("<task>replan</task>\nSome tasks failed or the goal is not met. Plan the next tasks from what "
-                 'worked and what did not. Answer with one JSON object: {"tasks": [{"title": str, '
-                 '"instructions": str}]}.')
+                 "worked and what did not. Answer by calling submit_plan.")
 
 
 @activity("replan", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0),
@@ -292,8 +347,8 @@ def replan(ctx: ActivityContext, input: ReplanInput) -> Plan:
     lines = [f"- [{t['status']}] {t['title']}: {t.get('summary') or t.get('reason') or ''}"[:400]
              for t in input.tasks]
     reason = input.verdict["reason"] if input.verdict else ""
-    response = metered_complete(ctx, call=0, system=REPLAN_SYSTEM, max_tokens=1500, messages=[{
-        "role": "user", "content": f"<goal>{input.goal}</goal>\n<tasks>\n" + "\n".join(lines)
-        + f"\n</tasks>\n<verdict>{reason}</verdict>"
-        + (f"\n<stagnation>{input.stagnation}</stagnation>" if input.stagnation else "")}])
-    return {"tasks": validate_tasks(_json_answer(response.text, what="plan"))}
+    prompt = (f"<goal>{input.goal}</goal>\n<tasks>\n" + "\n".join(lines) + f"\n</tasks>\n<verdict>{reason}</verdict>"
+              + (f"\n<stagnation>{input.stagnation}</stagnation>" if input.stagnation else ""))
+    plan, _ = ask_structured(ctx, system=REPLAN_SYSTEM, prompt=prompt, tool=PLAN_TOOL, validate=_plan,
+                             max_tokens=1500, what="plan")
+    return plan

@@ -1,7 +1,6 @@
 """Activities of the ``release`` agent: git inspection, the model's proposal, tests, deployment."""
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
@@ -13,8 +12,8 @@ from typing import Any, NotRequired, TypedDict
 from django.conf import settings
 
 from agentops import providers, sandbox
-from agentops.budgets import metered_complete
 from agentops.deploytarget import client
+from agentops.providers.answers import AnswerTool, ask_structured, json_object_in
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent
 from workflows.registry import CompensationInput, RetryPolicy, activity
@@ -109,9 +108,18 @@ def inspect_repository(ctx: ActivityContext, input: RepoInput) -> Evidence:
     }
 
 
+PROPOSAL_TOOL = AnswerTool("submit_proposal", "Submit the change: a title, a summary and the full new content of "
+                           "each file it writes.", {
+    "type": "object", "required": ["title", "summary", "files"], "additionalProperties": False, "properties": {
+        "title": {"type": "string", "minLength": 1, "maxLength": 200},
+        "summary": {"type": "string", "maxLength": 2000},
+        "files": {"type": "object", "minProperties": 1, "maxProperties": MAX_FILES,
+                  "additionalProperties": {"type": "string"}}},
+})
+
 PROPOSE_SYSTEM = (
     "<task>propose_change</task>\nYou prepare a small, reviewable change to a git repository that serves the goal. "
-    'Answer with one JSON object only: {"title": str, "summary": str, "files": {relative_path: full_content}}.'
+    "Answer by calling submit_proposal; files maps each relative path to its full new content."
 )
 
 
@@ -119,24 +127,19 @@ PROPOSE_SYSTEM = (
 def propose_change(ctx: ActivityContext, input: ProposalInput) -> Proposal:
     evidence = input.evidence
     provider = providers.provider_for(ctx)
-    response = metered_complete(
-        ctx, call=0, system=PROPOSE_SYSTEM,
-        messages=[{"role": "user", "content": f"<goal>{input.goal}</goal>\n"
-                   f"Repository at {evidence['head']} on {evidence['branch']} with {evidence['files']} files."}],
-        max_tokens=2000,
-    )
-    proposal = validate_proposal(response.text)
+    prompt = (f"<goal>{input.goal}</goal>\n"
+              f"Repository at {evidence['head']} on {evidence['branch']} with {evidence['files']} files.")
+    proposal, responses = ask_structured(ctx, system=PROPOSE_SYSTEM, prompt=prompt, tool=PROPOSAL_TOOL,
+                                         validate=validate_proposal, max_tokens=2000, what="proposal")
     proposal["model"] = {"provider": provider.name, "model": provider.model,
-                         "input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens}
+                         "input_tokens": sum(r.usage.input_tokens for r in responses),
+                         "output_tokens": sum(r.usage.output_tokens for r in responses)}
     return proposal
 
 
-def validate_proposal(text: str) -> Proposal:
-    """Model output is data: parse and check it, or refuse it with the reason."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"The model's proposal is not JSON ({exc.msg} at {exc.pos}); it was not used.") from None
+def validate_proposal(answer: dict[str, Any] | str) -> Proposal:
+    """Model output is data: check it (parsing a text answer first, fenced or bare), or refuse it with the reason."""
+    data = answer if isinstance(answer, dict) else json_object_in(answer, what="proposal")
     if not isinstance(data, dict) or set(data) != {"title", "summary", "files"}:
         keys = sorted(data) if isinstance(data, dict) else type(data).__name__
         raise InvalidInput(f"The model's proposal must have exactly title, summary and files; got {keys}.")
