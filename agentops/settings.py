@@ -181,6 +181,14 @@ AGENTOPS_BEAT_INTERVAL_SECONDS = env_int("AGENTOPS_BEAT_INTERVAL_SECONDS", 2)
 if AGENTOPS_BEAT_INTERVAL_SECONDS < 1:
     raise ImproperlyConfigured(f"AGENTOPS_BEAT_INTERVAL_SECONDS={AGENTOPS_BEAT_INTERVAL_SECONDS} must be at least 1.")
 AGENTOPS_LEASE_SECONDS = env_int("AGENTOPS_LEASE_SECONDS", 60)
+# Where durable time (leases, timers, retry windows, deadlines) comes from: "database" is the
+# PostgreSQL server's clock, read every AGENTOPS_CLOCK_RESYNC_SECONDS and advanced in between on
+# the process's monotonic clock, so hosts' wall clocks may be off; "python" is each process's
+# clock. SQLite always uses the Python clock (one host). See workflows/clock.py.
+AGENTOPS_CLOCK = env_str("AGENTOPS_CLOCK", "database")
+if AGENTOPS_CLOCK not in {"database", "python"}:
+    raise ImproperlyConfigured(f"AGENTOPS_CLOCK={AGENTOPS_CLOCK!r} must be 'database' or 'python'.")
+AGENTOPS_CLOCK_RESYNC_SECONDS = env_float("AGENTOPS_CLOCK_RESYNC_SECONDS", 60.0)
 AGENTOPS_REDISPATCH_AFTER_SECONDS = env_int("AGENTOPS_REDISPATCH_AFTER_SECONDS", 30)
 # How long one activity task may go on running its workflow's next activities itself, each
 # claimed in the transaction that records the result before it (no broker round trip);
