@@ -7,11 +7,7 @@ STAMP := $(VENV)/.installed
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentops
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 
-<<<<<<< HEAD
-.PHONY: install demo demo-admin lint test docs clean chromium bubblewrap screenshots bench
-=======
-.PHONY: install demo demo-admin lint test docs clean chromium faketime screenshots bench
->>>>>>> db-clock
+.PHONY: install demo demo-admin lint test docs clean chromium bubblewrap faketime screenshots bench
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,11 +30,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-<<<<<<< HEAD
-test: lint chromium bubblewrap
-=======
-test: lint chromium faketime
->>>>>>> db-clock
+test: lint chromium bubblewrap faketime
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(BIN)/pytest
 
 # Debian's Chromium for the browser tests in tests/admin (never `playwright install`: its download is
@@ -47,19 +39,17 @@ chromium:
 	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
 	  || echo "warning: could not install chromium; the browser tests in tests/admin will be skipped"
 
-<<<<<<< HEAD
 # Debian's bubblewrap: the sandbox of commands run for users (agentops/sandbox.py). Without it the
 # sandbox runs commands unisolated (AGENTOPS_SANDBOX=auto) and the bwrap tests in tests/test_sandbox.py skip.
 bubblewrap:
 	@command -v bwrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } \
 	  || echo "warning: could not install bubblewrap; the sandbox tests that need it will be skipped"
-=======
+
 # libfaketime for the process tests that run workers whose wall clock is minutes off
 # (tests/process/test_clock_skew.py). Without it those tests skip and say why.
 faketime:
 	@test -n "$$(ls /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null)" || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime; } \
 	  || echo "warning: could not install faketime; the clock-skew tests in tests/process will be skipped"
->>>>>>> db-clock
 
 # Refresh docs/screenshots/ from the browser test that approves a release and opens its workflow page.
 screenshots: $(STAMP) chromium
