@@ -170,6 +170,7 @@ class NodeContext(Generic[S]):
         self._load_waits = load_waits
         self._seq = 0
         self.commands: list[Command] = []
+        self.asked: list[str] = []  # the operation ids the handler asked for, in order (replay checks read it)
 
     @property
     def goal(self) -> str:
@@ -184,6 +185,7 @@ class NodeContext(Generic[S]):
         s = self.snapshot
         op = f"wf-{s.workflow_id}/{s.node}.{s.node_visit}/i{s.intent_version}/{self._seq}"
         self._seq += 1
+        self.asked.append(op)
         return op
 
     def activity(self, activity: ActivityType[Any, O], input: Any) -> O:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -63,6 +63,17 @@ def workflow_list(*, status: str = "", kind: str = "") -> QuerySet[Workflow]:
         qs = qs.filter(status=status)
     if kind:
         qs = qs.filter(kind=kind)
+    return qs
+
+
+def workflows_in_flight(*, kind: str = "", since: date | None = None) -> QuerySet[Workflow]:
+    """Workflows whose handlers will run again (running, waiting or paused), oldest first."""
+    in_flight = (Workflow.Status.RUNNING, Workflow.Status.WAITING, Workflow.Status.PAUSED)
+    qs = Workflow.objects.filter(status__in=in_flight).select_related("release").order_by("pk")
+    if kind:
+        qs = qs.filter(kind=kind)
+    if since is not None:
+        qs = qs.filter(created_at__date__gte=since)
     return qs
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import date
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -15,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 from rich.table import Table
 
-from workflows import selectors, services
+from workflows import replay, selectors, services
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
 from workflows.models import Signal, Workflow
 from workflows.services.workflows import SIGNAL_AUTO_KEY_PREFIX
@@ -98,10 +100,21 @@ class Command(BaseCommand):
         resume.add_argument("id", type=int)
         resume.add_argument("--user", help="username of who resumed")
 
+        export = verb("export-history", "Print a workflow's recorded node visits as JSON: a replay-check fixture.")
+        export.add_argument("id", type=int)
+
+        check = verb("replay-check", "Replay recorded histories against the current definitions; exit status 1 "
+                                     "naming each one that would no longer replay (docs/authoring.md).")
+        check.add_argument("--kind", help="only workflows of this kind")
+        check.add_argument("--since", type=day, metavar="YYYY-MM-DD", help="only workflows launched on or after")
+        check.add_argument("--fixtures", action="append", default=[], metavar="PATH",
+                           help="a history file (export-history) or a folder of them, checked at every visit; "
+                                "repeatable. Without --fixtures, the workflows in flight are checked.")
+
     def handle(self, *args: Any, **options: Any) -> None:
         self.console = console_for(self.stdout)
         try:
-            getattr(self, f"_{options['verb']}")(options)
+            getattr(self, f"_{options['verb'].replace('-', '_')}")(options)
         except (InvalidInput, NotFound) as exc:
             raise CommandError(str(exc), returncode=EXIT_BAD_INPUT) from exc
         except Refused as exc:
@@ -204,6 +217,63 @@ class Command(BaseCommand):
     def _resume(self, options: dict[str, Any]) -> None:
         result = services.workflow_resume(workflow_id=options["id"], user=user_or_none(options["user"]))
         self._emit(options, {"id": options["id"], "outcome": result.outcome.value}, result.message)
+
+
+    def _export_history(self, options: dict[str, Any]) -> None:
+        history = replay.history_of(workflow_by_id(options["id"]))
+        self.stdout.write(json.dumps(history.to_json(), indent=1, sort_keys=True, default=str))
+
+    def _replay_check(self, options: dict[str, Any]) -> None:
+        checked: list[tuple[str, replay.Divergence | None]] = []
+        if options["fixtures"]:
+            for path in fixture_files(options["fixtures"]):
+                checked.append((str(path), replay.check(load_history(path))))
+        else:
+            for workflow in selectors.workflows_in_flight(kind=options["kind"] or "", since=options["since"]):
+                history = replay.history_of(workflow, current_visit_only=True)
+                checked.append((f"workflow {workflow.pk}", replay.check(history)))
+        found = [(label, d) for label, d in checked if d is not None]
+        if options["json"]:
+            self.stdout.write(json.dumps({"checked": len(checked), "diverged": [
+                {"source": label, "workflow_id": d.workflow_id, "kind": d.kind, "node": d.node, "visit": d.visit,
+                 "operation_id": d.operation_id, "reason": d.reason} for label, d in found]}, indent=2))
+        else:
+            for label, divergence in found:
+                self.console.print(f"{label}: {divergence}", markup=False, soft_wrap=True)
+            self.console.print(f"{len(checked) - len(found)} of {len(checked)} histories replay on the current "
+                               "definitions.")
+        if found:
+            raise CommandError(f"{len(found)} of {len(checked)} histories would no longer replay; keep the old "
+                               "path for them (docs/authoring.md, \"Changing a definition\").", returncode=1)
+
+
+def fixture_files(paths: list[str]) -> list[Path]:
+    """The history files named, folders expanded to their *.json files; InvalidInput for a missing path."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(sorted(path.glob("*.json")))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise InvalidInput(f"--fixtures {raw}: no such file or folder.")
+    return files
+
+
+def load_history(path: Path) -> replay.History:
+    try:
+        return replay.History.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidInput(f"{path} is not a history written by `agent export-history`: {exc}") from None
+
+
+def day(raw: str) -> date:
+    """An argparse type: a date as YYYY-MM-DD."""
+    try:
+        return date.fromisoformat(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a date as YYYY-MM-DD") from None
 
 
 def console_for(stream: Any) -> Console:

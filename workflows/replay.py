@@ -1,0 +1,233 @@
+"""Replay checks: would the current definitions still replay the recorded histories?
+
+The engine replays one node visit at a time: advancing a workflow runs its current node's
+handler against the steps recorded for that visit, from the state the visit was entered with.
+A definition deployed under a workflow in flight is safe for it when that handler still asks
+for the recorded steps, in order, under the same names, and, for a visit that was left, still
+decides to go where the workflow went. This module checks exactly that, without writing:
+
+- ``history_of(workflow)`` reads a workflow's visits from the database; ``History.to_json`` and
+  ``History.from_json`` carry one as a fixture file (``manage.py agent export-history``).
+- ``check(history)`` replays visits against the registered definitions and returns the first
+  ``Divergence`` (the node, the visit and the step, and why), or None.
+
+``manage.py agent replay-check`` runs it over the workflows in flight (their current visit: the
+only one the engine will replay) and over fixture files (every visit: a change anywhere in a
+kind's path fails it).
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from workflows import engine, registry
+from workflows.errors import NonDeterminismError, Permanent
+from workflows.models import Activity, Checkpoint, Intent, Wait, Workflow
+from workflows.services.steps import COMPENSATION_NODE
+
+FORMAT = "agentops.history/1"
+# Steps closed from outside when the visit was left (a new goal, a cancel, a replan) were still
+# unanswered while the handler ran: it must ask for them, and it was waiting for them.
+UNANSWERED = {"activity": {"cancelled": "scheduled"}, "wait": {"invalidated": "open", "cancelled": "open"}}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One recorded step of a node visit: an activity, or a wait ("approval", "event", "timer")."""
+
+    operation_id: str
+    kind: str
+    name: str
+    status: str
+    result: Any = None
+    error: str = ""
+    decision: str = ""
+    decided_by: str = ""
+    comment: str = ""
+
+    @property
+    def label(self) -> str:
+        if self.kind == "activity":
+            return f"activity {self.name!r}"
+        return f"{self.kind} wait" + (f" {self.name!r}" if self.name else "")
+
+    @property
+    def seq(self) -> int:
+        return int(self.operation_id.rsplit("/", 1)[-1])
+
+
+@dataclass(frozen=True)
+class Visit:
+    """A node visit: where it was, what it started from and what it recorded."""
+
+    node: str
+    visit: int
+    intent_version: int
+    goal: str
+    state: dict[str, Any]
+    steps: list[Step] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class History:
+    workflow_id: int
+    kind: str
+    definition_version: int
+    params: dict[str, Any]
+    release_fingerprint: str
+    status: str
+    visits: list[Visit]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> History:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"not a recorded history (its \"format\" is not {FORMAT!r})")
+        visits = [Visit(**{**v, "steps": [Step(**s) for s in v["steps"]]}) for v in data["visits"]]
+        fields = {k: data[k] for k in ("workflow_id", "kind", "definition_version", "params", "release_fingerprint",
+                                       "status")}
+        return cls(**fields, visits=visits)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where the current definition no longer replays a history."""
+
+    workflow_id: int
+    kind: str
+    node: str
+    visit: int
+    operation_id: str
+    reason: str
+
+    def __str__(self) -> str:
+        step = f", step {self.operation_id}" if self.operation_id else ""
+        where = f"at node {self.node} (visit {self.visit}{step})"
+        return f"workflow {self.workflow_id} ({self.kind}) {where}: {self.reason}"
+
+
+def history_of(workflow: Workflow, *, current_visit_only: bool = False) -> History:
+    """The recorded visits of ``workflow`` (or its current one), read from the database."""
+    first = workflow.node_visit if current_visit_only else 1
+    checkpoints = {c.node_visit: c for c in Checkpoint.objects.filter(workflow=workflow, node_visit__gte=first)}
+    goals = dict(Intent.objects.filter(workflow=workflow).values_list("version", "goal"))
+    steps: dict[int, list[Step]] = {}
+    activities = Activity.objects.filter(workflow=workflow, node_visit__gte=first).exclude(node=COMPENSATION_NODE)
+    for a in activities:
+        steps.setdefault(a.node_visit, []).append(
+            Step(a.operation_id, "activity", a.name, a.status, result=a.result, error=a.error))
+    for w in Wait.objects.filter(workflow=workflow, node_visit__gte=first).select_related("decided_by"):
+        steps.setdefault(w.node_visit, []).append(
+            Step(w.operation_id, w.kind, w.event_name, w.status, result=w.payload, decision=w.decision,
+                 decided_by=w.decided_by.username if w.decided_by else "", comment=w.comment))
+    visits = []
+    for number in range(first, workflow.node_visit + 1):
+        checkpoint = checkpoints.get(number)
+        if checkpoint is None and number != 1:
+            continue  # a visit with no checkpoint left no trace to replay
+        node = checkpoint.node if checkpoint else _first_node(workflow)
+        intent = checkpoint.intent_version if checkpoint else 1
+        visits.append(Visit(node=node, visit=number, intent_version=intent, goal=goals.get(intent, ""),
+                            state=dict(checkpoint.state) if checkpoint else {},
+                            steps=sorted(steps.get(number, []), key=lambda s: s.seq)))
+    return History(workflow_id=workflow.pk, kind=workflow.kind, definition_version=workflow.definition_version,
+                   params=dict(workflow.params), release_fingerprint=workflow.release.fingerprint,
+                   status=workflow.status, visits=visits)
+
+
+def _first_node(workflow: Workflow) -> str:
+    kind = registry.definition(workflow.kind) if workflow.kind in registry.definition_kinds() else None
+    return kind.start_node if kind is not None else workflow.current_node
+
+
+def check(history: History, *, visits: Iterable[Visit] | None = None) -> Divergence | None:
+    """Replay ``visits`` of ``history`` (all of them by default) against the registered
+    definition of its kind; the first divergence, or None when each replays as recorded."""
+    if history.kind not in registry.definition_kinds():
+        return Divergence(history.workflow_id, history.kind, "", 0, "",
+                          f"no definition of kind {history.kind!r} is registered (AGENTOPS_AGENT_MODULES)")
+    definition = registry.definition(history.kind)
+    chosen = list(history.visits if visits is None else visits)
+    following = {v.visit: n for v, n in zip(history.visits, history.visits[1:], strict=False)}
+    for visit in chosen:
+        divergence = _check_visit(definition, history, visit, following.get(visit.visit))
+        if divergence is not None:
+            return divergence
+    return None
+
+
+def _check_visit(definition: engine.WorkflowDefinition, history: History, visit: Visit,
+                 next_visit: Visit | None) -> Divergence | None:
+    def diverged(reason: str, operation_id: str = "") -> Divergence:
+        return Divergence(history.workflow_id, history.kind, visit.node, visit.visit, operation_id, reason)
+
+    if visit.node not in definition.nodes:
+        return diverged(f"the definition (version {definition.version}) has no node {visit.node}")
+    answered = [_as_the_handler_saw_it(s) for s in visit.steps]
+    snapshot = engine.WorkflowSnapshot(
+        workflow_id=history.workflow_id, kind=history.kind, node=visit.node, node_visit=visit.visit,
+        intent_version=visit.intent_version, load_goal=functools.partial(str, visit.goal), params=dict(history.params),
+        state=dict(visit.state), release_fingerprint=history.release_fingerprint,
+        definition_version=history.definition_version,
+    )
+    ctx: engine.NodeContext[Any] = engine.NodeContext(
+        snapshot,
+        {s.operation_id: engine.RecordedActivity(name=s.name, status=s.status, result=s.result, error=s.error)
+         for s in answered if s.kind == "activity"},
+        lambda: {s.operation_id: engine.RecordedWait(kind=s.kind, status=s.status, decision=s.decision,
+                                                     decided_by=s.decided_by, comment=s.comment, payload=s.result)
+                 for s in answered if s.kind != "activity"},
+    )
+    try:
+        decision: engine.Decision | engine.Suspended = engine.step(definition, ctx)
+    except NonDeterminismError as exc:
+        return diverged(str(exc), str(getattr(exc, "operation_id", "")))
+    except engine.ActivityFailed as exc:
+        decision = engine.Fail(str(exc))
+    except Permanent as exc:
+        decision = engine.Fail(str(exc))
+    except Exception as exc:  # noqa: BLE001 - a handler bug is a finding of the check, not a crash of it
+        return diverged(f"the handler raises {type(exc).__name__}: {exc}")
+    if isinstance(decision, engine.Suspended):
+        recorded = {s.operation_id: s for s in answered}
+        for command in decision.commands:
+            clash = recorded.get(command.operation_id)
+            if clash is not None:  # a new step where another kind of step was recorded
+                asked_for = (f"activity {command.name!r}" if isinstance(command, engine.ScheduleActivity)
+                             else f"a {command.kind} wait")
+                return diverged(f"recorded {clash.label} ({clash.status}) here; the handler now asks for "
+                                f"{asked_for}", clash.operation_id)
+    asked = set(ctx.asked)
+    for step in answered:
+        if step.operation_id not in asked:
+            return diverged(f"recorded {step.label} ({step.status}) is no longer asked for; the handler now "
+                            f"{_describe(decision)}", step.operation_id)
+    if next_visit is not None and not isinstance(decision, engine.Suspended):
+        # The visit was left by the handler itself (an external move, such as a new goal, leaves
+        # it suspended): it must still go where the workflow went.
+        if not isinstance(decision, engine.Goto):
+            return diverged(f"the handler now {_describe(decision)}, where the workflow went on to "
+                            f"{next_visit.node}")
+        if decision.node != next_visit.node:
+            return diverged(f"the handler now goes to {decision.node}, where the workflow went to {next_visit.node}")
+    return None
+
+
+def _as_the_handler_saw_it(step: Step) -> Step:
+    unanswered = UNANSWERED["activity" if step.kind == "activity" else "wait"].get(step.status)
+    return step if unanswered is None else replace(step, status=unanswered, result=None, decision="")
+
+
+def _describe(decision: engine.Decision | engine.Suspended) -> str:
+    if isinstance(decision, engine.Suspended):
+        asked = ", ".join(getattr(c, "name", "") or getattr(c, "kind", "") for c in decision.commands)
+        return f"waits for {asked or 'nothing new'}"
+    if isinstance(decision, engine.Goto):
+        return f"goes to {decision.node}"
+    if isinstance(decision, engine.Complete):
+        return "completes the workflow"
+    return f"fails the workflow ({decision.reason[:200]})"
