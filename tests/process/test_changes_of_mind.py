@@ -48,6 +48,17 @@ def pause_the_first_deploy_before_its_post(cluster: Any, workflow_id: int) -> tu
     return pool, deploy
 
 
+def approved_and_paused_before_post(cluster: Any, repo: Any, requester: Any,
+                                    approver: Any) -> tuple[int, psutil.Process, Activity]:
+    """Two workers and beat; a release approved, its deploy paused between its fence and its POST."""
+    cluster.start(workers=("wa", "wb"), beats=("beat",), faults=HOLD_BEFORE_POST)
+    wf = launch_release(repo, requester, "Ship the release notes")
+    wait_until_status(cluster, [wf], "waiting", node="WAIT_FOR_APPROVAL", timeout=60)
+    approve(wf, approver)
+    pool, deploy = pause_the_first_deploy_before_its_post(cluster, wf)
+    return wf, pool, deploy
+
+
 def late_posts(requests: list[Any], key: str) -> list[str]:
     return [r.status for r in requests if r.method == "POST" and r.key == key]
 
@@ -58,11 +69,7 @@ def test_a_worker_paused_before_its_post_deploys_nothing_after_cancel(
     """Issue 10.1: before, the cancel waited for the lease, the DELETE's 404 counted as done and
     the woken worker deployed for a cancelled workflow, for good."""
     requests = record_deploy_requests(monkeypatch)
-    cluster.start(workers=("wa", "wb"), beats=("beat",), faults=HOLD_BEFORE_POST)
-    wf = launch_release(git_repo, requester, "Ship the release notes")
-    wait_until_status(cluster, [wf], "waiting", node="WAIT_FOR_APPROVAL", timeout=60)
-    approve(wf, approver)
-    pool, deploy = pause_the_first_deploy_before_its_post(cluster, wf)
+    wf, pool, deploy = approved_and_paused_before_post(cluster, git_repo, requester, approver)
     stopped_at = time.monotonic()
 
     services.workflow_cancel(workflow_id=wf, reason="not this release")
@@ -98,11 +105,7 @@ def test_a_new_goal_while_the_deploy_runs_leaves_one_deployment(
     """Issue 10.2: before, the old goal's deploy went on after the supersede and the workflow,
     rebuilt and approved again, completed with two live deployments."""
     requests = record_deploy_requests(monkeypatch)
-    cluster.start(workers=("wa", "wb"), beats=("beat",), faults=HOLD_BEFORE_POST)
-    wf = launch_release(git_repo, requester, "Ship the release notes")
-    wait_until_status(cluster, [wf], "waiting", node="WAIT_FOR_APPROVAL", timeout=60)
-    approve(wf, approver)
-    pool, old = pause_the_first_deploy_before_its_post(cluster, wf)
+    wf, pool, old = approved_and_paused_before_post(cluster, git_repo, requester, approver)
 
     services.workflow_supersede(workflow_id=wf, goal="Ship the release notes, in French", user=requester)
     wait_until_status(cluster, [wf], "waiting", node="WAIT_FOR_APPROVAL", timeout=60)
