@@ -53,8 +53,17 @@ def env_bool(name: str, default: bool) -> bool:
 
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "agentops-demo-insecure-key-change-me")
-DEBUG = env_bool("DJANGO_DEBUG", True)
+# Off unless asked for: a debug page shows settings and tracebacks to whoever reaches the server.
+DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in env_str("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1").split(",") if h]
+# Served over HTTPS (directly or behind a proxy that sets X-Forwarded-Proto): secure cookies, HSTS
+# and a redirect from http. `manage.py check --deploy` is clean with the settings docs/operators.md lists.
+HTTPS = env_bool("DJANGO_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31_536_000 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_PRELOAD = HTTPS
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("DJANGO_BEHIND_PROXY", False) else None
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -70,6 +79,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # The admin's CSS and scripts, served by the app itself whatever DJANGO_DEBUG says.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -125,7 +136,10 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+# WhiteNoise finds the files where the apps keep them: no collectstatic step to forget (and no
+# STATIC_ROOT to keep in step with the code).
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 
 LOGGING = {
     "version": 1,
