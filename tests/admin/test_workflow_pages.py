@@ -53,13 +53,27 @@ class TestWorkflowList:
         assert ids(q=str(waiting.pk)) == {waiting.pk}
         assert ids(quiet="1h") == set()
 
-    def test_the_list_shows_status_node_intent_goal_and_what_it_waits_on(self, staff_outsider, requester):
-        workflow = gate_wait(requester).workflow
+    def test_the_list_shows_status_node_goal_and_what_it_waits_on(self, staff_outsider, requester):
+        wait = gate_wait(requester)
         page = logged_in(staff_outsider).get(CHANGELIST).content.decode()
         assert '<span class="ao-badge ao-waiting">waiting</span>' in page
         assert "Open the gate for &lt;release&gt; 1.0" in page
-        assert ">approval by release-approvers</a>" in page
-        assert f'href="{page_of(workflow.pk)}"' in page
+        queue = reverse("admin:workflows_wait_approvals")
+        assert f'<a href="{queue}#wait-{wait.pk}" title="approval by release-approvers">approval</a>' in page
+        assert f'href="{page_of(wait.workflow_id)}"' in page
+
+    def test_an_id_search_finds_that_workflow_alone(self, staff_outsider, requester):
+        workflows = [gate_wait(requester).workflow for _ in range(12)]
+        page = logged_in(staff_outsider).get(CHANGELIST, {"q": str(workflows[3].pk)}).content.decode()
+        assert re.findall(r'<th class="field-id"><a href="[^"]*/(\d+)/change/', page) == [str(workflows[3].pk)]
+
+    def test_history_is_the_event_timeline_and_the_site_root_is_the_admin(self, staff_outsider, requester):
+        workflow = gate_wait(requester).workflow
+        client = logged_in(staff_outsider)
+        history = client.get(reverse("admin:workflows_workflow_history", args=[workflow.pk]))
+        assert history.status_code == 302 and history["Location"] == page_of(workflow.pk) + "#timeline"
+        assert client.get("/")["Location"] == "/admin/"
+        assert "View site" not in client.get(CHANGELIST).content.decode()
 
 
 @pytest.mark.django_db
@@ -109,6 +123,17 @@ class TestWorkflowPage:
 
 @pytest.mark.django_db
 class TestOperatorActions:
+    def test_a_confirmation_page_reached_by_url_says_what_applies_instead_of_promising_it(
+        self, completed_release, operator
+    ):
+        client = logged_in(operator)
+        for action, label in (("resume", "Resume workflow"), ("cancel", "Cancel workflow")):
+            response = client.get(action_url(completed_release.pk, action), follow=True)
+            assert response.redirect_chain == [(page_of(completed_release.pk), 302)]
+            assert messages_of(response) == [
+                ("warning", f"Workflow {completed_release.pk} is completed; “{label}” does not apply to it.")]
+            assert "Yes," not in response.content.decode()
+
     def test_without_the_change_permission_there_are_no_buttons_and_a_post_gets_403(self, staff_outsider, requester):
         wait = gate_wait(requester)
         client = logged_in(staff_outsider)

@@ -11,5 +11,9 @@ from workflows.admin import approvals, records, workflows  # noqa: F401  (regist
 admin.site.site_header = "agentops operations"
 admin.site.site_title = "agentops"
 admin.site.index_title = "Agents, approvals and workers"
+# The admin is the whole site: no "View site" link to a page that does not exist.
+admin.site.site_url = None
+# One app with two pages: its links are on every page already, and the sidebar took a quarter of a laptop's width.
+admin.site.enable_nav_sidebar = False
 # The index gains an "Approvals waiting for you" box (templates/admin/agentops_index.html).
 admin.site.index_template = "admin/agentops_index.html"

@@ -15,6 +15,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from workflows import clock, services
+from workflows.admin.charts import when
 from workflows.admin.common import ReadOnlyAdmin, forbidden, pretty_json
 from workflows.admin.inspection import inspect_workflow
 from workflows.admin.reasoning import is_budget_paused, reasoning_panel
@@ -143,6 +144,15 @@ class OperatorAction:
     form: type[forms.Form]
     statuses: tuple[str, ...]
 
+    def refusal(self, workflow: Workflow) -> str:
+        """Why this action does not apply to ``workflow`` now; empty when it does (the page offers it)."""
+        if workflow.status not in self.statuses:
+            return f"Workflow {workflow.pk} is {workflow.status}; “{self.label}” does not apply to it."
+        if self.name == "resume" and is_budget_paused(workflow):
+            return (f"Workflow {workflow.pk} is paused because its budget ran out; resuming would pause it again. "
+                    "Change its budget instead: that resumes it.")
+        return ""
+
 
 ACTIONS = {
     "cancel": OperatorAction("cancel", "Cancel workflow", CancelForm,
@@ -174,8 +184,8 @@ class WorkflowForm(forms.ModelForm):
 @admin.register(Workflow)
 class WorkflowAdmin(ReadOnlyAdmin):
     form = WorkflowForm
-    list_display = ("id", "kind", "status_badge", "current_node", "intent_label", "goal_short", "waiting_on",
-                    "launched_by", "updated_at")
+    list_display = ("id", "kind", "status_badge", "current_node", "goal_short", "waiting_on",
+                    "launched_by", "updated")
     list_display_links = ("id", "goal_short")
     list_filter = ("status", "kind", "current_node", WaitingOnFilter, AttentionFilter, QuietFilter)
     list_select_related = ("launched_by",)
@@ -201,23 +211,24 @@ class WorkflowAdmin(ReadOnlyAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Workflow], search_term: str
     ) -> tuple[QuerySet[Workflow], bool]:
-        results, duplicates = super().get_search_results(request, queryset, search_term)
-        if search_term.strip().isdigit():
-            results = results | queryset.filter(pk=int(search_term.strip()))
-        return results, duplicates
+        term = search_term.strip()
+        if term.isdigit() and queryset.filter(pk=int(term)).exists():
+            return queryset.filter(pk=int(term)), False  # an id names one workflow (the goals are words)
+        return super().get_search_results(request, queryset, search_term)
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, workflow: Workflow) -> str:
         return format_html('<span class="ao-badge ao-{}">{}</span>', workflow.status, workflow.status)
 
-    @admin.display(description="intent", ordering="intent_version")
-    def intent_label(self, workflow: Workflow) -> str:
-        return f"v{workflow.intent_version}"
-
     @admin.display(description="goal")
     def goal_short(self, workflow: Workflow) -> str:
+        """One line: the list's CSS cuts it at the column's width; the full goal is the cell's title."""
         goal = getattr(workflow, "goal", None) or ""
-        return goal if len(goal) <= 80 else goal[:79] + "…"
+        return format_html('<span class="ao-one-line" title="{}">{}</span>', goal, goal)
+
+    @admin.display(description="updated", ordering="updated_at")
+    def updated(self, workflow: Workflow) -> str:
+        return when(workflow.updated_at)[:16]  # to the minute: the page of the workflow has the seconds
 
     @admin.display(description="current goal")
     def goal_full(self, workflow: Workflow) -> str:
@@ -230,8 +241,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
             return "—"
         queue = reverse("admin:workflows_wait_approvals")
         return format_html_join(", ", "{}", (
-            (format_html('<a href="{}">approval by {}</a>', queue, w.required_role) if w.kind == Wait.Kind.APPROVAL
-             else f"{w.kind} {w.event_name}".strip(),) for w in waits
+            (format_html('<a href="{}#wait-{}" title="approval by {}">approval</a>', queue, w.pk, w.required_role)
+             if w.kind == Wait.Kind.APPROVAL else f"{w.kind} {w.event_name}".strip(),) for w in waits
         ))
 
     @admin.display(description="parameters")
@@ -269,11 +280,16 @@ class WorkflowAdmin(ReadOnlyAdmin):
             may_operate = request.user.has_perm(OPERATE_PERMISSION)
             extra["operator_actions"] = [
                 {"label": a.label, "url": reverse(f"admin:workflows_workflow_{a.name}", args=[workflow.pk])}
-                for a in ACTIONS.values() if may_operate and workflow.status in a.statuses
+                for a in ACTIONS.values() if may_operate and not a.refusal(workflow)
             ]
             if may_operate and workflow.status in ACTIONS["budget"].statuses:
                 extra["budget_url"] = reverse("admin:workflows_workflow_budget", args=[workflow.pk])
         return super().change_view(request, object_id, form_url, extra)
+
+    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+                     ) -> HttpResponse:
+        """A workflow's history is its event timeline, not the admin's log of form edits (there are none)."""
+        return HttpResponseRedirect(reverse("admin:workflows_workflow_change", args=[object_id]) + "#timeline")
 
     def action_view(self, request: HttpRequest, workflow_id: int, action: str) -> HttpResponse:
         """Confirm (GET) and perform (POST) cancel, resume, supersede or a budget change through the services."""
@@ -286,6 +302,10 @@ class WorkflowAdmin(ReadOnlyAdmin):
                              reason=f"{spec.label} needs the permission {OPERATE_PERMISSION!r} "
                                     "(“Can change workflow”); ask an administrator to grant it to you or your group.")
         change_url = reverse("admin:workflows_workflow_change", args=[workflow.pk])
+        refusal = spec.refusal(workflow) if request.method == "GET" else ""  # a POST: the service decides
+        if refusal:  # a page reached by an old link or a typed URL: say what applies instead of promising it
+            self.message_user(request, refusal, level=messages.WARNING)
+            return HttpResponseRedirect(change_url)
         initial = {
             "supersede": {"goal": workflow.goal},
             "budget": {"total_usd": workflow.budget_total_usd, "hourly_usd": workflow.budget_hourly_usd},
@@ -308,6 +328,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
                                        .select_related("activity").order_by("-created_at", "-pk")),
             "spend": spend_summary(workflow) if action == "budget" else None,
             "budget_paused": is_budget_paused(workflow),
+            "revalidate_node": definition.revalidate_node if (definition := definition_of(workflow)) else "",
         }
         return TemplateResponse(request, "admin/workflows/workflow/action_confirm.html", context)
 
