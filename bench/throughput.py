@@ -39,7 +39,7 @@ def ensure_workers(bench: Bench, count: int, env: dict[str, str] | None = None) 
         live = live[:count]
     new = []
     for _ in range(count - len(live)):
-        proc = bench.cluster.start_worker(f"w{len(bench.cluster.procs) + 1}", extra=env)
+        proc = bench.cluster.start_worker(f"w{len(bench.cluster.procs) + 1}", extra_env=env, ready=False)
         proc.bench_env = env  # type: ignore[attr-defined]
         new.append(proc)
     bench.cluster.wait_ready(*new)

@@ -7,18 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import connection
 
 from agentops.deploytarget.server import DeployTargetServer
-from tests.process.harness import (
-    Broker,
-    Cluster,
-    db_report,
-    point_celery_app_at,
-    redis_ping,
-    subprocess_database_url,
-)
+from tests.process.harness import REPO_ROOT, Broker, Cluster, db_report, redis_ping, subprocess_database_url
+from workflows.testing.cluster import publishing_to
 
 # A Redis DB of its own, flushed before every test; DB 0 belongs to the in-process suite.
 PROCESS_BROKER_URL = os.environ.get("AGENTOPS_PROCESS_BROKER_URL", "redis://127.0.0.1:6379/15")
@@ -63,14 +56,8 @@ def process_broker() -> Iterator[Broker]:
                     "REDIS_SERVER_COMMAND).")
     broker = Broker(PROCESS_BROKER_URL)
     broker.flushdb()
-    # Celery reads CELERY_BROKER_URL from the environment before its configuration.
-    saved = {name: os.environ.pop(name, None) for name in ("CELERY_BROKER_URL", "CELERY_BROKER_WRITE_URL")}
-    os.environ["CELERY_BROKER_URL"] = PROCESS_BROKER_URL
-    point_celery_app_at(PROCESS_BROKER_URL)
-    yield broker
-    os.environ.pop("CELERY_BROKER_URL", None)
-    os.environ.update({name: value for name, value in saved.items() if value is not None})
-    point_celery_app_at(saved["CELERY_BROKER_URL"] or settings.CELERY_BROKER_URL)
+    with publishing_to(PROCESS_BROKER_URL):
+        yield broker
     if redis_ping(PROCESS_BROKER_URL):
         broker.flushdb()
 
@@ -81,8 +68,8 @@ def cluster(
     process_broker: Broker, tmp_path: Path,
 ) -> Iterator[Cluster]:
     """Workers and beats started by the test; all stopped (SIGTERM, then SIGKILL) before the DB is flushed."""
-    procs = Cluster(tmp_path=tmp_path, broker_url=PROCESS_BROKER_URL, database_url=subprocess_database_url(),
-                    deploy_target_url=deploy_target.url)
+    procs = Cluster(run_dir=tmp_path, database_url=subprocess_database_url(), broker_url=PROCESS_BROKER_URL,
+                    cwd=REPO_ROOT, extra_env={"AGENTOPS_DEPLOY_TARGET_URL": deploy_target.url})
     try:
         yield procs
     finally:

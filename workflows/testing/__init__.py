@@ -11,7 +11,7 @@
 
 The same engine code runs here as on a worker (``workflows.engine.step``); only the storage
 is a dictionary. Process-level behaviour (leases running out, retries, doorbells) needs the
-real services: see ``tests/`` for those tests.
+real services and processes: ``workflows.testing.cluster`` runs real workers and beat.
 """
 from __future__ import annotations
 
