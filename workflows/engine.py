@@ -114,6 +114,33 @@ class WaitOutcome:
         return self.status == "expired"
 
 
+@dataclass(frozen=True)
+class Step:
+    """One recorded step of a node visit, as histories list them (the test kit's runs, the replay check)."""
+
+    operation_id: str
+    node: str
+    kind: str  # "activity", or the wait's kind: "approval", "event", "timer"
+    name: str  # the activity's name, or the event's name
+    status: str
+    result: Any = None
+    error: str = ""
+    decision: str = ""
+    decided_by: str = ""
+    comment: str = ""
+
+    @property
+    def label(self) -> str:
+        if self.kind == "activity":
+            return f"activity {self.name!r}"
+        return f"{self.kind} wait" + (f" {self.name!r}" if self.name else "")
+
+    @property
+    def seq(self) -> int:
+        """Its position among the steps its handler asked for (the last part of its operation id)."""
+        return int(self.operation_id.rsplit("/", 1)[-1])
+
+
 class ActivityFailed(Exception):
     """Raised inside a handler when a step it asked for failed permanently."""
 

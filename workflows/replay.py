@@ -34,31 +34,6 @@ UNANSWERED = {"activity": {"cancelled": "scheduled"}, "wait": {"invalidated": "o
 
 
 @dataclass(frozen=True)
-class Step:
-    """One recorded step of a node visit: an activity, or a wait ("approval", "event", "timer")."""
-
-    operation_id: str
-    kind: str
-    name: str
-    status: str
-    result: Any = None
-    error: str = ""
-    decision: str = ""
-    decided_by: str = ""
-    comment: str = ""
-
-    @property
-    def label(self) -> str:
-        if self.kind == "activity":
-            return f"activity {self.name!r}"
-        return f"{self.kind} wait" + (f" {self.name!r}" if self.name else "")
-
-    @property
-    def seq(self) -> int:
-        return int(self.operation_id.rsplit("/", 1)[-1])
-
-
-@dataclass(frozen=True)
 class Visit:
     """A node visit: where it was, what it started from and what it recorded."""
 
@@ -67,7 +42,7 @@ class Visit:
     intent_version: int
     goal: str
     state: dict[str, Any]
-    steps: list[Step] = field(default_factory=list)
+    steps: list[engine.Step] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -87,7 +62,8 @@ class History:
     def from_json(cls, data: dict[str, Any]) -> History:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a recorded history (its \"format\" is not {FORMAT!r})")
-        visits = [Visit(**{**v, "steps": [Step(**s) for s in v["steps"]]}) for v in data["visits"]]
+        visits = [Visit(**{**v, "steps": [engine.Step(**{"node": v["node"], **s}) for s in v["steps"]]})
+                  for v in data["visits"]]
         fields = {k: data[k] for k in ("workflow_id", "kind", "definition_version", "params", "release_fingerprint",
                                        "status")}
         return cls(**fields, visits=visits)
@@ -115,14 +91,14 @@ def history_of(workflow: Workflow, *, current_visit_only: bool = False) -> Histo
     first = workflow.node_visit if current_visit_only else 1
     checkpoints = {c.node_visit: c for c in Checkpoint.objects.filter(workflow=workflow, node_visit__gte=first)}
     goals = dict(Intent.objects.filter(workflow=workflow).values_list("version", "goal"))
-    steps: dict[int, list[Step]] = {}
+    steps: dict[int, list[engine.Step]] = {}
     activities = Activity.objects.filter(workflow=workflow, node_visit__gte=first).exclude(node=COMPENSATION_NODE)
     for a in activities:
         steps.setdefault(a.node_visit, []).append(
-            Step(a.operation_id, "activity", a.name, a.status, result=a.result, error=a.error))
+            engine.Step(a.operation_id, a.node, "activity", a.name, a.status, result=a.result, error=a.error))
     for w in Wait.objects.filter(workflow=workflow, node_visit__gte=first).select_related("decided_by"):
         steps.setdefault(w.node_visit, []).append(
-            Step(w.operation_id, w.kind, w.event_name, w.status, result=w.payload, decision=w.decision,
+            engine.Step(w.operation_id, w.node, w.kind, w.event_name, w.status, result=w.payload, decision=w.decision,
                  decided_by=w.decided_by.username if w.decided_by else "", comment=w.comment))
     visits = []
     for number in range(first, workflow.node_visit + 1):
@@ -217,7 +193,7 @@ def _check_visit(definition: engine.WorkflowDefinition, history: History, visit:
     return None
 
 
-def _as_the_handler_saw_it(step: Step) -> Step:
+def _as_the_handler_saw_it(step: engine.Step) -> engine.Step:
     unanswered = UNANSWERED["activity" if step.kind == "activity" else "wait"].get(step.status)
     return step if unanswered is None else replace(step, status=unanswered, result=None, decision="")
 

@@ -27,6 +27,8 @@ from workflows.errors import NonDeterminismError, Permanent
 from workflows.leases import Claim, LeaseLost
 from workflows.registry import ActivityType
 
+Step = engine.Step  # one recorded step of a run's history, as ``WorkflowRun.history`` lists them
+
 __all__ = [
     "ActivityEnvironment", "Divergence", "FakeLease", "LeaseLost", "WorkflowRun", "registered", "replay",
 ]
@@ -111,22 +113,6 @@ class ActivityEnvironment:
         result = found if found is not None else activity.execute(ctx, claim.input)
         output: O = activity.decode_output(json.loads(json.dumps(result)))
         return output
-
-
-@dataclass(frozen=True)
-class Step:
-    """One recorded step of a run's history, as ``WorkflowRun.history`` lists them."""
-
-    operation_id: str
-    node: str
-    kind: str  # "activity", or the wait's kind: "approval", "event", "timer"
-    name: str  # the activity's name, or the event's name
-    status: str
-    result: Any = None
-    error: str = ""
-    decision: str = ""
-    decided_by: str = ""
-    comment: str = ""
 
 
 class WorkflowRun:
