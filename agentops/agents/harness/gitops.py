@@ -120,6 +120,7 @@ def revert_tamper(repo: Path, *, protected_sha: str, operation_id: str) -> str:
     git(repo, "checkout", protected_sha, "--", *PROTECTED)
     git(repo, "clean", "-fdq", "--", *PROTECTED)
     if git(repo, "diff", "--cached", "--name-only", "HEAD", "--", *PROTECTED):
-        git(repo, "commit", "-q", "--no-verify", "-m", "harness: revert changes to the approved feature list and checks",
-            "--trailer", f"Harness-Operation: {operation_id}", "--", *PROTECTED)
+        message = "harness: revert changes to the approved feature list and checks"
+        git(repo, "commit", "-q", "--no-verify", "-m", message, "--trailer",
+            f"Harness-Operation: {operation_id}", "--", *PROTECTED)
     return head(repo)
