@@ -244,10 +244,15 @@ if AGENTOPS_SANDBOX not in {"auto", "bwrap", "none"}:
     raise ImproperlyConfigured(f"AGENTOPS_SANDBOX={AGENTOPS_SANDBOX!r} must be auto, bwrap or none.")
 # After a command's timeout its process group gets SIGTERM, then SIGKILL this much later.
 AGENTOPS_SANDBOX_GRACE_SECONDS = env_float("AGENTOPS_SANDBOX_GRACE_SECONDS", 5.0)
+# The harness kind (docs/harness.md): how many of a feature list's checks run at once on a worker,
+# and the hard timeout of one run_command of a coding session (it and its children are killed).
+AGENTOPS_HARNESS_CHECK_PARALLELISM = env_int("AGENTOPS_HARNESS_CHECK_PARALLELISM", 4)
+AGENTOPS_HARNESS_COMMAND_TIMEOUT_SECONDS = env_int("AGENTOPS_HARNESS_COMMAND_TIMEOUT_SECONDS", 120)
 # The packages that hold agent kinds (definition, activities, optional admin templates), imported at
 # start-up by web, workers and beat alike. Add a kind of your own with one more entry (docs/authoring.md).
 AGENTOPS_AGENT_MODULES = [
-    m.strip() for m in env_str("AGENTOPS_AGENT_MODULES", "agentops.agents.release,agentops.agents.autonomous")
+    m.strip() for m in env_str("AGENTOPS_AGENT_MODULES",
+                         "agentops.agents.release,agentops.agents.autonomous,agentops.agents.harness")
     .split(",") if m.strip()
 ]
 

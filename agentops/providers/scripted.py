@@ -31,6 +31,11 @@ class ScriptedProvider:
         task = match.group("task") if match else "chat"
         if task == "execute_task" and tools:
             return self._execute_turn(prompt, messages, system)
+        if task in ("harness_initialize", "harness_session") and tools:
+            # The harness demo's schedule: data files of that package, keyed by (feature, attempt).
+            from agentops.agents.harness.script import scripted_turn
+
+            return scripted_turn(system=system, messages=messages)
         answer = getattr(self, f"_answer_{task}", self._answer_chat)(prompt)
         if tool_choice and tool_choice.get("type") == "tool":
             # A forced tool call: the structured answer comes back as the tool's input, as from Claude.

@@ -1,0 +1,5 @@
+"""The ``harness`` kind: a coding agent that finishes a feature list across many sessions, graded by the engine.
+
+Importing the package registers its definition and activities (docs/harness.md).
+"""
+from agentops.agents.harness import activities, definition  # noqa: F401

@@ -1,0 +1,126 @@
+"""Git as the harness uses it: the engine's own commits, session boundaries, WIP refs and tamper reverts.
+
+Git runs in the worker (not in the sandbox) with the user's and the system's configuration
+ignored and hooks disabled, so nothing a session wrote into the workspace runs as the engine.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from workflows.errors import Permanent
+
+IDENTITY = ("-c", "user.name=agentops harness", "-c", "user.email=harness@agentops.local",
+            "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main")
+# Paths the engine owns once the feature list is approved: sessions may read them, never change them.
+PROTECTED = ("features.json", "checks")
+
+
+def _env() -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent", "LANG": "C.UTF-8", "GIT_TERMINAL_PROMPT": "0"}
+
+
+def git(repo: Path | str, *args: str, check: bool = True) -> str:
+    """Run git in ``repo``; raises Permanent naming the command when it fails (and ``check``)."""
+    try:
+        done = subprocess.run(["git", *IDENTITY, "-C", str(repo), *args], capture_output=True, text=True,
+                              timeout=120, check=False, env=_env())
+    except FileNotFoundError:
+        raise Permanent("git is not installed on this worker; install it (apt-get install git).") from None
+    if check and done.returncode != 0:
+        raise Permanent(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip()[:500]}")
+    return done.stdout.rstrip()
+
+
+def head(repo: Path) -> str:
+    return git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False)
+
+
+def dirty(repo: Path) -> list[str]:
+    """Uncommitted changes, untracked files included (``git status --porcelain`` lines)."""
+    return [line for line in git(repo, "status", "--porcelain", "--untracked-files=all").splitlines() if line]
+
+
+def ensure_repo(repo: Path) -> None:
+    repo.mkdir(parents=True, exist_ok=True)
+    if not (repo / ".git").exists():
+        git(repo, "init", "-q", "-b", "main")
+
+
+def commit_all(repo: Path, message: str, *, trailers: dict[str, str] | None = None) -> str:
+    """Commit everything in the tree; returns the new HEAD, or "" when there was nothing to commit."""
+    git(repo, "add", "-A")
+    if not git(repo, "status", "--porcelain"):
+        return ""
+    args = ["commit", "-q", "--no-verify", "-m", message]
+    for key, value in (trailers or {}).items():
+        args += ["--trailer", f"{key}: {value}"]
+    git(repo, *args)
+    return head(repo)
+
+
+@dataclass(frozen=True)
+class Wip:
+    """Half-work found in the workspace at a session boundary, saved under ``ref``."""
+
+    ref: str
+    commit: str
+    files: list[str]
+    head_moved: bool
+
+
+def save_wip_and_reset(repo: Path, *, base_sha: str, name: str) -> Wip | None:
+    """Restore the workspace to ``base_sha``; what was there beyond it is saved to ``refs/heads/wip/<name>``.
+
+    Idempotent: a clean tree at ``base_sha`` returns None and changes nothing; a second save of
+    the same name gets a numbered suffix rather than overwriting the first.
+    """
+    changes = dirty(repo)
+    current = head(repo)
+    if not changes and current == base_sha:
+        return None
+    files = sorted({line[3:] for line in changes})
+    if changes:
+        commit_all(repo, f"WIP {name}: half-work saved by the harness at a session boundary")
+    saved = head(repo)
+    if not files:
+        files = git(repo, "diff", "--name-only", base_sha, saved).splitlines()
+    ref = f"wip/{name}"
+    suffix = 1
+    while git(repo, "rev-parse", "--verify", "-q", f"refs/heads/{ref}", check=False):
+        suffix += 1
+        ref = f"wip/{name}-{suffix}"
+    git(repo, "update-ref", f"refs/heads/{ref}", saved)
+    git(repo, "reset", "-q", "--hard", base_sha)
+    git(repo, "clean", "-fdq")
+    return Wip(ref=ref, commit=saved, files=files[:50], head_moved=current != base_sha)
+
+
+def tampered(repo: Path, *, protected_sha: str) -> list[str]:
+    """Harness-owned paths that differ from ``protected_sha`` (committed or not)."""
+    committed = git(repo, "diff", "--name-only", protected_sha, "HEAD", "--", *PROTECTED).splitlines()
+    pending = [line[3:] for line in git(repo, "status", "--porcelain", "--untracked-files=all", "--",
+                                        *PROTECTED).splitlines() if line]
+    return sorted(set(committed) | set(pending))
+
+
+def revert_tamper(repo: Path, *, protected_sha: str, operation_id: str) -> str:
+    """Put the harness-owned paths back as approved and commit only them; returns the new HEAD.
+
+    Other uncommitted work of the session is left as it is (the next boundary saves it as WIP).
+    """
+    git(repo, "rm", "-rq", "--cached", "--ignore-unmatch", "--", *PROTECTED)
+    for path in PROTECTED:
+        target = repo / path
+        if target.is_dir():
+            git(repo, "clean", "-fdqx", "--", path)
+    git(repo, "checkout", protected_sha, "--", *PROTECTED)
+    git(repo, "clean", "-fdq", "--", *PROTECTED)
+    if git(repo, "diff", "--cached", "--name-only", "HEAD", "--", *PROTECTED):
+        message = "harness: revert changes to the approved feature list and checks"
+        git(repo, "commit", "-q", "--no-verify", "-m", message, "--trailer",
+            f"Harness-Operation: {operation_id}", "--", *PROTECTED)
+    return head(repo)

@@ -1,0 +1,73 @@
+"""Launch-time refusals and the tool layer's guards of the harness kind, without a worker."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agentops.agents.harness import gitops, tools
+from agentops.agents.harness.definition import Harness
+from workflows.errors import InvalidInput
+
+
+def test_the_defaults_are_filled_in_at_launch():
+    assert Harness().validate_params({}) == {
+        "workspace": "", "max_sessions": 40, "max_attempts": 3, "check_timeout_seconds": 60.0,
+        "approver_role": "harness-approvers", "approval_expiry_hours": 72.0}
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"workspace": "relative/dir"}, "must be an absolute path"),
+    ({"max_sessions": "0"}, "max_sessions=0 must be between 1 and 1000"),
+    ({"max_attempts": "many"}, "max_attempts must be a number"),
+    ({"colour": "red"}, "Unknown parameter"),
+])
+def test_bad_parameters_are_refused_at_launch(params, message):
+    with pytest.raises(InvalidInput, match=message):
+        Harness().validate_params(params)
+
+
+def test_a_workspace_that_is_a_non_empty_directory_without_git_is_refused(tmp_path: Path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(InvalidInput, match="neither an empty directory nor a git repository"):
+        Harness().validate_params({"workspace": str(tmp_path)})
+
+
+def test_writes_to_harness_owned_paths_git_and_outside_are_refused(tmp_path: Path):
+    root = tmp_path / "ws"
+    gitops.ensure_repo(root)
+    session = tools.Session(root=root.resolve(), operation_id="op", feature="F01")
+    for path, reason in [("features.json", "owned by the harness"), ("checks/check_f01.py", "owned by the harness"),
+                         (".git/hooks/pre-commit", "inside .git"), ("../outside.txt", "outside the workspace")]:
+        ok, output = tools.call(session, "write_file", {"path": path, "content": "x"})
+        assert not ok and reason in output
+    assert len(session.refused) == 4 and not (tmp_path / "outside.txt").exists()
+
+
+def test_request_pass_for_another_feature_is_refused_and_does_not_end_the_session(tmp_path: Path):
+    root = tmp_path / "ws"
+    gitops.ensure_repo(root)
+    session = tools.Session(root=root.resolve(), operation_id="op", feature="F02")
+    ok, output = tools.call(session, "request_pass", {"feature_id": "F03"})
+    assert (ok, session.ended) == (False, "") and "holds the lease on F02, not F03" in output
+
+
+def test_a_tampered_check_is_reverted_in_a_commit_of_its_own(tmp_path: Path):
+    root = tmp_path / "ws"
+    gitops.ensure_repo(root)
+    (root / "checks").mkdir()
+    (root / "checks" / "check_f01.py").write_text("raise SystemExit(1)\n")
+    (root / "features.json").write_text("[]\n")
+    approved = gitops.commit_all(root, "scaffold")
+    (root / "checks" / "check_f01.py").write_text("pass\n")
+    (root / "checks" / "extra.py").write_text("pass\n")
+    gitops.commit_all(root, "make the check pass")
+    (root / "todo.py").write_text("work in progress\n")  # not the harness's: left alone
+    assert gitops.tampered(root, protected_sha=approved) == ["checks/check_f01.py", "checks/extra.py"]
+    gitops.revert_tamper(root, protected_sha=approved, operation_id="op")
+    assert gitops.tampered(root, protected_sha=approved) == []
+    assert (root / "checks" / "check_f01.py").read_text() == "raise SystemExit(1)\n"
+    assert not (root / "checks" / "extra.py").exists() and (root / "todo.py").exists()
+    last = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%B"], capture_output=True, text=True).stdout
+    assert "Harness-Operation: op" in last
