@@ -1,4 +1,4 @@
-from _lib import Todo, expect, passed  # type: ignore[import-not-found]  # checks/ is on sys.path
+from _lib import Todo, expect, passed
 
 t = Todo()
 t.run("add", "Persist me")
