@@ -13,17 +13,26 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from workflows import codec
 from workflows.errors import InvalidInput, NonDeterminismError, Permanent
 from workflows.presentation import AdminPanel, CandidateView, candidate_as_json
 
-if TYPE_CHECKING:
-    from workflows.registry import ActivityType
-
 S = TypeVar("S", bound=Mapping[str, Any])
 O = TypeVar("O")  # noqa: E741  (an activity's result type)
+O_co = TypeVar("O_co", covariant=True)
+
+
+class ActivityRef(Protocol[O_co]):
+    """What a handler passes to ``ctx.activity``: a registered activity (``registry.ActivityType``),
+    seen only through what the engine needs of it, so the engine imports nothing of the registry."""
+
+    name: str
+
+    def encode_input(self, value: Any) -> Any: ...
+
+    def decode_output(self, data: Any) -> O_co: ...
 
 
 @dataclass(frozen=True)
@@ -215,7 +224,7 @@ class NodeContext(Generic[S]):
         self.asked.append(op)
         return op
 
-    def activity(self, activity: ActivityType[Any, O], input: Any) -> O:
+    def activity(self, activity: ActivityRef[O], input: Any) -> O:
         """The recorded result of ``activity`` run on ``input`` (its declared input type); scheduled,
         and the handler suspended, when not yet recorded."""
         if not callable(getattr(activity, "encode_input", None)):

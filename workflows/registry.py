@@ -12,16 +12,14 @@ import re
 import typing
 from collections.abc import Callable
 from functools import cached_property, update_wrapper
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
 from workflows import codec
+from workflows.activity_context import ActivityContext
+from workflows.engine import WorkflowDefinition
 from workflows.errors import InvalidInput
-
-if TYPE_CHECKING:
-    from workflows.activity_context import ActivityContext
-    from workflows.engine import WorkflowDefinition
 
 I = TypeVar("I")  # noqa: E741  (the input type of an activity)
 O = TypeVar("O")  # noqa: E741  (its result type)
@@ -134,8 +132,9 @@ class ActivityType(Generic[I, O]):
     def decode_input(self, data: Any) -> Any:
         return codec.from_json(self.input_type, data, what=f"The input of activity {self.name}")
 
-    def decode_output(self, data: Any) -> Any:
-        return codec.from_json(self.output_type, data, what=f"The recorded result of activity {self.name}")
+    def decode_output(self, data: Any) -> O:
+        decoded: O = codec.from_json(self.output_type, data, what=f"The recorded result of activity {self.name}")
+        return decoded
 
     def execute(self, ctx: ActivityContext, input_json: Any) -> Any:
         """Run the activity on its recorded input; the result as JSON."""

@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from agentops.providers.base import ModelProvider, ModelResponse, Usage
 from agentops.providers.scripted import ScriptedProvider
+from workflows.activity_context import ActivityContext
 from workflows.errors import Permanent
-
-if TYPE_CHECKING:
-    from workflows.activity_context import ActivityContext
 
 __all__ = ["ModelProvider", "ModelResponse", "Usage", "current_release_spec", "get_provider", "provider_for"]
 
