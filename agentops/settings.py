@@ -209,8 +209,18 @@ AGENTOPS_REDISPATCH_AFTER_SECONDS = env_int("AGENTOPS_REDISPATCH_AFTER_SECONDS",
 # 0 sends every activity through the broker.
 AGENTOPS_ACTIVITY_CHAIN_SECONDS = env_float("AGENTOPS_ACTIVITY_CHAIN_SECONDS", 1.0)
 # How often a long activity that checkpoints (the autonomous agent's tasks) saves its working
-# state; a retried attempt resumes from the last save instead of starting over.
-AGENTOPS_CHECKPOINT_SECONDS = env_float("AGENTOPS_CHECKPOINT_SECONDS", 60.0)
+# state; a retried attempt resumes from the last save instead of starting over. 0: after every
+# step (every turn of a task), so no tool call is redone after a crash; a turn's model call takes
+# seconds, its checkpoint one UPDATE.
+AGENTOPS_CHECKPOINT_SECONDS = env_float("AGENTOPS_CHECKPOINT_SECONDS", 0.0)
+# The lease of model-calling activities. A background thread heartbeats every third of it while
+# the activity waits for the provider's answer (or runs a tool), so a slow answer keeps it; a
+# dead worker's attempt is taken over this many seconds (plus a beat tick) after its last beat.
+AGENTOPS_MODEL_CALL_LEASE_SECONDS = env_int("AGENTOPS_MODEL_CALL_LEASE_SECONDS", 20)
+if AGENTOPS_MODEL_CALL_LEASE_SECONDS < 3:
+    raise ImproperlyConfigured(
+        f"AGENTOPS_MODEL_CALL_LEASE_SECONDS={AGENTOPS_MODEL_CALL_LEASE_SECONDS} must be at least 3 (it is "
+        "heartbeated every third of it).")
 AGENTOPS_ALLOW_SELF_APPROVAL = env_bool("AGENTOPS_ALLOW_SELF_APPROVAL", False)
 AGENTOPS_SWEEP_BATCH_SIZE = env_int("AGENTOPS_SWEEP_BATCH_SIZE", 200)
 AGENTOPS_DEPLOY_TARGET_URL = env_str("AGENTOPS_DEPLOY_TARGET_URL", "http://127.0.0.1:8765")

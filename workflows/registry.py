@@ -14,6 +14,7 @@ from collections.abc import Callable
 from functools import cached_property, update_wrapper
 from typing import Any, Generic, TypeVar, overload
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from workflows import codec
@@ -61,14 +62,15 @@ class ActivityType(Generic[I, O]):
     a test may call it directly, ``deploy(ctx, DeployInput(...))``."""
 
     def __init__(
-        self, fn: Callable[[ActivityContext, I], O], *, name: str, retry: RetryPolicy, lease_seconds: int | None,
+        self, fn: Callable[[ActivityContext, I], O], *, name: str, retry: RetryPolicy,
+        lease_seconds: int | str | None,
         reconcile: Callable[[ActivityContext, I], O | None] | None, commitment: str,
         compensation: ActivityType[Any, Any] | str, records_progress: bool,
     ) -> None:
         self.fn = fn
         self.name = name
         self.retry = retry
-        self.lease_seconds = lease_seconds
+        self._lease_seconds = lease_seconds
         self.reconcile = reconcile
         self.commitment = commitment
         self._compensation = compensation
@@ -80,6 +82,15 @@ class ActivityType(Generic[I, O]):
 
     def __repr__(self) -> str:
         return f"<activity {self.name}>"
+
+    @property
+    def lease_seconds(self) -> int | None:
+        """Seconds a lease of this activity lasts between heartbeats; None for AGENTOPS_LEASE_SECONDS.
+        Declared as a number, or as the name of a setting read when the lease is granted
+        (``lease_seconds="AGENTOPS_MODEL_CALL_LEASE_SECONDS"``)."""
+        if isinstance(self._lease_seconds, str):
+            return int(getattr(settings, self._lease_seconds))
+        return self._lease_seconds
 
     @property
     def compensation(self) -> str:
@@ -220,14 +231,14 @@ def activity(fn: Callable[[ActivityContext, I], O], /) -> ActivityType[I, O]: ..
 
 @overload
 def activity(
-    name: str | None = None, /, *, retry: RetryPolicy | None = None, lease_seconds: int | None = None,
+    name: str | None = None, /, *, retry: RetryPolicy | None = None, lease_seconds: int | str | None = None,
     reconcile: Callable[[ActivityContext, Any], Any] | None = None, commitment: str = "",
     compensation: ActivityType[Any, Any] | str = "", records_progress: bool = False,
 ) -> Callable[[Callable[[ActivityContext, I], O]], ActivityType[I, O]]: ...
 
 
 def activity(
-    fn_or_name: Any = None, /, *, retry: RetryPolicy | None = None, lease_seconds: int | None = None,
+    fn_or_name: Any = None, /, *, retry: RetryPolicy | None = None, lease_seconds: int | str | None = None,
     reconcile: Callable[[ActivityContext, Any], Any] | None = None, commitment: str = "",
     compensation: ActivityType[Any, Any] | str = "", records_progress: bool = False,
 ) -> Any:
@@ -237,7 +248,8 @@ def activity(
     stored with every recorded step, so keep it when renaming the function. ``reconcile(ctx,
     input)`` asks the outside world whether a lost attempt took effect; ``commitment`` with
     ``compensation`` makes each success an obligation that a cancel undoes; ``records_progress``
-    stores the result's ``progress`` object as a progress sample.
+    stores the result's ``progress`` object as a progress sample. ``lease_seconds`` is a number
+    or the name of a setting (read when each lease is granted).
     """
 
     def register(fn: Callable[[ActivityContext, I], O]) -> ActivityType[I, O]:

@@ -151,10 +151,12 @@ MICRO_USD = Decimal("0.000001")
 
 
 def spent_usd(workflow: Workflow) -> Decimal:
-    """Charged costs plus open reservations."""
+    """Charged costs plus the estimates of requests in flight (reserved) or of unknown outcome
+    (uncertain); released entries count nothing."""
     entries = UsageEntry.objects.filter(workflow=workflow)
     charged = entries.filter(status=UsageEntry.Status.CHARGED).aggregate(s=Sum("cost_usd"))["s"]
-    held = entries.filter(status=UsageEntry.Status.RESERVED).aggregate(s=Sum("reserved_usd"))["s"]
+    held = entries.filter(status__in=(UsageEntry.Status.RESERVED, UsageEntry.Status.UNCERTAIN)).aggregate(
+        s=Sum("reserved_usd"))["s"]
     return (charged or Decimal(0)) + (held or Decimal(0))
 
 
@@ -180,6 +182,9 @@ def spend_summary(workflow: Workflow) -> dict[str, Any]:
         "remaining_usd": _str(remaining.quantize(MICRO_USD) if remaining is not None else None),
         "runway_hours": runway, "calls": calls, "tokens_per_call": tokens_per_call,
         "priority": workflow.priority, "suggestions": suggestions,
+        # Part of spent_usd: requests whose outcome is unknown, counted at their estimate.
+        "uncertain_usd": str(Decimal(entries.filter(status=UsageEntry.Status.UNCERTAIN).aggregate(
+            s=Sum("reserved_usd"))["s"] or 0).quantize(MICRO_USD)),
     }
 
 

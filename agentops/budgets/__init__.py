@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 from dataclasses import dataclass
 from decimal import ROUND_UP, Decimal
@@ -13,6 +15,9 @@ from agentops.providers import provider_for
 from agentops.providers.base import ModelResponse, Usage
 from workflows.activity_context import ActivityContext
 from workflows.errors import AgentOpsError, Permanent
+from workflows.leases import LeaseLost
+
+log = logging.getLogger("agentops.budgets")
 
 MILLION = Decimal(1_000_000)
 CHARS_PER_TOKEN = 4
@@ -40,10 +45,12 @@ def price_for(model: str) -> Price:
 
 
 def estimate_usd(model: str, *, prompt_chars: int, max_tokens: int) -> Decimal:
-    """An upper estimate of a call's cost: the whole prompt uncached and every allowed output token."""
+    """An upper estimate of one request's cost: the whole prompt written to the prompt cache (the
+    dearest way to send it: a cache write costs 1.25 times uncached input on the 5-minute TTL) and
+    every allowed output token."""
     price = price_for(model)
     tokens_in = Decimal(prompt_chars // CHARS_PER_TOKEN + 1)
-    return _usd(tokens_in * price.input + Decimal(max_tokens) * price.output)
+    return _usd(tokens_in * max(price.input, price.cache_write) + Decimal(max_tokens) * price.output)
 
 
 def cost_usd(model: str, usage: Usage) -> Decimal:
@@ -71,46 +78,198 @@ def metered_complete(
     tools: list[dict[str, Any]] | None = None,
     tool_choice: dict[str, Any] | None = None,
 ) -> ModelResponse:
-    """One model call of an activity, inside the workflow's budget.
+    """One model call of an activity, inside the workflow's budget and with its lease kept alive.
 
-    Reserves the estimated cost under the ledger key ``<operation_id>#<call>`` (raising
-    BudgetDeferred or BudgetExhausted at the limits), calls the provider, then charges
-    the reported usage once: a retried attempt reuses its key and is never counted twice.
-    The call is fenced: an attempt whose work is no longer wanted raises LeaseLost instead.
-    Each call that reached the provider is recorded as a ``model.called`` event (request id,
-    model, latency, tokens, stop reason, cost; or the error of a failed call).
+    Every request the call sends (the SDK's in-process retries included) has its own ledger
+    row, ``<operation_id>#<call>@<attempt>.<n>`` (``LedgerMeter``): reserved before it leaves the
+    process, checked against the budget (raising BudgetDeferred or BudgetExhausted at the
+    limits), then charged with the reported usage, released when it was answered with an error
+    or never sent, or left uncertain at its estimate when no answer was seen. While the call
+    waits for the answer a background thread heartbeats the lease (``keep_alive``), so the
+    lease can be short and a dead worker's attempt is taken over in seconds. The call is fenced:
+    an attempt whose work is no longer wanted raises LeaseLost instead (after recording what an
+    answer that came back cost). Each call that reached the provider is recorded as a
+    ``model.called`` event (request id, model, latency, tokens, stop reason, cost; or the error
+    of a failed call).
     """
-    from workflows.services.budgets import budget_charge_once, budget_reserve_ensure
-
     ctx.fence(f"model call {call}")
     provider = provider_for(ctx)
-    key = f"{ctx.operation_id}#{call}"
     prompt_chars = len(system) + len(json.dumps(messages, default=str)) + len(json.dumps(tools or []))
-    budget_reserve_ensure(
-        workflow_id=ctx.workflow_id, key=key, operation_id=ctx.operation_id, provider=provider.name,
-        model=provider.model, estimate_usd=estimate_usd(provider.model, prompt_chars=prompt_chars,
-                                                        max_tokens=max_tokens),
-    )
+    meter = LedgerMeter(ctx, call=call, provider=provider.name, model=provider.model,
+                        estimate=estimate_usd(provider.model, prompt_chars=prompt_chars, max_tokens=max_tokens))
     started = time.monotonic()
     try:
-        response = provider.complete(system=system, messages=messages, max_tokens=max_tokens, tools=tools,
-                                     tool_choice=tool_choice)
+        with keep_alive(ctx, f"waiting for model call {call}") as beat:
+            response = provider.complete(system=system, messages=messages, max_tokens=max_tokens, tools=tools,
+                                         tool_choice=tool_choice, meter=meter)
     except AgentOpsError as exc:
-        ctx.note("model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
-                 request_id=str(getattr(exc, "request_id", "") or ""), error=f"{type(exc).__name__}: {exc}"[:500],
-                 status_code=getattr(exc, "status_code", None))
+        meter.failed(exc)
+        if meter.sent:
+            ctx.note("model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
+                     request_id=str(getattr(exc, "request_id", "") or ""), error=f"{type(exc).__name__}: {exc}"[:500],
+                     status_code=getattr(exc, "status_code", None), requests=meter.sent)
         raise
+    except BaseException as exc:
+        meter.failed(exc)
+        raise
+    cost = meter.charge(response)
+    beat.raise_if_lost()
     usage = response.usage
-    cost = cost_usd(provider.model, usage)
-    budget_charge_once(key=key, cost_usd=cost, usage={
-        "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-        "cache_read_tokens": usage.cache_read_input_tokens, "cache_write_tokens": usage.cache_creation_input_tokens,
-    })
     ctx.note("model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
              request_id=response.request_id, stop_reason=response.stop_reason, input_tokens=usage.input_tokens,
              output_tokens=usage.output_tokens, cache_read_tokens=usage.cache_read_input_tokens,
-             cache_write_tokens=usage.cache_creation_input_tokens, cost_usd=str(cost))
+             cache_write_tokens=usage.cache_creation_input_tokens, cost_usd=str(cost), requests=meter.sent)
     return response
+
+
+def usage_fields(usage: Usage) -> dict[str, int]:
+    """A ``Usage`` as the ledger's token columns."""
+    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+            "cache_read_tokens": usage.cache_read_input_tokens, "cache_write_tokens": usage.cache_creation_input_tokens}
+
+
+class LedgerMeter:
+    """The ledger rows of one model call, one per request; the provider reports each request to it
+    (``agentops.providers.base.RequestMeter``).
+
+    ``sending(n)`` runs before request n leaves the process: it reserves ``<operation_id>#<call>
+    @<attempt>.<n>`` (a budget check) and returns the headers that tag the request with that key
+    (``x-agentops-usage-key``), so the provider's or a gateway's logs can be matched to the row.
+    ``answered`` releases a request answered with an error (the API bills none); ``lost`` marks
+    one without an answer uncertain, or releases it when it never left (connection refused).
+    """
+
+    def __init__(self, ctx: ActivityContext, *, call: int, provider: str, model: str, estimate: Decimal) -> None:
+        self.ctx, self.call, self.provider, self.model, self.estimate = ctx, call, provider, model, estimate
+        self.sent = 0
+        self._open: dict[int, str] = {}  # requests reserved and not yet settled: n -> key
+        self._ok: tuple[int, str] | None = None  # the request answered 2xx, (n, request id)
+
+    def key(self, n: int) -> str:
+        from workflows.services.budgets import usage_key
+
+        return usage_key(operation_id=self.ctx.operation_id, call=self.call, attempt=self.ctx.attempt, request=n)
+
+    def sending(self, n: int) -> dict[str, str]:
+        from workflows.services.budgets import budget_reserve_ensure
+
+        key = self.key(n)
+        budget_reserve_ensure(workflow_id=self.ctx.workflow_id, key=key, operation_id=self.ctx.operation_id,
+                              attempt=self.ctx.attempt, provider=self.provider, model=self.model,
+                              estimate_usd=self.estimate)
+        self._open[n] = key
+        self.sent += 1
+        return {USAGE_KEY_HEADER: key}
+
+    def answered(self, n: int, *, status: int, request_id: str) -> None:
+        from workflows.services.budgets import budget_release_once
+
+        if 200 <= status < 300:
+            self._ok = (n, request_id)
+            return
+        key = self._open.pop(n, None)
+        if key is not None:
+            budget_release_once(key=key, reason=f"answered {status}: the API does not bill errors",
+                                http_status=status, request_id=request_id)
+
+    def lost(self, n: int, *, sent: bool, reason: str) -> None:
+        from workflows.services.budgets import budget_release_once, budget_uncertain_once
+
+        key = self._open.pop(n, None)
+        if key is None:
+            return
+        if sent:
+            budget_uncertain_once(key=key, reason=reason)
+        else:
+            budget_release_once(key=key, reason=f"never reached the provider: {reason}")
+
+    def charge(self, response: ModelResponse) -> Decimal:
+        """Charge the request that brought ``response``; returns its cost."""
+        cost = cost_usd(self.model, response.usage)
+        self._settle(usage=response.usage, request_id=response.request_id)
+        return cost
+
+    def failed(self, error: BaseException) -> None:
+        """Settle what a failed call leaves open: an answer whose usage the error carries (a
+        refusal) is charged; any other request still open had no usable answer and is uncertain."""
+        usage = getattr(error, "attrs", {}).get("usage") if isinstance(error, AgentOpsError) else None
+        if self._ok is not None and isinstance(usage, dict):
+            self._settle(usage=Usage(**usage), request_id=self._ok[1])
+        for n in list(self._open):
+            self.lost(n, sent=True, reason=f"no usable answer ({type(error).__name__})")
+
+    def _settle(self, *, usage: Usage, request_id: str) -> None:
+        from workflows.services.budgets import budget_charge_once
+
+        n = self._ok[0] if self._ok is not None else max(self._open, default=0)
+        key = self._open.pop(n, None) or self.key(n)
+        budget_charge_once(key=key, cost_usd=cost_usd(self.model, usage), usage=usage_fields(usage),
+                           request_id=request_id or (self._ok[1] if self._ok else ""))
+        for other in list(self._open):  # a provider that reported no outcome for them: unknown
+            self.lost(other, sent=True, reason="no outcome reported")
+
+
+USAGE_KEY_HEADER = "x-agentops-usage-key"
+
+
+class keep_alive:  # noqa: N801 - used as a context manager, like contextlib's
+    """Heartbeat ``ctx``'s lease from a background thread while the block runs (a model call's
+    wait for its answer, a tool), every third of the activity's lease, so a short lease holds
+    through a slow answer and only a dead worker lets it run out.
+
+    The thread uses its own database connection (closed when it stops). A beat that finds the
+    attempt fenced off (taken over, or its work voided) stops beating; ``raise_if_lost`` then
+    raises LeaseLost in the caller, which must not go on with effects.
+    """
+
+    def __init__(self, ctx: ActivityContext, detail: str) -> None:
+        self.ctx, self.detail = ctx, detail[:200]
+        self.lost: LeaseLost | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{ctx.operation_id}", daemon=True)
+
+    def __enter__(self) -> keep_alive:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        # A beat in progress is one short UPDATE; do not wait on it forever if the database hangs.
+        self._thread.join(timeout=HEARTBEAT_JOIN_SECONDS)
+
+    def raise_if_lost(self) -> None:
+        if self.lost is not None:
+            raise self.lost
+
+    def _run(self) -> None:
+        from django.db import connections
+
+        try:
+            while not self._stop.wait(heartbeat_interval_seconds(self.ctx)):
+                try:
+                    self.ctx.heartbeat(self.detail)
+                except LeaseLost as exc:
+                    self.lost = exc
+                    return
+                except Exception:  # a database blip: the next beat tries again, the lease has slack
+                    log.warning("activity.heartbeat.failed", extra={"operation_id": self.ctx.operation_id},
+                                exc_info=True)
+        finally:
+            connections.close_all()
+
+
+HEARTBEAT_JOIN_SECONDS = 5.0
+
+
+def heartbeat_interval_seconds(ctx: ActivityContext) -> float:
+    """A third of the activity's lease: two beats may be missed before it runs out."""
+    from workflows import registry
+
+    try:
+        lease = registry.activity_type(ctx.claim.name).lease_seconds
+    except AgentOpsError:  # an activity of a test kit that is not registered
+        lease = None
+    return max(1.0, (lease or settings.AGENTOPS_LEASE_SECONDS) / 3)
 
 
 def _ms_since(started: float) -> int:

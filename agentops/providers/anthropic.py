@@ -22,13 +22,14 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import anthropic
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from agentops.providers.base import ModelResponse, Usage
+from agentops.providers.base import ModelResponse, RequestMeter, Usage
 from workflows.errors import AgentOpsError, Permanent, Retryable, Throttled
 
 if TYPE_CHECKING:
@@ -100,13 +101,18 @@ class AnthropicProvider:
     def complete(
         self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
         tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
+        meter: RequestMeter | None = None,
     ) -> ModelResponse:
         request = cached_request(model=self.model, system=system, messages=messages, max_tokens=max_tokens,
                                  tools=tools)
         if tool_choice:
             request["tool_choice"] = tool_choice
+        client = self._sdk()
+        if meter is not None:
+            # Innermost, inside the SDK's retry loop: it sees every HTTP request and its raw answer.
+            client = client.with_options(middleware=[*client.middleware, Metered(meter)])
         try:
-            message = self._sdk().messages.create(**request)
+            message = client.messages.create(**request)
         except anthropic.AnthropicError as exc:
             raise self._mapped(exc) from None
         except json.JSONDecodeError as exc:  # the SDK lets a 2xx body that is not JSON through as is
@@ -287,6 +293,44 @@ def with_breakpoint(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             blocks[i] = {**block, "cache_control": CACHE_CONTROL}
             return [*earlier, {**last, "content": blocks}]
     return messages
+
+
+class Metered(anthropic.Middleware):
+    """Report each HTTP request of a call to its ``RequestMeter`` (the usage ledger): before it is
+    sent (the meter may refuse it: over budget), and what came of it. The SDK raises connection
+    failures here, with no response: a failure to connect means the request never left; any
+    other (a read timeout, a connection dropped mid-answer) that it may have reached the API."""
+
+    def __init__(self, meter: RequestMeter) -> None:
+        self.meter = meter
+
+    def handle(self, request: anthropic.APIRequest, call_next: anthropic.CallNext) -> anthropic.APIResponse[Any]:
+        n = request.retries_taken
+        headers = self.meter.sending(n)
+        given = request.options.headers
+        request.options.headers = {**(given if isinstance(given, Mapping) else {}), **headers}
+        try:
+            response = call_next(request)
+        except BaseException as exc:
+            self.meter.lost(n, sent=not _never_sent(exc), reason=_failure(exc))
+            raise
+        self.meter.answered(n, status=response.status_code, request_id=response.headers.get("request-id", ""))
+        return response
+
+
+def _never_sent(exc: BaseException) -> bool:
+    """Whether a failed request surely never reached the server: the connection was not made."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if type(cause).__name__ in ("ConnectError", "ConnectTimeout"):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _failure(exc: BaseException) -> str:
+    cause = exc.__cause__
+    return f"{type(exc).__name__}" + (f" ({type(cause).__name__})" if cause is not None else "")
 
 
 class NoLongInlineRetries(anthropic.Middleware):

@@ -36,6 +36,25 @@ class ModelResponse:
         return {"role": "assistant", "content": blocks}
 
 
+class RequestMeter(Protocol):
+    """Told about every request a ``complete`` call sends, retries included (the usage ledger,
+    ``agentops.budgets.LedgerMeter``). ``n`` numbers the call's requests from 0."""
+
+    def sending(self, n: int) -> dict[str, str]:
+        """Before request ``n`` leaves the process; may raise to stop it (over budget). Returns
+        headers to send with it."""
+        ...
+
+    def answered(self, n: int, *, status: int, request_id: str) -> None:
+        """Request ``n`` was answered with HTTP ``status``."""
+        ...
+
+    def lost(self, n: int, *, sent: bool, reason: str) -> None:
+        """Request ``n`` got no answer: ``sent`` when it may have reached the provider (a read
+        timeout, a dropped connection), False when it surely did not (connection refused)."""
+        ...
+
+
 class ModelProvider(Protocol):
     name: str
     model: str
@@ -43,6 +62,8 @@ class ModelProvider(Protocol):
     def complete(
         self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
         tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
+        meter: RequestMeter | None = None,
     ) -> ModelResponse:
-        """One Messages API call; ``tool_choice`` (``{"type": "tool", "name": …}``) forces a tool call."""
+        """One Messages API call; ``tool_choice`` (``{"type": "tool", "name": …}``) forces a tool
+        call; ``meter`` is told about each HTTP request the call sends."""
         ...

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from agentops.providers.base import ModelResponse, Usage
+from agentops.providers.base import ModelResponse, RequestMeter, Usage
 
 TASK_MARKER = re.compile(r"<task>(?P<task>[a-z_]+)</task>")
 
@@ -25,7 +25,12 @@ class ScriptedProvider:
     def complete(
         self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
         tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
+        meter: RequestMeter | None = None,
     ) -> ModelResponse:
+        """An answer computed in-process: one "request", always answered."""
+        if meter is not None:
+            meter.sending(0)
+            meter.answered(0, status=200, request_id="")
         prompt = "\n".join(str(m.get("content", "")) for m in messages)
         match = TASK_MARKER.search(system)
         task = match.group("task") if match else "chat"

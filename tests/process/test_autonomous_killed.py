@@ -152,12 +152,12 @@ def test_autonomous_agent_survives_a_sigkill_mid_task_with_its_task_list_intact(
         assert [(e.data["tool"], e.data["attempt"], e.data["ok"]) for e in tools.order_by("seq")] == [
             ("write_file", activity.attempt, True), ("list_files", activity.attempt, True)], activity.operation_id
 
-    # The usage ledger: one row per model call key, each charged once; the killed attempt made no call.
+    # The usage ledger: one row per request, each charged once; the killed attempt made no call.
     entries = list(UsageEntry.objects.filter(workflow_id=wf))
     keys = [e.key for e in entries]
     assert len(keys) == len(set(keys)) == 11, keys  # plan 1 + 3 tasks x 3 turns + verify 1
     assert all(e.status == "charged" and e.cost_usd is not None for e in entries)
-    assert sorted(k for k in keys if k.startswith(second_task_op)) == [f"{second_task_op}#{n}" for n in range(3)]
+    assert sorted(k for k in keys if k.startswith(second_task_op)) == [f"{second_task_op}#{n}@2.0" for n in range(3)]
     notes = sorted(p.name for p in (tmp_path / "workspaces" / f"wf-{wf}" / "notes").iterdir())
     assert notes == ["lay-out-the-steps.md", "record-the-outcome.md", "write-a-brief.md"]
     assert_event_seqs_contiguous([wf])

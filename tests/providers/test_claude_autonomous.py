@@ -89,8 +89,9 @@ def test_each_model_call_is_an_event_with_its_usage_and_request_id(claude: FakeA
         assert event.data["model"] == "claude-sonnet-5-5"
         assert event.data["stop_reason"] in ("tool_use", "end_turn")
         assert isinstance(event.data["latency_ms"], int) and event.data["latency_ms"] >= 0
-        entry = UsageEntry.objects.get(key=f"{event.data['operation_id']}#{event.data['call']}")
-        assert event.data["cost_usd"] == str(entry.cost_usd)
+        entry = UsageEntry.objects.get(request_id=event.data["request_id"])
+        assert entry.key == f"{event.data['operation_id']}#{event.data['call']}@{event.data['attempt']}.0"
+        assert (entry.status, event.data["cost_usd"]) == ("charged", str(entry.cost_usd))
 
 
 # --- structured answers -----------------------------------------------------------------------

@@ -50,7 +50,7 @@ def test_priority_nine_passes_the_hourly_limit_but_never_the_total(git_repo):
 
 
 def test_a_repeated_reservation_and_charge_count_once(git_repo):
-    """A retried attempt reuses its ledger key: one row, one charge."""
+    """Recording the same request again (same ledger key) finds its row: one row, one charge."""
     workflow = launch(git_repo, budget_total_usd=Decimal("1.00"))
     first = reserve(workflow, "op#0", "0.50")
     assert reserve(workflow, "op#0", "0.50").pk == first.pk
@@ -131,3 +131,64 @@ def test_budgets_must_be_positive(git_repo, field):
     with pytest.raises(InvalidInput, match="must be a positive amount of USD"):
         launch(git_repo, **{field: Decimal("-1")})
     assert not Workflow.objects.exists()
+
+
+USAGE = {"input_tokens": 100, "output_tokens": 10, "cache_read_tokens": 0, "cache_write_tokens": 0}
+
+
+def test_each_request_has_its_own_key_and_a_retried_call_is_checked_again(git_repo):
+    """The same logical call made by attempt 2 (after attempt 1 went silent) is a new request: a
+    new row, checked against the budget, refused when it does not fit beside the uncertain one."""
+    workflow = launch(git_repo, budget_total_usd=Decimal("1.00"))
+    first = services.usage_key(operation_id="op", call=0, attempt=1, request=0)
+    retry = services.usage_key(operation_id="op", call=0, attempt=2, request=0)
+    assert (first, retry) == ("op#0@1.0", "op#0@2.0")
+    reserve(workflow, first, "0.60")
+    assert services.budget_uncertain_once(key=first, reason="read timeout") is True
+    assert services.budget_uncertain_once(key=first, reason="read timeout") is False
+    with pytest.raises(BudgetExhausted, match="has used 0.6000 of its 1.0000 USD"):
+        reserve(workflow, retry, "0.60")
+    assert selectors.spent_usd(workflow) == Decimal("0.60")
+    assert selectors.spend_summary(workflow)["uncertain_usd"] == "0.600000"
+
+
+def test_released_requests_count_nothing_and_a_late_answer_settles_an_uncertain_one(git_repo):
+    """A 429 is released (not billed); an uncertain request whose usage becomes known is charged
+    once with its real cost, however often that is recorded."""
+    workflow = launch(git_repo, budget_total_usd=Decimal("1.00"))
+    reserve(workflow, "op#0@1.0", "0.50")
+    reserve(workflow, "op#0@1.1", "0.50")
+    assert services.budget_release_once(key="op#0@1.0", reason="answered 429", http_status=429) is True
+    assert services.budget_release_once(key="op#0@1.0", reason="answered 429", http_status=429) is False
+    services.budget_uncertain_once(key="op#0@1.1", reason="dropped connection")
+    assert selectors.spent_usd(workflow) == Decimal("0.50")
+    assert services.budget_charge_once(key="op#0@1.1", cost_usd=Decimal("0.03"), usage=USAGE) is True
+    assert services.budget_charge_once(key="op#0@1.1", cost_usd=Decimal("0.03"), usage=USAGE) is False
+    assert services.budget_charge_once(key="op#0@1.0", cost_usd=Decimal("0.03"), usage=USAGE) is False
+    assert selectors.spent_usd(workflow) == Decimal("0.03")
+    statuses = dict(UsageEntry.objects.filter(workflow=workflow).values_list("key", "status"))
+    assert statuses == {"op#0@1.0": "released", "op#0@1.1": "charged"}
+
+
+def test_the_lease_sweep_turns_a_dead_attempts_reservation_uncertain(settings, tmp_path):
+    """A worker killed mid-call leaves its request reserved; once the lease sweep has reaped the
+    attempt the reservation is uncertain (still counted); a running attempt's is left alone."""
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path
+    workflow = services.workflow_launch(kind="autonomous", goal="Write notes")
+    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+    activity = Activity.objects.get(workflow=workflow, name="plan_tasks")
+    claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="w1", task_id="t1")
+    assert claim is not None
+    key = services.usage_key(operation_id=claim.operation_id, call=0, attempt=claim.attempt, request=0)
+    services.budget_reserve_ensure(workflow_id=workflow.pk, key=key, operation_id=claim.operation_id,
+                                   attempt=claim.attempt, provider="scripted", model="scripted/m",
+                                   estimate_usd=Decimal("0.02"))
+    services.leases_reap_expired()
+    assert UsageEntry.objects.get(key=key).status == "reserved", "the attempt still runs"
+
+    Activity.objects.filter(pk=activity.pk).update(lease_expires_at=clock.now() - timedelta(seconds=1))
+    assert services.leases_reap_expired() == 1
+    entry = UsageEntry.objects.get(key=key)
+    assert (entry.status, entry.amount_usd) == ("uncertain", Decimal("0.02"))
+    assert "attempt that sent it stopped" in entry.outcome
+    assert selectors.spent_usd(workflow) == Decimal("0.02")

@@ -10,7 +10,15 @@ from workflows.services.activities import (
     activity_result_record_if_current,
     activity_run_if_runnable,
 )
-from workflows.services.budgets import budget_charge_once, budget_reserve_ensure, workflow_budget_set
+from workflows.services.budgets import (
+    budget_charge_once,
+    budget_release_once,
+    budget_reserve_ensure,
+    budget_uncertain_once,
+    usage_key,
+    usage_reservations_settle_orphaned,
+    workflow_budget_set,
+)
 from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
 from workflows.services.progress import stagnation_check, stagnation_flag_if_due
 from workflows.services.steps import Outcome, Result
@@ -46,13 +54,17 @@ __all__ = [
     "activity_result_record_if_current",
     "activity_run_if_runnable",
     "budget_charge_once",
+    "budget_release_once",
     "budget_reserve_ensure",
+    "budget_uncertain_once",
     "deadlines_enforce",
     "leases_reap_expired",
     "stagnation_check",
     "stagnation_flag_if_due",
     "timer_fire_if_due",
     "timers_fire_due",
+    "usage_key",
+    "usage_reservations_settle_orphaned",
     "wait_approve",
     "wait_reject",
     "workflow_advance_if_runnable",

@@ -1,4 +1,5 @@
-"""The usage ledger: reserve before a model call, charge after it, defer or pause at the limits."""
+"""The usage ledger: one row per request to a model provider, reserved before it is sent and
+charged, released or marked uncertain after it; defer or pause at the limits."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -6,10 +7,11 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 
 from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
-from workflows.models import Activity, UsageEntry, Workflow
+from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
 from workflows.selectors import spent_usd
 from workflows.services.common import event_record, workflow_lock, workflow_save
 from workflows.services.steps import BUDGET_PAUSE_PREFIX, MAX_BUDGET_USD, wake_locked
@@ -18,16 +20,23 @@ HOUR = timedelta(hours=1)
 PRIORITY_PASSES_HOURLY = 9
 
 
+def usage_key(*, operation_id: str, call: int, attempt: int, request: int) -> str:
+    """The ledger key of one request: ``<operation_id>#<call>@<attempt>.<request>``."""
+    return f"{operation_id}#{call}@{attempt}.{request}"
+
+
 @transaction.atomic
 def budget_reserve_ensure(
-    *, workflow_id: int, key: str, operation_id: str, provider: str, model: str, estimate_usd: Decimal
+    *, workflow_id: int, key: str, operation_id: str, provider: str, model: str, estimate_usd: Decimal,
+    attempt: int = 0,
 ) -> UsageEntry:
-    """Hold the estimated cost of one model call, or refuse it at the limits.
+    """Hold the estimated cost of one request to a provider before it is sent, or refuse it at the limits.
 
-    Idempotent: get-or-create on the unique ``key`` (operation id + call number), so a
-    retried attempt reuses its reservation. The workflow's row lock serializes workers
-    racing for the last dollars, so reservations never exceed the total budget.
-    Raises BudgetExhausted over the total, BudgetDeferred (with the time the hourly
+    Every request has its own key (``usage_key``: a retry, the SDK's included, or the same call
+    made by a later attempt is a new request, checked against the budget like the first).
+    Idempotent for the same request: get-or-create on the unique ``key``. The workflow's row
+    lock serializes workers racing for the last dollars, so reservations never exceed the total
+    budget. Raises BudgetExhausted over the total, BudgetDeferred (with the time the hourly
     window frees up) over the hourly limit unless the workflow's priority is 9 or more.
     """
     workflow = workflow_lock(workflow_id)
@@ -39,7 +48,7 @@ def budget_reserve_ensure(
     if workflow.priority < PRIORITY_PASSES_HOURLY:
         _check_hourly(workflow, estimate_usd, now=now)
     return UsageEntry.objects.create(
-        workflow=workflow, key=key, operation_id=operation_id, provider=provider, model=model,
+        workflow=workflow, key=key, operation_id=operation_id, attempt=attempt, provider=provider, model=model,
         reserved_usd=estimate_usd, created_at=now,
     )
 
@@ -83,15 +92,63 @@ def _check_hourly(workflow: Workflow, estimate: Decimal, *, now: datetime) -> No
     )
 
 
-def budget_charge_once(*, key: str, cost_usd: Decimal, usage: dict[str, int]) -> bool:
-    """Replace the reservation with the real cost. True when this call charged it.
+OPEN = (UsageEntry.Status.RESERVED, UsageEntry.Status.UNCERTAIN)
 
-    Idempotent: conditional UPDATE on status=reserved; a retried attempt's second charge
-    updates nothing, so a call is never counted twice.
+
+def budget_charge_once(*, key: str, cost_usd: Decimal, usage: dict[str, int], request_id: str = "",
+                       http_status: int | None = 200) -> bool:
+    """Replace the reservation of one request with its real cost, from the usage the provider
+    reported; also settles an uncertain entry whose usage became known (a late answer to a
+    taken-over attempt, or the provider's usage report). True when this call charged it.
+
+    Idempotent: conditional UPDATE on status reserved or uncertain; recording the same
+    request again updates nothing, so a request is never counted twice.
+    """
+    return bool(UsageEntry.objects.filter(key=key, status__in=OPEN).update(
+        status=UsageEntry.Status.CHARGED, cost_usd=cost_usd, charged_at=clock.now(), request_id=request_id[:120],
+        http_status=http_status, outcome="", **usage
+    ))
+
+
+def budget_release_once(*, key: str, reason: str, http_status: int | None = None, request_id: str = "") -> bool:
+    """Give back the reservation of a request that cost nothing: the provider answered it with an
+    error (429, 529, 4xx, 5xx are not billed) or it never left the process (connection refused).
+
+    Idempotent: conditional UPDATE on status reserved or uncertain; True when this call released it.
+    """
+    return bool(UsageEntry.objects.filter(key=key, status__in=OPEN).update(
+        status=UsageEntry.Status.RELEASED, charged_at=clock.now(), http_status=http_status,
+        request_id=request_id[:120], outcome=reason[:300],
+    ))
+
+
+def budget_uncertain_once(*, key: str, reason: str) -> bool:
+    """Mark a request whose outcome is unknown (a timeout, a dropped connection, an answer that
+    could not be read) as uncertain: the provider may have billed it, so its estimate keeps
+    counting against the budget until ``budget_charge_once`` settles it with the real usage.
+
+    Idempotent: conditional UPDATE on status reserved; True when this call marked it.
     """
     return bool(UsageEntry.objects.filter(key=key, status=UsageEntry.Status.RESERVED).update(
-        status=UsageEntry.Status.CHARGED, cost_usd=cost_usd, charged_at=clock.now(), **usage
+        status=UsageEntry.Status.UNCERTAIN, outcome=reason[:300],
     ))
+
+
+def usage_reservations_settle_orphaned() -> int:
+    """Mark as uncertain the reservations whose attempt no longer runs: the worker died (or its
+    lease was taken over) while the request was in flight, so nobody will charge or release it.
+    Run by the lease sweep after it reaps; returns how many entries it marked.
+
+    Idempotent: conditional UPDATE on status reserved and no running attempt
+    (operation_id, attempt); an attempt still running keeps its reservations.
+    """
+    running = ActivityAttempt.objects.filter(
+        activity__operation_id=OuterRef("operation_id"), number=OuterRef("attempt"),
+        status=ActivityAttempt.Status.RUNNING,
+    )
+    orphaned = UsageEntry.objects.filter(status=UsageEntry.Status.RESERVED).filter(~Exists(running))
+    return orphaned.update(status=UsageEntry.Status.UNCERTAIN,
+                           outcome="no answer seen: the attempt that sent it stopped (worker died or lease lost)")
 
 
 @transaction.atomic

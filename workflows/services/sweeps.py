@@ -18,6 +18,7 @@ from django.db.models.functions import Greatest, Least
 from workflows import clock, doorbells
 from workflows.models import Activity, Timer, Workflow
 from workflows.services.activities import activity_lease_expire_if_due
+from workflows.services.budgets import usage_reservations_settle_orphaned
 from workflows.services.cancellation import workflow_deadline_enforce_if_due
 from workflows.services.failures import row_isolated
 from workflows.services.waits import timer_fire_if_due
@@ -79,13 +80,17 @@ def _activity_ring_if_undispatched(pk: int, dispatched_at: datetime | None, *, n
 
 
 def leases_reap_expired() -> int:
-    """Mark attempts whose lease ran out as lost and re-drive them (index ``act_running_lease_idx``)."""
+    """Mark attempts whose lease ran out as lost and re-drive them (index ``act_running_lease_idx``);
+    then mark the model requests those attempts (or any attempt that stopped) left in flight as
+    uncertain in the usage ledger (index ``usage_reserved_idx``)."""
     ids = Activity.objects.filter(status=Activity.Status.RUNNING, lease_expires_at__lt=clock.now())
-    return sum(
+    reaped = sum(
         row_isolated("reap_leases", pk, lambda pk: activity_lease_expire_if_due(activity_id=pk),
                      workflow_id=_workflow_of(Activity))
         for pk in ids.values_list("pk", flat=True)[: _batch()]
     )
+    usage_reservations_settle_orphaned()
+    return reaped
 
 
 def workflows_redrive_idle() -> int:

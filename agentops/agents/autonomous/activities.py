@@ -14,7 +14,7 @@ from typing import Any, TypedDict
 from django.conf import settings
 
 from agentops import sandbox
-from agentops.budgets import metered_complete
+from agentops.budgets import keep_alive, metered_complete
 from agentops.providers.answers import AnswerTool, ask_structured
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent, Retryable
@@ -25,9 +25,10 @@ MAX_TURNS = 8
 MAX_OUTPUT_CHARS = 4000
 COMMAND_TIMEOUT_SECONDS = 60
 TASK_RETRY = RetryPolicy(max_attempts=3, initial_interval_seconds=2.0, backoff=2.0)
-# One model call may take the provider's timeout twice over (a retry) plus a short wait: leases
-# of model-calling activities cover that, so a slow call is not mistaken for a dead worker.
-MODEL_CALL_LEASE_SECONDS = 300
+# Model-calling activities hold a short lease (a setting, 20 s by default): metered_complete and
+# the tool calls below heartbeat it from a background thread while they wait, so a slow answer
+# or command keeps it and a dead worker's attempt is taken over within seconds.
+MODEL_CALL_LEASE_SECONDS = "AGENTOPS_MODEL_CALL_LEASE_SECONDS"
 
 TOOLS: list[dict[str, Any]] = [
     {"name": "list_files", "description": "List files under a directory of the workspace.",
@@ -150,8 +151,9 @@ EXECUTE_SYSTEM = ("<task>execute_task</task>\nYou carry out one task inside a wo
 def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
     """A tool-use loop: the model asks for tools, we run them in the workspace and send results back.
 
-    The conversation is checkpointed after each turn (at most every AGENTOPS_CHECKPOINT_SECONDS):
-    a retried attempt carries on from the last saved turn instead of redoing its tool calls.
+    The conversation is checkpointed after each turn (AGENTOPS_CHECKPOINT_SECONDS, 0 by default:
+    every turn): a retried attempt carries on from the last saved turn instead of redoing its
+    tool calls. The lease is heartbeated while the model answers and while a tool runs.
     """
     task = input.task
     root = workspace(ctx)
@@ -181,7 +183,9 @@ def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
         for call in response.tool_calls:
             # A taken-over or unwanted attempt must not touch the workspace the current one uses.
             ctx.fence(f"tool {call['name']}")
-            ok, output, isolation = run_tool_isolated(root, call["name"], call.get("input") or {})
+            with keep_alive(ctx, f"task {task['id']} turn {turn + 1}: tool {call['name']}") as beat:
+                ok, output, isolation = run_tool_isolated(root, call["name"], call.get("input") or {})
+            beat.raise_if_lost()
             ctx.note("tool.called", tool=call["name"], input=sandbox.redact(_short(call.get("input"))), ok=ok,
                      output=output[:300], **({"isolation": isolation} if isolation else {}))
             results.append({"type": "tool_result", "tool_use_id": call["id"], "content": output, "is_error": not ok})

@@ -1,0 +1,161 @@
+"""A ledger that equals the bill: one row per request that left the process, reconciled against the
+usage the fake Messages API reported, under faults (429, 529, a timeout, a dropped connection, a
+malformed answer retried)."""
+from __future__ import annotations
+
+import socket
+import time
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentops.budgets import USAGE_KEY_HEADER, cost_usd, usage_fields
+from agentops.providers.base import Usage
+from tests.conftest import drive
+from tests.fakes import anthropic_api as fake
+from tests.fakes.anthropic_api import FakeAnthropicAPI, Recorded
+from tests.fakes.claude_agent import TASKS, ClaudeForAutonomous, seed_workspace
+from tests.providers.conftest import MODEL
+from tests.providers.test_claude_throttling import run_until_done
+from workflows import clock, services
+from workflows.models import UsageEntry, Workflow
+from workflows.selectors import spend_summary, spent_usd
+
+pytestmark = pytest.mark.django_db
+
+GOAL = "Prepare onboarding notes from the docs"
+CENT = Decimal("0.01")
+
+
+@pytest.fixture(autouse=True)
+def workspaces(settings: Any, tmp_path: Path) -> Path:
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
+    return Path(settings.AGENTOPS_WORKSPACE_DIR)
+
+
+def launch(workspaces: Path, **params: Any) -> Workflow:
+    workflow = services.workflow_launch(kind="autonomous", goal=GOAL, **params)
+    seed_workspace(workspaces / f"wf-{workflow.pk}")
+    return workflow
+
+
+def billed(recorded: Recorded) -> Decimal:
+    """What the server's usage says a request costs (nothing for a request it answered with an
+    error or did not answer)."""
+    usage = recorded.usage or {}
+    return cost_usd(MODEL, Usage(**{k: usage.get(k, 0) for k in (
+        "input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")}))
+
+
+def server_settled(api: FakeAnthropicAPI, timeout: float = 10.0) -> None:
+    """Wait for the server to finish answering (a slow answer goes on after the client gave up)."""
+    deadline = time.monotonic() + timeout
+    while any(r.status == 0 for r in api.requests):
+        assert time.monotonic() < deadline, "the fake API is still answering a request"
+        time.sleep(0.05)
+
+
+def test_the_ledger_equals_the_servers_bill_under_faults(
+    claude: FakeAnthropicAPI, workspaces: Path, settings: Any, time_machine: Any, sdk_sleeps: list[float],
+) -> None:
+    """Every request the server saw has exactly one ledger row under the key it was sent with:
+    charged rows cost what the server's usage says, 429/529 answers are released (not billed),
+    the timed-out and dropped requests are uncertain at an estimate no lower than what the server
+    billed; settled from the server's report, the ledger equals the bill to the cent."""
+    settings.AGENTOPS_ANTHROPIC_MAX_RETRIES = 1
+    settings.AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS = 1.0
+    time_machine.move_to(clock.now(), tick=False)
+    claude.script(
+        fake.rate_limited(retry_after=1), fake.overloaded(),  # planning attempt 1: the SDK's retry, then throttled
+        fake.tool_use("submit_plan", {"tasks": []}),  # attempt 2: a malformed plan, sent back with the reason
+        fake.dropped(),  # … the corrected answer's request is dropped, the SDK's retry times out
+        fake.slow(2.5, fake.tool_use("submit_plan", {"tasks": TASKS})),
+    )
+    claude.responder = ClaudeForAutonomous()
+    workflow = launch(workspaces)
+
+    run_until_done(workflow.pk, time_machine)
+    server_settled(claude)
+
+    workflow = Workflow.objects.get(pk=workflow.pk)
+    assert workflow.status == "completed", workflow.reason
+    entries = {e.key: e for e in UsageEntry.objects.filter(workflow=workflow)}
+    by_key = {r.headers[USAGE_KEY_HEADER]: r for r in claude.requests}
+    assert len(by_key) == len(claude.requests), "each request carried its own ledger key"
+    assert set(entries) == set(by_key), "one ledger row per request the server saw, and no other"
+    plan_op = f"wf-{workflow.pk}/PLANNING.1/i1/0"
+    assert {k: (e.status, by_key[k].status) for k, e in entries.items() if k.startswith(plan_op)} == {
+        f"{plan_op}#0@1.0": ("released", 429), f"{plan_op}#0@1.1": ("released", 529),
+        f"{plan_op}#0@2.0": ("charged", 200), f"{plan_op}#1@2.0": ("uncertain", -1),
+        f"{plan_op}#1@2.1": ("uncertain", 200), f"{plan_op}#0@3.0": ("charged", 200),
+    }
+    for key, entry in entries.items():
+        served = by_key[key]
+        if entry.status == "charged":
+            assert (entry.cost_usd, entry.request_id) == (billed(served), served.request_id), key
+        elif entry.status == "uncertain":
+            assert entry.reserved_usd >= billed(served), f"{key}: the estimate is below what the server billed"
+        else:
+            assert served.status in (429, 529) and served.usage is None, key
+
+    bill = sum((billed(r) for r in claude.requests), Decimal(0))
+    charged = sum((e.cost_usd for e in entries.values() if e.status == "charged"), Decimal(0))
+    uncertain = sum((e.reserved_usd for e in entries.values() if e.status == "uncertain"), Decimal(0))
+    billed_uncertain = sum((billed(by_key[k]) for k, e in entries.items() if e.status == "uncertain"), Decimal(0))
+    assert charged == bill - billed_uncertain, "what the ledger charged is what the server billed for it"
+    assert spent_usd(workflow) == charged + uncertain >= bill, "the ledger never shows less than the bill"
+    assert Decimal(spend_summary(workflow)["uncertain_usd"]) == uncertain
+
+    # The provider's usage report settles the uncertain requests: the ledger is then the bill.
+    for key, entry in entries.items():
+        if entry.status == "uncertain":
+            usage = Usage(**{k: (by_key[key].usage or {}).get(k, 0) for k in Usage.__dataclass_fields__})
+            assert services.budget_charge_once(key=key, cost_usd=billed(by_key[key]), usage=usage_fields(usage))
+            assert not services.budget_charge_once(key=key, cost_usd=billed(by_key[key]), usage=usage_fields(usage))
+    settled = spent_usd(workflow)
+    print(f"\nledger vs server under faults: {len(claude.requests)} requests "
+          f"({sum(e.status == 'charged' for e in entries.values())} charged, "
+          f"{sum(e.status == 'released' for e in entries.values())} released, "
+          f"{sum(e.status == 'uncertain' for e in entries.values())} uncertain); server bill {bill} USD; "
+          f"ledger charged {charged} + uncertain {uncertain} = {charged + uncertain} USD; "
+          f"after settling uncertain from the server's usage {settled} USD; SDK sleeps {sdk_sleeps}")
+    assert settled == bill
+    assert settled.quantize(CENT) == bill.quantize(CENT)
+
+
+def test_a_request_that_never_reached_the_provider_is_released(
+    claude: FakeAnthropicAPI, workspaces: Path, settings: Any,
+) -> None:
+    """Connection refused: the request never left, so its reservation is given back (spend 0)
+    and the attempt fails as retryable."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        settings.ANTHROPIC_BASE_URL = f"http://127.0.0.1:{sock.getsockname()[1]}"  # bound, not listening
+        workflow = launch(workspaces)
+        drive(workflow.pk, max_rounds=1)
+    entries = list(UsageEntry.objects.filter(workflow=workflow))
+    assert [(e.status, e.key.rsplit("#", 1)[1]) for e in entries] == [("released", "0@1.0")], entries
+    assert "never reached the provider" in entries[0].outcome
+    assert spent_usd(workflow) == 0
+
+
+def test_every_request_is_checked_against_the_budget_retries_included(
+    claude: FakeAnthropicAPI, workspaces: Path, settings: Any,
+) -> None:
+    """A timed-out request stays counted (uncertain); the SDK's retry of it is a new request,
+    checked against the budget like the first, and refused when both would not fit."""
+    settings.AGENTOPS_ANTHROPIC_MAX_RETRIES = 1
+    settings.AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS = 0.5
+    claude.script(fake.slow(1.0, fake.tool_use("submit_plan", {"tasks": TASKS})))
+    workflow = launch(workspaces, budget_total_usd=Decimal("0.04"))
+    drive(workflow.pk, max_rounds=1)
+    server_settled(claude)
+
+    workflow = Workflow.objects.get(pk=workflow.pk)
+    entries = list(UsageEntry.objects.filter(workflow=workflow))
+    assert [(e.key.rsplit("#", 1)[1], e.status) for e in entries] == [("0@1.0", "uncertain")]
+    assert entries[0].reserved_usd < workflow.budget_total_usd < 2 * entries[0].reserved_usd
+    assert len(claude.requests) == 1, "the retry was refused before it was sent"
+    assert (workflow.status, workflow.pause_cause) == ("paused", "budget"), workflow.reason
