@@ -166,8 +166,12 @@ def spend_summary(workflow: Workflow) -> dict[str, Any]:
     entries = UsageEntry.objects.filter(workflow=workflow)
     spent = spent_usd(workflow)
     last_hour = sum((e.amount_usd for e in entries.filter(created_at__gt=now - timedelta(hours=1))), Decimal(0))
-    totals = entries.aggregate(calls=Count("pk"), tokens=Sum(F("input_tokens") + F("output_tokens")))
+    totals = entries.aggregate(calls=Count("pk"), tokens=Sum(F("input_tokens") + F("output_tokens")),
+                               uncached=Sum("input_tokens"), read=Sum("cache_read_tokens"),
+                               written=Sum("cache_write_tokens"))
     calls = totals["calls"] or 0
+    # The API reports a request's input in three parts: uncached, read from the cache, written to it.
+    prompt_tokens = sum(totals[k] or 0 for k in ("uncached", "read", "written"))
     tokens_per_call = (totals["tokens"] or 0) // calls if calls else 0
     remaining = workflow.budget_total_usd - spent if workflow.budget_total_usd is not None else None
     runway = round(float(remaining / last_hour), 1) if remaining is not None and last_hour > 0 else None
@@ -182,6 +186,7 @@ def spend_summary(workflow: Workflow) -> dict[str, Any]:
         "remaining_usd": _str(remaining.quantize(MICRO_USD) if remaining is not None else None),
         "runway_hours": runway, "calls": calls, "tokens_per_call": tokens_per_call,
         "priority": workflow.priority, "suggestions": suggestions,
+        "cache_read_share": round((totals["read"] or 0) / prompt_tokens, 3) if prompt_tokens else None,
         # Part of spent_usd: requests whose outcome is unknown, counted at their estimate.
         "uncertain_usd": str(Decimal(entries.filter(status=UsageEntry.Status.UNCERTAIN).aggregate(
             s=Sum("reserved_usd"))["s"] or 0).quantize(MICRO_USD)),

@@ -10,7 +10,7 @@ from tests.conftest import drive
 from tests.fakes import anthropic_api as fake
 from tests.fakes.anthropic_api import FakeAnthropicAPI
 from tests.fakes.claude_agent import TASKS, ClaudeForAutonomous, seed_workspace
-from workflows import services
+from workflows import selectors, services
 from workflows.models import Activity, Event, UsageEntry, Workflow
 
 pytestmark = pytest.mark.django_db
@@ -56,6 +56,8 @@ def test_a_multi_task_run_reads_most_of_its_input_from_cache(claude: FakeAnthrop
     assert sum(e.cache_read_tokens for e in entries) == served["cache_read_input_tokens"]
     assert sum(e.cache_write_tokens for e in entries) == served["cache_creation_input_tokens"]
     assert sum(e.input_tokens for e in entries) == served["input_tokens"]
+    # agent show and the admin report the same share.
+    assert selectors.spend_summary(workflow)["cache_read_share"] == round(fraction, 3)
 
 
 def test_without_the_moving_breakpoint_nothing_would_be_read(claude: FakeAnthropicAPI, workspaces: Path,
