@@ -21,6 +21,10 @@ log = logging.getLogger("agentops.budgets")
 
 MILLION = Decimal(1_000_000)
 CHARS_PER_TOKEN = 4
+# The lease of an activity that calls the model (``@activity(lease_seconds=MODEL_CALL_LEASE)``): a
+# setting, 20 s by default. metered_complete heartbeats it from a background thread while an answer
+# is awaited, so a slow answer keeps it and a dead worker's attempt is taken over within seconds.
+MODEL_CALL_LEASE = "AGENTOPS_MODEL_CALL_LEASE_SECONDS"
 
 
 @dataclass(frozen=True)

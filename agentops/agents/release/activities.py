@@ -12,6 +12,7 @@ from typing import Any, NotRequired, TypedDict
 from django.conf import settings
 
 from agentops import providers, sandbox
+from agentops.budgets import MODEL_CALL_LEASE
 from agentops.deploytarget import client
 from agentops.providers.answers import AnswerTool, ask_structured, json_object_in
 from workflows.activity_context import ActivityContext
@@ -123,7 +124,8 @@ PROPOSE_SYSTEM = (
 )
 
 
-@activity("propose_change", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0), lease_seconds=300)
+@activity("propose_change", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0),
+          lease_seconds=MODEL_CALL_LEASE)
 def propose_change(ctx: ActivityContext, input: ProposalInput) -> Proposal:
     evidence = input.evidence
     provider = providers.provider_for(ctx)
