@@ -366,7 +366,10 @@ class WorkflowDefinition:
 
     def handler(self, node: str) -> Handler:
         if node not in self._handlers:
-            raise Permanent(f"Node {node!r} is not a node of {self.kind!r}; nodes: {', '.join(self.nodes)}.")
+            raise NonDeterminismError(
+                f"Node {node!r} is not a node of {self.kind!r} (version {self.version}; nodes: "
+                f"{', '.join(self.nodes)}): the definition changed under a workflow that is there. Deploy a "
+                "definition that still has the node (branch on ctx.definition_version), then resume it.")
         handler: Handler = getattr(self, self._handlers[node])
         return handler
 

@@ -3,8 +3,6 @@ with the workflow, node and step, before it reaches workflows in flight."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from io import StringIO
 from pathlib import Path
 
@@ -14,21 +12,11 @@ from django.core.management import CommandError, call_command
 from agentops.agents.release.activities import RepoInput, inspect_repository
 from agentops.agents.release.definition import Ctx, Release
 from tests.conftest import drive, release_params
-from workflows import engine, registry, replay, services
+from workflows import replay, services
 from workflows.engine import Decision, Goto, node
+from workflows.testing import deployed
 
 HISTORIES = Path(__file__).resolve().parents[1] / "fixtures" / "histories"
-
-
-@contextmanager
-def deployed(definition: type[engine.WorkflowDefinition]) -> Iterator[None]:
-    """The registry as if ``definition`` had been deployed in place of its kind's current one."""
-    saved = registry.snapshot()
-    registry.restore(({**saved[0], definition.kind: definition}, saved[1]))
-    try:
-        yield
-    finally:
-        registry.restore(saved)
 
 
 class InspectsAgainBeforeProposing(Release):

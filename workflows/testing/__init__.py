@@ -30,7 +30,7 @@ from workflows.registry import ActivityType
 Step = engine.Step  # one recorded step of a run's history, as ``WorkflowRun.history`` lists them
 
 __all__ = [
-    "ActivityEnvironment", "Divergence", "FakeLease", "LeaseLost", "WorkflowRun", "registered", "replay",
+    "ActivityEnvironment", "Divergence", "FakeLease", "LeaseLost", "WorkflowRun", "deployed", "registered", "replay",
 ]
 
 I = TypeVar("I")  # noqa: E741
@@ -48,6 +48,21 @@ def registered(*items: type[engine.WorkflowDefinition] | ActivityType[Any, Any])
                 registry.register_activity(item)
             else:
                 registry.register_definition(item)
+        yield
+    finally:
+        registry.restore(saved)
+
+
+@contextmanager
+def deployed(definition: type[engine.WorkflowDefinition]) -> Iterator[None]:
+    """The registry as if ``definition`` had been deployed in place of the registered definition of
+    its kind (a new version of it, say), for the block: test what workflows in flight do with it."""
+    problems = registry.definition_problems(definition)
+    if problems:
+        raise registry.DefinitionError(f"{definition.__qualname__} cannot be deployed: " + "; ".join(problems))
+    saved = registry.snapshot()
+    registry.restore(({**saved[0], definition.kind: definition}, saved[1]))
+    try:
         yield
     finally:
         registry.restore(saved)
