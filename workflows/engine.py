@@ -374,6 +374,21 @@ class WorkflowDefinition:
         return handler
 
 
+def decide(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | Suspended:
+    """Run the current node's handler once (``step``), as advancing does: a failed activity or a
+    ``Permanent`` error fails the workflow; a ``NonDeterminismError`` (the definition no longer
+    replays this visit) propagates, for the caller's failure boundary to stop the workflow for a
+    person instead of failing it."""
+    try:
+        return step(definition, ctx)
+    except ActivityFailed as exc:
+        return Fail(str(exc))
+    except NonDeterminismError:
+        raise
+    except Permanent as exc:
+        return Fail(str(exc))
+
+
 def step(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | Suspended:
     """Run the current node's handler once against recorded steps."""
     try:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workflows import engine, registry
-from workflows.errors import NonDeterminismError, Permanent
+from workflows.errors import NonDeterminismError
 from workflows.models import Activity, Checkpoint, Intent, Wait, Workflow
 from workflows.services.steps import COMPENSATION_NODE
 
@@ -159,13 +159,9 @@ def _check_visit(definition: engine.WorkflowDefinition, history: History, visit:
                  for s in answered if s.kind != "activity"},
     )
     try:
-        decision: engine.Decision | engine.Suspended = engine.step(definition, ctx)
+        decision = engine.decide(definition, ctx)
     except NonDeterminismError as exc:
         return diverged(str(exc), str(getattr(exc, "operation_id", "")))
-    except engine.ActivityFailed as exc:
-        decision = engine.Fail(str(exc))
-    except Permanent as exc:
-        decision = engine.Fail(str(exc))
     except Exception as exc:  # noqa: BLE001 - a handler bug is a finding of the check, not a crash of it
         return diverged(f"the handler raises {type(exc).__name__}: {exc}")
     if isinstance(decision, engine.Suspended):

@@ -13,13 +13,12 @@ import re
 import signal
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
 from examples.reminder.activities import send_reminder
 from examples.reminder.definition import Reminder
@@ -33,6 +32,7 @@ from tests.process.harness import (
     event_count,
     launch_release,
 )
+from tests.workflows.test_clock import server_now
 from workflows import registry, services
 from workflows.models import ActivityAttempt, Timer, Wait, Workflow
 from workflows.testing import registered
@@ -47,14 +47,6 @@ MODULES = ",".join([*settings.AGENTOPS_AGENT_MODULES, "examples.reminder"])
 CELERY_READY_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}): INFO/MainProcess\] .* ready\.$", re.M)
 
 T = TypeVar("T")
-
-
-def server_now() -> datetime:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp()")
-        row = cursor.fetchone()
-    assert row is not None
-    return row[0].astimezone(UTC)
 
 
 def start_skewed_worker(cluster: Cluster, name: str, offset_seconds: int) -> Proc:

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 
 from workflows import clock, doorbells, engine, registry, selectors
-from workflows.errors import InvalidInput, NonDeterminismError, NotFound, Permanent, TransitionRefused
+from workflows.errors import InvalidInput, NotFound, TransitionRefused
 from workflows.models import Commitment, Intent, Signal, Wait, Workflow
 from workflows.services.cancellation import advance_cancellation, compensations_retry
 from workflows.services.common import (
@@ -175,17 +175,9 @@ def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
         ctx: engine.NodeContext[Any] = engine.NodeContext(
             selectors.snapshot(workflow, goal), selectors.recorded_activities(workflow),
             functools.partial(selectors.recorded_waits, workflow))
-        try:
-            decision = engine.step(definition, ctx)
-        except engine.ActivityFailed as exc:
-            decision = engine.Fail(str(exc))
-        except NonDeterminismError:
-            # The definition changed under this workflow: not its failure but the deploy's. The
-            # failure boundary records it, retries with backoff and pauses for a person, who deploys
-            # a definition that keeps the old path and resumes; nothing is scheduled meanwhile.
-            raise
-        except Permanent as exc:
-            decision = engine.Fail(str(exc))
+        # A NonDeterminismError (the definition changed under this workflow) propagates to the
+        # failure boundary: recorded, retried with backoff, then paused for a person.
+        decision = engine.decide(definition, ctx)
         if isinstance(decision, engine.Suspended):
             if decision.commands and _apply(workflow, decision.commands[0], now=now, chain=chain):
                 continue

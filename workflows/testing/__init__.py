@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from workflows import codec, engine, registry
 from workflows.activity_context import ActivityContext
-from workflows.errors import NonDeterminismError, Permanent
+from workflows.errors import NonDeterminismError
 from workflows.leases import Claim, LeaseLost
 from workflows.registry import ActivityType
 
@@ -221,14 +221,7 @@ class WorkflowRun:
                 return
             ctx: engine.NodeContext[Any] = engine.NodeContext(
                 self._snapshot(), self._visit_activities(), self._visit_waits)
-            try:
-                decision = engine.step(self.definition, ctx)
-            except engine.ActivityFailed as exc:
-                decision = engine.Fail(str(exc))
-            except NonDeterminismError:
-                raise
-            except Permanent as exc:
-                decision = engine.Fail(str(exc))
+            decision = engine.decide(self.definition, ctx)
             if isinstance(decision, engine.Suspended):
                 if self._apply(decision.commands):
                     continue
