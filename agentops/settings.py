@@ -323,6 +323,33 @@ CELERY_BEAT_SCHEDULE["check_stagnation"] = {
     "options": {"expires": float(AGENTOPS_STAGNATION_CHECK_SECONDS)},
 }
 
+# Telling approvers that a decision waits (docs/operators.md, "Notifications"): email through
+# Django's mail framework (console by default; EMAIL_* are Django's own settings) and, when set,
+# a Slack-compatible incoming webhook. The webhook URL and the SMTP password are secrets.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL are both true; set one of them (STARTTLS or TLS).")
+# Django waits forever by default; a notification attempt must end within its lease.
+EMAIL_TIMEOUT = env_float("EMAIL_TIMEOUT", 10.0)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "agentops@localhost")
+AGENTOPS_NOTIFY_WEBHOOK_URL = env_str("AGENTOPS_NOTIFY_WEBHOOK_URL", "")
+# The site as approvers reach it; notifications link to <this>/admin/workflows/wait/approvals/#wait-<id>.
+AGENTOPS_ADMIN_BASE_URL = env_str("AGENTOPS_ADMIN_BASE_URL", "http://127.0.0.1:8000")
+# Remind the approvers of an approval wait this long before it expires (once); 0: no reminders.
+AGENTOPS_APPROVAL_REMINDER_HOURS = env_float("AGENTOPS_APPROVAL_REMINDER_HOURS", 1.0)
+AGENTOPS_APPROVAL_REMINDER_CHECK_SECONDS = env_int("AGENTOPS_APPROVAL_REMINDER_CHECK_SECONDS", 60)
+CELERY_BEAT_SCHEDULE["remind_approvals"] = {
+    "task": "agentops.beat.remind_approvals",
+    "schedule": schedule(AGENTOPS_APPROVAL_REMINDER_CHECK_SECONDS),
+    "options": {"expires": float(AGENTOPS_APPROVAL_REMINDER_CHECK_SECONDS)},
+}
+
 # The failure boundary around definition code: an advance that raises is recorded and retried
 # with backoff (30 s, 60 s, 120 s …); after this many failures in a row the workflow pauses
 # for a person (`manage.py agent resume ID` after a fix, or cancel).

@@ -42,3 +42,10 @@ def check_stagnation() -> int:
     from workflows import services
 
     return services.stagnation_check()
+
+
+@shared_task(name="agentops.beat.remind_approvals", acks_late=True)
+def remind_approvals() -> int:
+    from workflows.services import sweeps
+
+    return sweeps.approval_reminders_schedule()

@@ -22,6 +22,7 @@ from workflows.services.common import (
     release_current,
     workflow_save,
 )
+from workflows.services.notifications import approval_notify_ensure
 
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
@@ -181,6 +182,10 @@ def wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) ->
     event_record(workflow=workflow, kind="wait.opened", at=now, wait_id=wait.pk, wait_kind=wait.kind,
                  candidate_hash=wait.candidate_hash, required_role=wait.required_role,
                  expires_at=expires_at.isoformat() if expires_at else None)
+    if wait.kind == Wait.Kind.APPROVAL:
+        # Its approvers are told by an activity of its own, committed with the wait: a crash
+        # cannot open the wait without it, and its failure never blocks the workflow.
+        approval_notify_ensure(workflow, wait, purpose="opened", now=now)
     if wait.kind == Wait.Kind.EVENT:
         signal = Signal.objects.filter(workflow=workflow, name=wait.event_name, consumed_by__isnull=True).first()
         if signal is not None:
