@@ -74,6 +74,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_fsm",
     "django_celery_beat",
+    # django-ninja: the HTTP API; listed so /api/docs serves its Swagger UI from the app, not a CDN.
+    "ninja",
     "workflows",
 ]
 

@@ -1,9 +1,13 @@
-"""URL configuration: the Django admin is the operators' UI (the site's root leads there)."""
+"""URL configuration: the Django admin is the operators' UI (the site's root leads there); the HTTP API,
+with its OpenAPI schema and docs, lives under /api/."""
 from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
+from workflows.api.endpoints import api
+
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
+    path("api/", api.urls),
 ]

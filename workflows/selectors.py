@@ -10,7 +10,7 @@ from django.db.models import Count, F, QuerySet, Sum
 
 from workflows import clock, engine, registry
 from workflows.errors import InvalidInput
-from workflows.models import Activity, Event, Intent, UsageEntry, Wait, Workflow
+from workflows.models import Activity, ApiToken, Event, Intent, UsageEntry, Wait, Workflow
 
 
 def definition_of(workflow: Workflow) -> engine.WorkflowDefinition | None:
@@ -190,6 +190,21 @@ def spend_summary(workflow: Workflow) -> dict[str, Any]:
         # Part of spent_usd: requests whose outcome is unknown, counted at their estimate.
         "uncertain_usd": str(Decimal(entries.filter(status=UsageEntry.Status.UNCERTAIN).aggregate(
             s=Sum("reserved_usd"))["s"] or 0).quantize(MICRO_USD)),
+    }
+
+
+def api_tokens(*, username: str = "") -> QuerySet[ApiToken]:
+    """API tokens, newest first, revoked ones included (``agent token list``)."""
+    qs = ApiToken.objects.select_related("user").order_by("-pk")
+    return qs.filter(user__username=username) if username else qs
+
+
+def api_token_summary(token: ApiToken) -> dict[str, Any]:
+    """The JSON shape of one token (``agent token list --json``): never its secret nor its digest."""
+    return {
+        "id": token.pk, "user": token.user.username, "name": token.name, "prefix": token.prefix,
+        "created_at": token.created_at.isoformat(), "last_used_at": _iso(token.last_used_at),
+        "revoked_at": _iso(token.revoked_at),
     }
 
 

@@ -1,12 +1,14 @@
 """Durable workflow state: tables, constraints, indexes and FSM transitions (no I/O, no clock)."""
 from workflows.models.activities import Activity, ActivityAttempt, Commitment
 from workflows.models.ledger import ProgressSample, UsageEntry
+from workflows.models.tokens import ApiToken
 from workflows.models.waits import Signal, Timer, Wait
 from workflows.models.workflow import BehavioralRelease, Checkpoint, Event, Intent, Workflow
 
 __all__ = [
     "Activity",
     "ActivityAttempt",
+    "ApiToken",
     "BehavioralRelease",
     "Checkpoint",
     "Commitment",

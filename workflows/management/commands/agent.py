@@ -20,6 +20,7 @@ from rich.table import Table
 from workflows import replay, selectors, services
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
 from workflows.models import Signal, Workflow
+from workflows.services import tokens
 from workflows.services.workflows import SIGNAL_AUTO_KEY_PREFIX
 
 EXIT_BAD_INPUT = 2
@@ -102,6 +103,13 @@ class Command(BaseCommand):
 
         export = verb("export-history", "Print a workflow's recorded node visits as JSON: a replay-check fixture.")
         export.add_argument("id", type=int)
+
+        token = verb("token", "Manage API tokens: `token create --user NAME [--name LABEL]` prints a new token once; "
+                              "`token list [--user NAME]`; `token revoke ID`.")
+        token.add_argument("action", choices=("create", "list", "revoke"))
+        token.add_argument("id", type=int, nargs="?", help="the token to revoke")
+        token.add_argument("--user", help="create: whose token (the API acts as this user); list: only theirs")
+        token.add_argument("--name", default="", help="create: a label to tell tokens apart, e.g. ci")
 
         check = verb("replay-check", "Replay recorded histories against the current definitions; exit status 1 "
                                      "naming each one that would no longer replay (docs/authoring.md).")
@@ -218,6 +226,36 @@ class Command(BaseCommand):
         result = services.workflow_resume(workflow_id=options["id"], user=user_or_none(options["user"]))
         self._emit(options, {"id": options["id"], "outcome": result.outcome.value}, result.message)
 
+
+    def _token(self, options: dict[str, Any]) -> None:
+        action, token_id = options["action"], options["id"]
+        if (action == "revoke") != (token_id is not None):
+            raise InvalidInput("`token revoke` takes the token's id (see `token list`); create and list take none.")
+        if action == "create":
+            if not options["user"]:
+                raise InvalidInput("`token create` needs --user NAME: the user the API will act as.")
+            created = tokens.api_token_create(user=user_by_name(options["user"]), name=options["name"])
+            self._emit(options, {**selectors.api_token_summary(created.token), "token": created.secret},
+                       f"API token {created.token.pk} for {created.token.user.username}: {created.secret}\n"
+                       "Store it now: it is not stored and cannot be shown again. Send it as "
+                       "`Authorization: Bearer <token>`.")
+        elif action == "list":
+            rows = [selectors.api_token_summary(t) for t in selectors.api_tokens(username=options["user"] or "")]
+            if options["json"]:
+                self._emit(options, rows, "")
+                return
+            table = Table("id", "user", "name", "prefix", "created", "last used", "revoked")
+            for row in rows:
+                table.add_row(str(row["id"]), row["user"], row["name"], f"{row['prefix']}…", row["created_at"][:19],
+                              (row["last_used_at"] or "never")[:19], (row["revoked_at"] or "")[:19])
+            self.console.print(table if rows else "No API tokens yet; create one: `agent token create --user NAME`.")
+        else:
+            token, outcome = tokens.api_token_revoke_if_active(token_id=token_id)
+            assert token.revoked_at is not None
+            self._emit(options, {"id": token.pk, "outcome": outcome.value},
+                       f"API token {token.pk} ({token.prefix}…) of {token.user.username} "
+                       + ("revoked." if outcome == services.Outcome.APPLIED else
+                          f"was already revoked at {token.revoked_at:%Y-%m-%d %H:%M:%S}; nothing changed."))
 
     def _export_history(self, options: dict[str, Any]) -> None:
         history = replay.history_of(workflow_by_id(options["id"]))
