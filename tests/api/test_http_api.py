@@ -15,6 +15,8 @@ from workflows.models import ApiToken, Event, Intent, Wait, Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+RESULT_KEYS = {"id", "outcome", "status", "intent_version", "message"}  # signal, supersede, cancel, resume
+
 
 def launch_release(http: Http, token: str, repo: Path, **extra: Any) -> int:
     answer = http.post("/workflows", {"kind": "release", "goal": "Publish release notes",
@@ -174,9 +176,11 @@ def test_operator_verbs_need_the_change_permission_and_answer_like_the_cli(
     base = f"/workflows/{workflow_id}"
     signal = http.post(f"{base}/signal", {"name": "ci.done", "payload": {"ok": True}, "dedupe_key": "ci-1"},
                        token=operator_token)
-    assert signal.body == {"id": workflow_id, "outcome": "applied"}
+    assert signal.body == {"id": workflow_id, "outcome": "applied", "status": "waiting", "intent_version": 1,
+                           "message": "Signal delivered."}
     repeat = http.post(f"{base}/signal", {"name": "ci.done", "dedupe_key": "ci-1"}, token=operator_token)
-    assert repeat.body == {"id": workflow_id, "outcome": "already_applied"}
+    assert (repeat.body["outcome"], repeat.body["message"]) == (
+        "already_applied", "Already delivered; nothing changed.")
 
     budget = http.post(f"{base}/budget", {"total_usd": "12.50"}, token=operator_token)
     assert budget.status == 200
@@ -185,16 +189,16 @@ def test_operator_verbs_need_the_change_permission_and_answer_like_the_cli(
     assert http.post(f"{base}/budget", {}, token=operator_token).status == 400
 
     superseded = http.post(f"{base}/supersede", {"goal": "Publish shorter notes"}, token=operator_token)
-    assert superseded.body == {"id": workflow_id, "intent_version": 2}
+    assert (superseded.body["id"], superseded.body["intent_version"]) == (workflow_id, 2)
     assert Intent.objects.get(workflow_id=workflow_id, version=2).created_by.username == "olga"
 
     resumed = http.post(f"{base}/resume", token=operator_token)
     assert resumed.status == 200
-    assert set(resumed.body) == {"id", "outcome"}
+    assert set(resumed.body) == RESULT_KEYS
 
     cancelled = http.post(f"{base}/cancel", {"reason": "changed our minds"}, token=operator_token)
     assert cancelled.status == 200
-    assert set(cancelled.body) == {"id", "outcome", "status"}
+    assert set(cancelled.body) == RESULT_KEYS
     drive(workflow_id)
     assert Workflow.objects.get(pk=workflow_id).status == Workflow.Status.CANCELLED
     refused = http.post(f"{base}/resume", token=operator_token)

@@ -101,7 +101,7 @@ def workflow_signal(request: HttpRequest, workflow_id: int, payload: SignalIn) -
     require(caller(request), OPERATE_PERMISSION, to="signal workflows")
     result = services.workflow_signal(workflow_id=workflow_id, name=payload.name, payload=payload.payload,
                                       dedupe_key=payload.dedupe_key)
-    return {"id": workflow_id, "outcome": result.outcome.value}
+    return result.to_json()
 
 
 @api.post("/workflows/{workflow_id}/supersede", response={200: Json, **ERRORS}, summary="Change the goal",
@@ -110,7 +110,7 @@ def workflow_supersede(request: HttpRequest, workflow_id: int, payload: Supersed
     """`agent supersede`: a new intent version; open waits are invalidated. Needs `workflows.change_workflow`."""
     require(caller(request), OPERATE_PERMISSION, to="change the goal of workflows")
     result = services.workflow_supersede(workflow_id=workflow_id, goal=payload.goal, user=caller(request))
-    return {"id": workflow_id, "intent_version": result.intent_version}
+    return result.to_json()
 
 
 @api.post("/workflows/{workflow_id}/cancel", response={200: Json, **ERRORS}, summary="Cancel a workflow",
@@ -119,7 +119,7 @@ def workflow_cancel(request: HttpRequest, workflow_id: int, payload: CancelIn) -
     """`agent cancel`: stop the work, compensate commitments, then cancelled. Needs `workflows.change_workflow`."""
     require(caller(request), OPERATE_PERMISSION, to="cancel workflows")
     result = services.workflow_cancel(workflow_id=workflow_id, reason=payload.reason, user=caller(request))
-    return {"id": workflow_id, "outcome": result.outcome.value, "status": result.status}
+    return result.to_json()
 
 
 @api.post("/workflows/{workflow_id}/resume", response={200: Json, **ERRORS}, summary="Resume a workflow",
@@ -128,7 +128,7 @@ def workflow_resume(request: HttpRequest, workflow_id: int) -> Json:
     """`agent resume`: resume a paused workflow or re-ring a running one. Needs `workflows.change_workflow`."""
     require(caller(request), OPERATE_PERMISSION, to="resume workflows")
     result = services.workflow_resume(workflow_id=workflow_id, user=caller(request))
-    return {"id": workflow_id, "outcome": result.outcome.value}
+    return result.to_json()
 
 
 @api.post("/workflows/{workflow_id}/budget", response={200: Json, **ERRORS}, summary="Set the budget",

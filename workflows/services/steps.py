@@ -57,6 +57,11 @@ class Result:
     status: str
     intent_version: int
 
+    def to_json(self) -> dict[str, Any]:
+        """The answer of ``agent signal|supersede|cancel|resume --json`` and of the HTTP API."""
+        return {"id": self.workflow_id, "outcome": self.outcome.value, "status": self.status,
+                "intent_version": self.intent_version, "message": self.message}
+
     @classmethod
     def of(cls, workflow: Workflow, outcome: Outcome, message: str) -> Result:
         return cls(outcome=outcome, message=message, workflow_id=workflow.pk, status=workflow.status,

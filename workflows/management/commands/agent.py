@@ -197,20 +197,19 @@ class Command(BaseCommand):
         result = services.workflow_signal(
             workflow_id=options["id"], name=options["name"], payload=payload, dedupe_key=options["dedupe_key"]
         )
-        self._emit(options, {"id": options["id"], "outcome": result.outcome.value}, result.message)
+        self._emit(options, result.to_json(), result.message)
 
     def _supersede(self, options: dict[str, Any]) -> None:
         result = services.workflow_supersede(
             workflow_id=options["id"], goal=options["goal"], user=user_or_none(options["user"])
         )
-        self._emit(options, {"id": options["id"], "intent_version": result.intent_version}, result.message)
+        self._emit(options, result.to_json(), result.message)
 
     def _cancel(self, options: dict[str, Any]) -> None:
         result = services.workflow_cancel(
             workflow_id=options["id"], reason=options["reason"], user=user_or_none(options["user"])
         )
-        self._emit(options, {"id": options["id"], "outcome": result.outcome.value, "status": result.status},
-                   result.message)
+        self._emit(options, result.to_json(), result.message)
 
     def _budget(self, options: dict[str, Any]) -> None:
         workflow = services.workflow_budget_set(
@@ -224,7 +223,7 @@ class Command(BaseCommand):
 
     def _resume(self, options: dict[str, Any]) -> None:
         result = services.workflow_resume(workflow_id=options["id"], user=user_or_none(options["user"]))
-        self._emit(options, {"id": options["id"], "outcome": result.outcome.value}, result.message)
+        self._emit(options, result.to_json(), result.message)
 
 
     def _token(self, options: dict[str, Any]) -> None:
