@@ -7,6 +7,7 @@ DJANGO_ALLOWED_HOSTS and the AGENTOPS_* names below, each of which carries its u
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 
 import dj_database_url
@@ -356,3 +357,17 @@ CELERY_BEAT_SCHEDULE["remind_approvals"] = {
 # with backoff (30 s, 60 s, 120 s …); after this many failures in a row the workflow pauses
 # for a person (`manage.py agent resume ID` after a fix, or cancel).
 AGENTOPS_HANDLER_MAX_FAILURES = env_int("AGENTOPS_HANDLER_MAX_FAILURES", 5)
+
+# Inbound webhooks (README, "Webhooks"): "source=secret,source2=secret2". Each source signs its
+# deliveries with HMAC-SHA256 of "<timestamp>.<body>"; secrets of at least 32 characters.
+AGENTOPS_WEBHOOK_SECRETS: dict[str, str] = {}
+for _pair in filter(None, env_str("AGENTOPS_WEBHOOK_SECRETS", "").split(",")):
+    _source, _, _secret = _pair.strip().partition("=")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}", _source) or len(_secret) < 32:
+        raise ImproperlyConfigured(
+            "AGENTOPS_WEBHOOK_SECRETS must be source=secret pairs separated by commas: a source of 1-40 lowercase "
+            "letters, digits or dashes, and a secret of at least 32 characters.")
+    AGENTOPS_WEBHOOK_SECRETS[_source] = _secret
+# How far a delivery's timestamp may be from the server's clock (replays of old deliveries are refused).
+AGENTOPS_WEBHOOK_TOLERANCE_SECONDS = env_int("AGENTOPS_WEBHOOK_TOLERANCE_SECONDS", 300)
+AGENTOPS_WEBHOOK_MAX_BODY_BYTES = 256 * 1024

@@ -4,10 +4,13 @@ from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
+from workflows.api import webhooks
 from workflows.api.endpoints import api
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
+    path("api/hooks/<str:source>/workflows/<int:workflow_id>/signals/<str:name>", webhooks.deliver,
+         name="webhook_deliver"),
     path("api/", api.urls),
 ]
