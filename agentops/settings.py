@@ -371,3 +371,7 @@ for _pair in filter(None, env_str("AGENTOPS_WEBHOOK_SECRETS", "").split(",")):
 # How far a delivery's timestamp may be from the server's clock (replays of old deliveries are refused).
 AGENTOPS_WEBHOOK_TOLERANCE_SECONDS = env_int("AGENTOPS_WEBHOOK_TOLERANCE_SECONDS", 300)
 AGENTOPS_WEBHOOK_MAX_BODY_BYTES = 256 * 1024
+
+# Prometheus metrics at /metrics (docs/operators.md, "Metrics"): scraped with
+# "Authorization: Bearer <this>"; empty turns the endpoint off.
+AGENTOPS_METRICS_TOKEN = env_str("AGENTOPS_METRICS_TOKEN", "")

@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
+from workflows import metrics
 from workflows.api import webhooks
 from workflows.api.endpoints import api
 
@@ -13,4 +14,5 @@ urlpatterns = [
     path("api/hooks/<str:source>/workflows/<int:workflow_id>/signals/<str:name>", webhooks.deliver,
          name="webhook_deliver"),
     path("api/", api.urls),
+    path("metrics", metrics.metrics_view, name="metrics"),
 ]
