@@ -92,6 +92,7 @@ class TestWorkflowPage:
             assert f"<h2>{section}</h2>" in page
         assert "approved by alice at" in page
         assert "deploy" in page and "in-process" in page  # an activity and the worker of its attempt
+        assert '{&quot;deployment_id&quot;: &quot;dep_' in page  # commitment data as JSON, not a Python repr
         assert '<span class="ao-badge ao-released">released</span>' in page
         assert "workflow.completed" in page
         assert completed_release.release.fingerprint in page
