@@ -20,7 +20,7 @@ from workflows import clock, engine, replay, services
 from workflows.models import Activity, Event, Wait, Workflow
 from workflows.notifications import NOTIFY_ACTIVITY
 from workflows.services import RunOutcome
-from workflows.services.notifications import NOTIFY_NODE
+from workflows.services.steps import NOTIFY_NODE
 from workflows.services.sweeps import approval_reminders_schedule
 from workflows.testing import registered
 

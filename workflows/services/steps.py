@@ -16,13 +16,13 @@ from workflows import doorbells, engine, registry
 from workflows.errors import InvalidInput
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
+from workflows.notifications import NOTIFY_ACTIVITY, OPENED, REMINDER, NotifyInput
 from workflows.services.common import (
     event_record,
     json_checked,
     release_current,
     workflow_save,
 )
-from workflows.services.notifications import approval_notify_ensure
 
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
@@ -94,10 +94,11 @@ def activity_schedule_ensure(
 
 def activity_schedule(
     *, workflow: Workflow, command: engine.ScheduleActivity, now: datetime, node: str = "",
-    chain: ChainSlot | None = None,
+    node_visit: int | None = None, chain: ChainSlot | None = None,
 ) -> Activity:
     """Create the activity and ring its doorbell, or, given an empty ``chain`` slot, claim its
-    first attempt for the caller instead.
+    first attempt for the caller instead. ``node`` and ``node_visit`` default to the workflow's
+    current ones (a pseudo-node's activities, which no handler replays, pass their own).
 
     Not idempotent by itself: the caller has seen, under the workflow's row lock, that no
     activity has this operation id (the engine asks only for steps it found unrecorded); the
@@ -105,7 +106,8 @@ def activity_schedule(
     """
     spec = registry.activity_type(command.name)
     activity = Activity(
-        workflow=workflow, name=command.name, node=node or workflow.current_node, node_visit=workflow.node_visit,
+        workflow=workflow, name=command.name, node=node or workflow.current_node,
+        node_visit=workflow.node_visit if node_visit is None else node_visit,
         intent_version=workflow.intent_version,
         input=json_checked(command.input, what=f"Input of activity {command.name}"),
         max_attempts=spec.retry.max_attempts, next_attempt_at=now, dispatched_at=now, created_at=now,
@@ -123,6 +125,31 @@ def activity_schedule(
     else:
         doorbells.activity_run(activity_id=activity.pk)
     return activity
+
+
+# Notification activities are recorded under this pseudo-node and visit ("no visit"); no handler
+# replays them (workflows/services/notifications.py says what that implies).
+NOTIFY_NODE = "NOTIFY"
+NOTIFY_VISIT = 0
+NOTIFY_SUFFIX = {OPENED: "/notify", REMINDER: "/remind"}
+
+
+def approval_notify_ensure(workflow: Workflow, wait: Wait, *, purpose: str, now: datetime) -> tuple[Activity, bool]:
+    """Schedule the notification of ``wait``'s approvers for ``purpose``, once; the caller holds
+    the workflow's row lock (the wait's own transaction, or the reminder sweep's).
+
+    Idempotent: the operation id is derived from the wait's (``<wait>/notify``, ``<wait>/remind``),
+    looked up under the row lock; the unique constraint on ``Activity.operation_id`` backs it.
+    Returns (activity, created).
+    """
+    operation_id = f"{wait.operation_id}{NOTIFY_SUFFIX[purpose]}"
+    found = Activity.objects.filter(operation_id=operation_id).first()
+    if found is not None:
+        return found, False
+    command = engine.ScheduleActivity(operation_id=operation_id, name=NOTIFY_ACTIVITY, input=registry.activity_type(
+        NOTIFY_ACTIVITY).encode_input(NotifyInput(wait_id=wait.pk, purpose=purpose)))
+    return activity_schedule(workflow=workflow, command=command, now=now, node=NOTIFY_NODE,
+                             node_visit=NOTIFY_VISIT), True
 
 
 def lease_expiry(spec: registry.ActivityType[Any, Any], now: datetime) -> datetime:
@@ -190,7 +217,7 @@ def wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) ->
     if wait.kind == Wait.Kind.APPROVAL:
         # Its approvers are told by an activity of its own, committed with the wait: a crash
         # cannot open the wait without it, and its failure never blocks the workflow.
-        approval_notify_ensure(workflow, wait, purpose="opened", now=now)
+        approval_notify_ensure(workflow, wait, purpose=OPENED, now=now)
     if wait.kind == Wait.Kind.EVENT:
         signal = Signal.objects.filter(workflow=workflow, name=wait.event_name, consumed_by__isnull=True).first()
         if signal is not None:
