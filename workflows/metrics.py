@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, FloatField, Max, Min, Sum
+from django.db.models import Count, DurationField, ExpressionWrapper, F, FloatField, Min, Sum
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse
@@ -97,7 +97,7 @@ class DatabaseCollector:
         oldest = GaugeMetricFamily("agentops_wait_oldest_age_seconds",
                                    "Age of the oldest open wait of each kind.", labels=["kind"])
         for row in Wait.objects.filter(status=Wait.Status.OPEN).values("kind").annotate(
-                n=Count("pk"), first=Min("created_at"), last=Max("created_at")):
+                n=Count("pk"), first=Min("created_at")):
             open_waits.add_metric([row["kind"]], row["n"])
             oldest.add_metric([row["kind"]], (now - row["first"]).total_seconds())
         yield open_waits

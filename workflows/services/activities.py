@@ -230,10 +230,9 @@ def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseExceptio
         pause_for_budget_locked(workflow, activity, error, now=now)
         return RunOutcome.PAUSED
     elif retryable and (claim.attempt < activity.max_attempts or isinstance(error, (BudgetDeferred, Throttled))):
-        if isinstance(error, Throttled):
-            delay = error.attrs.get("retry_after_seconds") or throttle_backoff_seconds(claim)
-        else:
-            delay = getattr(error, "retry_after_seconds", None) or spec.retry.delay_after(claim.attempt)
+        # The wait the provider or the budget named, else the backoff of throttling or of the retry policy.
+        delay = getattr(error, "retry_after_seconds", None) or (
+            throttle_backoff_seconds(claim) if isinstance(error, Throttled) else spec.retry.delay_after(claim.attempt))
         # A budget deferral is a wait for money, and throttling a wait for the provider's
         # capacity, not failed tries: both give their attempt back.
         refund = 1 if isinstance(error, (BudgetDeferred, Throttled)) else 0
