@@ -42,10 +42,21 @@ class ActivityContext:
 
     @property
     def release(self) -> dict[str, Any] | None:
-        """The behavioral release this attempt must run on (``provider``, ``model``,
-        ``prompt_version``, ``tool_versions``) when its workflow pins one; None when it runs on
-        the current release. ``agentops.providers.provider_for(ctx)`` honours it."""
+        """The workflow's behavioral release (``provider``, ``model``, ``prompt_version``,
+        ``tool_versions``), which ``agentops.providers.provider_for(ctx)`` runs; None in a test
+        kit without one (the current release runs)."""
         return self.claim.release
+
+    @property
+    def release_policy(self) -> str:
+        """What to do when this worker cannot run the workflow's release: pin, revalidate or fail."""
+        return self.claim.release_policy
+
+    def adopt_release(self, release: dict[str, Any]) -> None:
+        """Record that the workflow now runs on ``release`` (this worker's); raises LeaseLost when
+        the attempt no longer holds its lease."""
+        if not self.lease.adopt_release(self.claim, release):
+            raise self._lease_lost(LEASE_LOST)
 
     @property
     def definition_version(self) -> int:

@@ -29,9 +29,11 @@ class Claim:
     previous_attempt_lost: bool
     checkpoint: dict[str, Any] | None = None
     definition_version: int = 1
-    # The behavioral release (provider, model, prompt_version, tool_versions) the attempt must run
-    # on when its workflow pins one (release policy "pin"); None: the current release.
+    # The workflow's behavioral release (provider, model, prompt_version, tool_versions) and its
+    # release policy (pin, revalidate, fail): what the attempt's model calls run on
+    # (agentops.providers.provider_for). None (the test kit): the current release.
     release: dict[str, Any] | None = None
+    release_policy: str = "revalidate"
 
 
 class Lease(Protocol):
@@ -43,3 +45,5 @@ class Lease(Protocol):
     def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str) -> bool: ...
 
     def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool: ...
+
+    def adopt_release(self, claim: Claim, release: dict[str, Any]) -> bool: ...

@@ -21,9 +21,22 @@ class BehavioralRelease(models.Model):
     prompt_version = models.CharField(max_length=80, help_text="Version label of the prompts in use.")
     tool_versions = models.JSONField(default=dict, blank=True, help_text="Tool name to tool version.")
     created_at = models.DateTimeField(help_text="When this release was first seen.")
+    announced_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When a Celery worker last started on this release; launches elsewhere (a shell, the admin) "
+                  "record the most recently announced release, the one the workers run.",
+    )
+
+    class Meta:
+        indexes = [models.Index(fields=["-announced_at"], name="release_announced_idx")]
 
     def __str__(self) -> str:
         return f"{self.provider}:{self.model} prompt={self.prompt_version} ({self.fingerprint[:10]})"
+
+    def spec(self) -> dict[str, Any]:
+        """Provider, model, prompt and tool versions, as ``agentops.providers`` describes a release."""
+        return {"provider": self.provider, "model": self.model, "prompt_version": self.prompt_version,
+                "tool_versions": self.tool_versions}
 
 
 class Workflow(ConcurrentTransitionMixin, models.Model):

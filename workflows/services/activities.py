@@ -18,7 +18,14 @@ from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Perm
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.budgets import pause_for_budget_locked
-from workflows.services.common import event_record, events_batched, json_checked, workflow_lock
+from workflows.services.common import (
+    event_record,
+    events_batched,
+    json_checked,
+    release_ensure,
+    workflow_lock,
+    workflow_save,
+)
 from workflows.services.progress import progress_record_once, progress_validate
 from workflows.services.steps import (
     COMPENSATION_NODE,
@@ -101,6 +108,9 @@ class DatabaseLease:
 
     def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool:
         return activity_note_if_current(claim=claim, kind=kind, data=data)
+
+    def adopt_release(self, claim: Claim, release: dict[str, Any]) -> bool:
+        return workflow_release_adopt_if_current(claim=claim, release=release)
 
 
 @transaction.atomic
@@ -366,4 +376,28 @@ def activity_note_if_current(*, claim: Claim, kind: str, data: dict[str, Any]) -
             return False
         event_record(workflow=workflow, kind=kind, at=clock.now(), operation_id=claim.operation_id,
                      attempt=claim.attempt, **json_checked(data, what=f"The {kind} note"))
+    return True
+
+
+def workflow_release_adopt_if_current(*, claim: Claim, release: dict[str, Any]) -> bool:
+    """The workflow of a running attempt moves to ``release``: the worker cannot run the recorded
+    one (its prompts or tools differ) and the release policy is ``revalidate``. Recorded as a
+    ``release.changed`` event (``where: worker``), so the workflow shows what its calls run on.
+
+    Idempotent: a workflow already on that release changes nothing; fenced like a result (False
+    once the attempt no longer holds its lease).
+    """
+    with transaction.atomic():
+        workflow = workflow_lock(claim.workflow_id)
+        if not _fenced(claim).exists():
+            return False
+        now = clock.now()
+        new = release_ensure(release, at=now)
+        if new.pk == workflow.release_id:
+            return True
+        event_record(workflow=workflow, kind="release.changed", at=now, policy=workflow.release_policy,
+                     old=workflow.release.fingerprint, new=new.fingerprint, where="worker",
+                     operation_id=claim.operation_id, attempt=claim.attempt)
+        workflow.release = new
+        workflow_save(workflow, "release", at=now)
     return True

@@ -168,17 +168,9 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
         activity_id=activity.pk, workflow_id=workflow.pk, operation_id=activity.operation_id, name=activity.name,
         attempt=activity.attempt, lease_token=activity.lease_token, input=activity.input,
         previous_attempt_lost=previous_lost, checkpoint=activity.checkpoint,
-        definition_version=workflow.definition_version, release=pinned_release(workflow),
+        definition_version=workflow.definition_version, release=workflow.release.spec(),
+        release_policy=workflow.release_policy,
     )
-
-
-def pinned_release(workflow: Workflow) -> dict[str, Any] | None:
-    """The release a workflow under the ``pin`` policy must run on, as activities see it."""
-    if workflow.release_policy != Workflow.ReleasePolicy.PIN:
-        return None
-    release = workflow.release
-    return {"provider": release.provider, "model": release.model, "prompt_version": release.prompt_version,
-            "tool_versions": release.tool_versions}
 
 
 # The text fields of ``OpenWait`` that are stored in columns of that name on ``Wait``.
