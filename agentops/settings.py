@@ -240,6 +240,9 @@ if not 0 <= AGENTOPS_ANTHROPIC_MAX_RETRIES <= 2:
     raise ImproperlyConfigured(f"AGENTOPS_ANTHROPIC_MAX_RETRIES={AGENTOPS_ANTHROPIC_MAX_RETRIES} must be 0, 1 or 2.")
 # Rate limits (429) and overloads (529) give their attempt back and are retried after the
 # server's retry-after, or else after a jittered exponential backoff from this to the cap.
+# A workflow launched with --fallback-model moves its calls there after this many throttled
+# attempts of one activity in a row (sustained 429/529), recorded as a release change.
+AGENTOPS_FALLBACK_AFTER_THROTTLES = env_int("AGENTOPS_FALLBACK_AFTER_THROTTLES", 3)
 AGENTOPS_THROTTLE_BACKOFF_SECONDS = env_float("AGENTOPS_THROTTLE_BACKOFF_SECONDS", 5.0)
 AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS = env_float("AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS", 300.0)
 # Reserve each request's cost from the API's own token count (a free endpoint) rather than

@@ -52,10 +52,21 @@ class ActivityContext:
         """What to do when this worker cannot run the workflow's release: pin, revalidate or fail."""
         return self.claim.release_policy
 
-    def adopt_release(self, release: dict[str, Any]) -> None:
-        """Record that the workflow now runs on ``release`` (this worker's); raises LeaseLost when
-        the attempt no longer holds its lease."""
-        if not self.lease.adopt_release(self.claim, release):
+    @property
+    def fallback_model(self) -> str:
+        """The model to move to on sustained overload; "" when the workflow has none."""
+        return self.claim.fallback_model
+
+    @property
+    def throttled_in_a_row(self) -> int:
+        """How many attempts right before this one were throttled (429/529)."""
+        return self.claim.throttled_in_a_row
+
+    def adopt_release(self, release: dict[str, Any], *, why: str) -> None:
+        """Record that the workflow now runs on ``release`` (``why``: ``worker``, this worker cannot
+        run the recorded one; ``fallback``, sustained overload); raises LeaseLost when the attempt
+        no longer holds its lease."""
+        if not self.lease.adopt_release(self.claim, release, why):
             raise self._lease_lost(LEASE_LOST)
 
     @property

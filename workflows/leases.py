@@ -34,6 +34,10 @@ class Claim:
     # (agentops.providers.provider_for). None (the test kit): the current release.
     release: dict[str, Any] | None = None
     release_policy: str = "revalidate"
+    # The workflow's fallback model ("" for none) and how many attempts before this one in a row
+    # were throttled (429/529): provider_for moves the calls to the fallback on sustained overload.
+    fallback_model: str = ""
+    throttled_in_a_row: int = 0
 
 
 class Lease(Protocol):
@@ -46,4 +50,4 @@ class Lease(Protocol):
 
     def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool: ...
 
-    def adopt_release(self, claim: Claim, release: dict[str, Any]) -> bool: ...
+    def adopt_release(self, claim: Claim, release: dict[str, Any], why: str) -> bool: ...

@@ -45,13 +45,21 @@ def provider_for(ctx: ActivityContext) -> ModelProvider:
     the workflow with a ``release.changed`` event, fenced), so what the workflow shows, the
     simulated label included, is what ran. Without a recorded release (the test kit) the
     current one runs.
+
+    On sustained overload (``AGENTOPS_FALLBACK_AFTER_THROTTLES`` throttled attempts in a row) a
+    workflow with a fallback model moves its calls to it (``fallback_release``), except under
+    ``pin``, whose model is part of what was pinned.
     """
-    recorded = ctx.release
     current = current_release_spec()
-    if recorded is None or release_fingerprint(recorded) == release_fingerprint(current):
-        return get_provider()
+    recorded = ctx.release or current
     moved = [key for key in ("prompt_version", "tool_versions") if recorded.get(key) != current[key]]
     if not moved:
+        fallback = fallback_release(ctx, recorded)
+        if fallback is not None:
+            ctx.adopt_release(fallback, why="fallback")
+            return _provider_of(fallback, ctx)
+        if release_fingerprint(recorded) == release_fingerprint(current):
+            return get_provider()
         return _provider_of(recorded, ctx)
     differences = ", ".join(f"{key} {recorded.get(key)!r}" for key in moved) + "; this worker runs " + ", ".join(
         f"{key} {current[key]!r}" for key in moved)
@@ -63,8 +71,21 @@ def provider_for(ctx: ActivityContext) -> ModelProvider:
     if ctx.release_policy == "fail":
         raise Permanent(f"Workflow {ctx.workflow_id} runs on a release with {differences}, and its release policy "
                         "is 'fail': it stops rather than run another release.")
-    ctx.adopt_release(current)
+    ctx.adopt_release(current, why="worker")
     return get_provider()
+
+
+def fallback_release(ctx: ActivityContext, release: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``release`` with the workflow's fallback model, when this attempt follows enough throttled
+    ones in a row and the workflow has a fallback it is not already on; else None."""
+    if not ctx.fallback_model or ctx.release_policy == "pin":
+        return None
+    if ctx.throttled_in_a_row < settings.AGENTOPS_FALLBACK_AFTER_THROTTLES:
+        return None
+    model = f"scripted/{ctx.fallback_model}" if release["provider"] == "scripted" else ctx.fallback_model
+    if release["model"] == model:
+        return None
+    return {**release, "model": model}
 
 
 def _provider_of(release: Mapping[str, Any], ctx: ActivityContext) -> ModelProvider:

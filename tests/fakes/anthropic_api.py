@@ -265,6 +265,7 @@ class FakeAnthropicAPI:
         self.queue: list[Answer] = []
         self.responder: Callable[[dict[str, Any]], Answer] | None = None
         self.overloaded_until: float | None = None  # answer 529 to every request until this time
+        self.overloaded_model: str | None = None  # … only to requests for this model, when set
         self.requests: list[Recorded] = []
         # /v1/messages/count_tokens requests (free, never billed), and faults to answer them with.
         self.counts: list[Recorded] = []
@@ -281,9 +282,10 @@ class FakeAnthropicAPI:
         self.queue.extend(answers)
         return self
 
-    def overload_for(self, seconds: float) -> None:
-        """529 ``overloaded_error`` to every request for the next ``seconds`` (of ``clock``)."""
-        self.overloaded_until = self.clock() + seconds
+    def overload_for(self, seconds: float, *, model: str | None = None) -> None:
+        """529 ``overloaded_error`` to every request (or every request for ``model``) for the next
+        ``seconds`` (of ``clock``)."""
+        self.overloaded_until, self.overloaded_model = self.clock() + seconds, model
 
     # assertions
     def bodies(self) -> list[dict[str, Any]]:
@@ -323,7 +325,9 @@ class FakeAnthropicAPI:
     # answering
     def next_answer(self, body: dict[str, Any]) -> Answer:
         with self._lock:
-            if self.overloaded_until is not None and self.clock() < self.overloaded_until:
+            if self.overloaded_until is not None and self.clock() < self.overloaded_until and (
+                self.overloaded_model in (None, body.get("model"))
+            ):
                 return overloaded()
             if self.queue:
                 return self.queue.pop(0)

@@ -93,6 +93,11 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         max_length=12, choices=ReleasePolicy.choices, default=ReleasePolicy.REVALIDATE,
         help_text="What to do on resume when the current release differs from this workflow's.",
     )
+    fallback_model = models.CharField(
+        max_length=120, blank=True, default="",
+        help_text="Model the calls move to after AGENTOPS_FALLBACK_AFTER_THROTTLES throttled attempts in a row "
+                  "(sustained overload); recorded as a release change when used. Empty: no fallback.",
+    )
     launched_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
         help_text="User who launched the workflow; may not approve its own candidates.",

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from workflows import doorbells, engine, registry
-from workflows.errors import InvalidInput
+from workflows.errors import InvalidInput, Throttled
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
 from workflows.notifications import NOTIFY_ACTIVITY, OPENED, REMINDER, NotifyInput
@@ -169,8 +169,20 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
         attempt=activity.attempt, lease_token=activity.lease_token, input=activity.input,
         previous_attempt_lost=previous_lost, checkpoint=activity.checkpoint,
         definition_version=workflow.definition_version, release=workflow.release.spec(),
-        release_policy=workflow.release_policy,
+        release_policy=workflow.release_policy, fallback_model=workflow.fallback_model,
+        # Only a workflow with a fallback needs the streak: one query less on the hot path.
+        throttled_in_a_row=throttled_streak(activity.pk, before=activity.attempt) if workflow.fallback_model else 0,
     )
+
+
+THROTTLED_PREFIX = f"{Throttled.__name__}: "
+
+
+def throttled_streak(activity_id: int, *, before: int) -> int:
+    """How many attempts of the activity right before attempt ``before`` were throttled (429/529)."""
+    earlier = ActivityAttempt.objects.filter(activity_id=activity_id, number__lt=before).order_by(
+        "-number").values_list("error", flat=True)[:16]
+    return next((i for i, error in enumerate(earlier) if not error.startswith(THROTTLED_PREFIX)), len(earlier))
 
 
 # The text fields of ``OpenWait`` that are stored in columns of that name on ``Wait``.

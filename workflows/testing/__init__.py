@@ -100,10 +100,10 @@ class FakeLease:
         self.notes.append((kind, json.loads(json.dumps(data))))
         return True
 
-    def adopt_release(self, claim: Claim, release: dict[str, Any]) -> bool:
+    def adopt_release(self, claim: Claim, release: dict[str, Any], why: str) -> bool:
         if self.cancelled:
             return False
-        self.releases.append(dict(release))
+        self.releases.append({**release, "why": why})
         return True
 
 
