@@ -102,8 +102,8 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
 # The keys of ``agent show --json`` that every kind has; a kind's ``show_extras`` adds others.
 DETAIL_KEYS = frozenset({
     "id", "kind", "status", "current_node", "intent_version", "goal", "release", "fallback_model", "reason",
-    "pause_cause", "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params", "result", "waits",
-    "activities", "commitments", "spend", "progress", "events",
+    "pause_cause", "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params",
+    "result", "waits", "activities", "commitments", "spend", "progress", "events",
 })
 
 
