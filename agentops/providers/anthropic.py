@@ -119,9 +119,10 @@ class AnthropicProvider:
         except anthropic.AnthropicError as exc:
             raise self._mapped(exc) from None
         except json.JSONDecodeError as exc:  # the SDK lets a 2xx body that is not JSON through as is
-            raise Permanent(
-                f"The Anthropic API answered {self.model} with a body that is not JSON ({exc.msg}); "
-                "check ANTHROPIC_BASE_URL points at the Messages API.", provider=self.name,
+            raise Retryable(
+                f"The Anthropic API answered {self.model} with a body that is not JSON ({exc.msg}); it was not used "
+                "and the activity will try again. If it keeps happening, check ANTHROPIC_BASE_URL points at the "
+                "Messages API.", provider=self.name, retry_after_seconds=None,
             ) from None
         return self._response(message)
 
@@ -174,11 +175,13 @@ class AnthropicProvider:
         """Check the answer's shape (the SDK does not) and turn it into a ``ModelResponse``."""
         request_id = str(getattr(message, "_request_id", "") or "")
 
-        def malformed(what: str) -> Permanent:
-            return Permanent(
-                f"The Anthropic API's answer for {self.model} is malformed ({what}); it was not used. "
-                "Retrying will not help if the API or a proxy in between keeps answering like this; "
-                "check ANTHROPIC_BASE_URL.", provider=self.name, request_id=request_id,
+        def malformed(what: str) -> Retryable:
+            # A truncated or foreign body (a proxy's error page, a cut connection) is a glitch of the
+            # way there, not of the work: the activity's retry policy bounds how often it is tried.
+            return Retryable(
+                f"The Anthropic API's answer for {self.model} is malformed ({what}); it was not used and the "
+                "activity will try again. If the API or a proxy in between keeps answering like this, check "
+                "ANTHROPIC_BASE_URL.", provider=self.name, request_id=request_id, retry_after_seconds=None,
             )
 
         if not isinstance(message, anthropic.types.Message):
