@@ -48,6 +48,12 @@ class ActivityContext:
         return self.claim.release
 
     @property
+    def release_announced(self) -> bool:
+        """False when the release was recorded from the settings of a process that launched before
+        any worker announced one (a shell), and no worker has run it since."""
+        return self.claim.release_announced
+
+    @property
     def release_policy(self) -> str:
         """What to do when this worker cannot run the workflow's release: pin, revalidate or fail."""
         return self.claim.release_policy

@@ -38,13 +38,15 @@ def provider_for(ctx: ActivityContext) -> ModelProvider:
     settings alone.
 
     The recorded release runs whenever this worker can run it: its prompts and tools are the
-    ones this worker's code carries (a different provider or model is only configuration). When
-    they are not, the release policy decides: ``pin`` raises Permanent (it cannot run the pinned
-    behaviour, and running another would break the pin), ``fail`` raises Permanent naming both
-    releases, and ``revalidate`` adopts this worker's release (``ctx.adopt_release``: recorded on
-    the workflow with a ``release.changed`` event, fenced), so what the workflow shows, the
-    simulated label included, is what ran. Without a recorded release (the test kit) the
-    current one runs.
+    ones this worker's code carries (a different provider or model is only configuration), and a
+    worker announced it (a release recorded from the settings of a shell that launched before any
+    worker started is provisional: unless pinned, the first worker to call the model records and
+    runs its own instead). When the prompts or tools differ, the release policy decides: ``pin``
+    raises Permanent (it cannot run the pinned behaviour, and running another would break the
+    pin), ``fail`` raises Permanent naming both releases, and ``revalidate`` adopts this worker's
+    release (``ctx.adopt_release``: recorded on the workflow with a ``release.changed`` event,
+    fenced), so what the workflow shows, the simulated label included, is what ran. Without a
+    recorded release (the test kit) the current one runs.
 
     On sustained overload (``AGENTOPS_FALLBACK_AFTER_THROTTLES`` throttled attempts in a row) a
     workflow with a fallback model moves its calls to it (``fallback_release``), except under
@@ -60,7 +62,10 @@ def provider_for(ctx: ActivityContext) -> ModelProvider:
             return _provider_of(fallback, ctx)
         if release_fingerprint(recorded) == release_fingerprint(current):
             return get_provider()
-        return _provider_of(recorded, ctx)
+        if ctx.release_announced or ctx.release_policy == "pin":
+            return _provider_of(recorded, ctx)
+        ctx.adopt_release(current, why="worker")
+        return get_provider()
     differences = ", ".join(f"{key} {recorded.get(key)!r}" for key in moved) + "; this worker runs " + ", ".join(
         f"{key} {current[key]!r}" for key in moved)
     if ctx.release_policy == "pin":

@@ -116,11 +116,13 @@ def test_model_calls_run_the_workflows_release_not_the_workers_settings(git_repo
     workflow's calls go to its recorded release's model; under revalidate the new release is
     adopted at the next wait, and the candidate rebuilt on it."""
     settings.AGENTOPS_MODEL = "claude-pinned"
+    release_announce(at=clock.now())  # the workers run claude-pinned when the two are launched
     pinned = services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(git_repo),
                                       user=requester, release_policy="pin")
     current = services.workflow_launch(kind="release", goal="Ship the release notes",
                                        params=release_params(git_repo), user=requester)
     settings.AGENTOPS_MODEL = "claude-newer"
+    release_announce(at=clock.now())  # the workers were redeployed on claude-newer
 
     pinned, current = drive(pinned.pk), drive(current.pk)
 
@@ -369,3 +371,23 @@ def test_bad_signal_is_refused(name, payload, message):
 def test_signal_to_an_unknown_workflow_is_not_found(db):
     with pytest.raises(NotFound, match="Workflow 987654 does not exist"):
         services.workflow_signal(workflow_id=987654, name="go")
+
+
+def test_a_release_no_worker_announced_is_replaced_by_the_first_workers(git_repo, deploy_target, requester,
+                                                                        settings):
+    """Launched from a shell before any worker started (its own settings recorded, here the
+    scripted provider's other model), the first model call records and runs the worker's release
+    instead, so the release shown is the one that ran; a pinned workflow keeps what it pinned."""
+    settings.AGENTOPS_MODEL = "claude-of-the-shell"
+    free = services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(git_repo),
+                                    user=requester)
+    pinned = services.workflow_launch(kind="release", goal="Ship the release notes",
+                                      params=release_params(git_repo), user=requester, release_policy="pin")
+    settings.AGENTOPS_MODEL = "claude-of-the-workers"
+
+    free, pinned = drive(free.pk), drive(pinned.pk)
+
+    assert free.release.model == free.state["proposal"]["model"]["model"] == "scripted/claude-of-the-workers"
+    assert [(e["where"], e["policy"]) for e in events(free, "release.changed")] == [("worker", "revalidate")]
+    assert pinned.release.model == pinned.state["proposal"]["model"]["model"] == "scripted/claude-of-the-shell"
+    assert events(pinned, "release.changed") == []

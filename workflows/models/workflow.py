@@ -93,6 +93,11 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         max_length=12, choices=ReleasePolicy.choices, default=ReleasePolicy.REVALIDATE,
         help_text="What to do on resume when the current release differs from this workflow's.",
     )
+    release_provisional = models.BooleanField(
+        default=False,
+        help_text="The release was recorded from the settings of a process that launched before any worker "
+                  "announced one; unless pinned, the first worker to call the model records and runs its own.",
+    )
     fallback_model = models.CharField(
         max_length=120, blank=True, default="",
         help_text="Model the calls move to after AGENTOPS_FALLBACK_AFTER_THROTTLES throttled attempts in a row "

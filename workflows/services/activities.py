@@ -395,6 +395,6 @@ def workflow_release_adopt_if_current(*, claim: Claim, release: dict[str, Any], 
         event_record(workflow=workflow, kind="release.changed", at=now, policy=workflow.release_policy,
                      old=workflow.release.fingerprint, new=new.fingerprint, where=why, model=new.model,
                      operation_id=claim.operation_id, attempt=claim.attempt)
-        workflow.release = new
-        workflow_save(workflow, "release", at=now)
+        workflow.release, workflow.release_provisional = new, False
+        workflow_save(workflow, "release", "release_provisional", at=now)
     return True

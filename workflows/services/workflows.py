@@ -101,9 +101,11 @@ def workflow_launch(
                                f"got {value}.")
     now = clock.now()
     with transaction.atomic():
+        release = release_current(at=now)
         workflow = Workflow(
             kind=kind, definition_version=definition.version, current_node=definition.start_node, params=params,
-            release=release_current(at=now), release_policy=release_policy, launched_by=user,
+            release=release, release_provisional=release.announced_at is None, release_policy=release_policy,
+            launched_by=user,
             deadline=now + timedelta(hours=max_hours) if max_hours is not None else None, priority=priority,
             budget_total_usd=budget_total_usd, budget_hourly_usd=budget_hourly_usd,
             stagnation_policy=stagnation_policy, stagnation_window_hours=settings.AGENTOPS_STAGNATION_WINDOW_HOURS,
