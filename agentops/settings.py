@@ -138,6 +138,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Dates and times on admin pages: one format with the zone (agentops/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["agentops.formats"]
 STATIC_URL = "static/"
 # WhiteNoise finds the files where the apps keep them: no collectstatic step to forget (and no
 # STATIC_ROOT to keep in step with the code).

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 
-from django.utils import timezone
+from workflows.admin.display import when
 
 MAX_POINTS = 200
 
@@ -119,10 +118,6 @@ def time_chart(
                      x_ticks=x_ticks, limit=line, thinned=len(readings) - len(shown))
 
 
-def when(at: datetime) -> str:
-    return f"{timezone.localtime(at):%Y-%m-%d %H:%M:%S}"
-
-
 def elapsed(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f} s"
@@ -133,9 +128,3 @@ def elapsed(seconds: float) -> str:
     if hours < 48:
         return f"{hours} h {minutes} min" if minutes else f"{hours} h"
     return f"{hours / 24:.1f} days"
-
-
-def usd(value: Decimal | float, *, scale: float) -> str:
-    """A USD amount with enough decimals to tell the chart's ticks apart."""
-    places = 2 if scale >= 10 else 4 if scale >= 0.01 else 6
-    return f"{value:.{places}f}"
