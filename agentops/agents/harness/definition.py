@@ -25,7 +25,7 @@ from agentops.agents.harness.checks import CheckResult, Feature
 from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
 from workflows.models import Wait
-from workflows.presentation import CandidateView
+from workflows.presentation import AdminPanel, CandidateView
 from workflows.registry import register_definition
 
 DEFAULTS = {"max_sessions": 40, "max_attempts": 3, "check_timeout_seconds": 60.0,
@@ -300,6 +300,11 @@ class Harness(WorkflowDefinition):
                      "check fails on the scaffold. Approving freezes features.json and checks/ (contract "
                      f"{str(candidate.get('contract_hash', ''))[:12]})."),
             facts=[(f["id"], f"{f['description']} ({f['check']})") for f in features])
+
+    def admin_panels(self, workflow: Any) -> list[AdminPanel]:
+        from agentops.agents.harness.presentation import harness_panels
+
+        return harness_panels(workflow)
 
     def show_extras(self, workflow: Any) -> dict[str, Any]:
         """``agent show --json``: the feature board with the engine's evidence."""

@@ -1,0 +1,128 @@
+"""The harness kind's admin page (issue 11, H12): the `todo` demo driven to `completed` in process, then
+its feature board, features passing over time, each session's timeline and commits, isolation and limits."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.urls import reverse
+from playwright.sync_api import Page, expect
+
+from tests.admin.conftest import logged_in
+from tests.admin.test_approval_queue_browser import log_in, screenshot
+from tests.harness.conftest import approve_feature_list, drive_all
+from workflows import services
+from workflows.models import Event, Workflow
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+
+FEATURES = [f"F{n:02d}" for n in range(1, 11)]
+# As tests/harness/test_demo.py: the worker "dies" after F03's second session wrote todo.py.
+KILL_F03_SESSION = [{"point": "harness.after_tool", "action": "raise",
+                     "when": {"tool": "write_file", "feature": "F03", "feature_attempt": 2, "attempt": 1}}]
+
+
+@pytest.fixture
+def completed_harness(settings: Any, tmp_path: Path) -> Workflow:
+    """The demo as tests/harness/ runs it: offline, in process, approved by hana of harness-approvers."""
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
+    settings.AGENTOPS_MODEL_PROVIDER = "scripted"
+    hana = User.objects.create_user("hana", password="hana-password")
+    hana.groups.add(Group.objects.get_or_create(name="harness-approvers")[0])
+    settings.AGENTOPS_TESTING_FAULTS = json.dumps(KILL_F03_SESSION)
+    settings.AGENTOPS_FAULT_LOG = str(tmp_path / "faults.log")
+    launched = services.workflow_launch(kind="harness", goal="Build the todo CLI of the demo", params={})
+    drive_all(launched.pk)
+    approve_feature_list(launched.pk, hana)
+    workflow = drive_all(launched.pk)
+    assert workflow.status == Workflow.Status.COMPLETED, workflow.reason
+    return workflow
+
+
+def page_of(workflow: Workflow) -> str:
+    return reverse("admin:workflows_workflow_change", args=[workflow.pk])
+
+
+def section(page: str, anchor: str) -> str:
+    start = page.index(f'id="{anchor}"')
+    return page[start:page.index('<div class="ao-section"', start + 1)]
+
+
+def session(page: str, number: int) -> str:
+    """One session's block (sessions are listed newest first, so the next block is the one before it)."""
+    start = page.index(f'<details class="ao-session" id="session-{number}"')
+    end = page.find(f'<details class="ao-session" id="session-{number - 1}"', start)
+    return page[start:end if end > 0 else len(page)]
+
+
+def test_the_page_shows_the_board_the_chart_the_sessions_and_their_commits(completed_harness, staff_outsider):
+    page = logged_in(staff_outsider).get(page_of(completed_harness)).content.decode()
+    print(f"\n[figures] harness workflow page: {len(page.encode())} bytes at {completed_harness.event_seq} events")
+
+    board = section(page, "features")
+    assert "10 passing, 0 failing, 0 blocked." in board
+    for fid in FEATURES:
+        row = re.search(rf'<tr id="feature-{fid}">(.*?)</tr>', board, re.S).group(1)
+        assert '<span class="ao-badge ao-passing">passing</span>' in row
+        assert "exit 0 in " in row and f"python checks/check_{fid.lower()}_" in row and f"PASS {fid}" in row
+        assert completed_harness.state["head"][:12] in row
+    f02 = re.search(r'<tr id="feature-F02">.*?</tr>', board, re.S).group(0)
+    assert re.search(r">passing</span></td><td>2</td>", f02)  # broken by F04's session, repaired by the next
+
+    chart = section(page, "passing")
+    assert f'<title id="passing-{completed_harness.pk}-title">Features passing in workflow' in chart
+    checks = Event.objects.filter(workflow=completed_harness, kind="harness.check_ran").count()
+    assert "0 of 10 at" in chart and "10 of 10 at" in chart and f"over {checks} check runs" in chart
+    assert ": 10 of 10 passing after check run" in chart and '<polyline class="ao-line"' in chart
+    assert "<script" not in chart
+
+    limits = section(page, "harness-limits")
+    assert re.search(r"checks ran under</th>\s*<td><strong>(bwrap|none)</strong> \(\d+ runs\)", limits)
+    assert "13 of at most 40" in limits and "at most 3, then it is blocked" in limits
+
+    sessions = page[page.index('id="sessions"'):]
+    numbers = [int(n) for n in re.findall(r'<details class="ao-session" id="session-(\d+)"', sessions)]
+    assert numbers[0] == 13 and numbers[-1] == 0 and set(numbers) == set(range(14))
+    f03 = session(sessions, 4)
+    assert "F03 attempt 2" in f03 and "attempt 1 started" in f03 and "attempt 2 started" in f03
+    assert "half-work saved" in f03 and "wip/F03/2" in f03
+    assert "$ sh -c &#x27;sleep 9999 &amp; wait&#x27;" in f03 and "timed out" in f03
+    assert re.search(r"model call</strong></td>\s*<td class=\"ao-details\">\d+ tokens in", f03)
+    assert "check <span class=\"ao-badge ao-passing\">passed</span>" in f03
+    assert re.search(r"commit <code class=\"ao-hash\">[0-9a-f]{12}</code>", f03)
+    assert "todo.py | " in f03 and "+++ b/todo.py" in f03  # git show --stat --patch of the session's commit
+    session2 = session(sessions, 2)
+    assert "request_pass refused" in session2 and "harness files reverted" in session2
+    assert len(page.encode()) < 400_000
+
+
+def test_a_workspace_this_server_cannot_read_leaves_the_page_without_diffs(completed_harness, staff_outsider):
+    shutil.rmtree(completed_harness.state["workspace"])
+
+    response = logged_in(staff_outsider).get(page_of(completed_harness))
+
+    page = response.content.decode()
+    assert response.status_code == 200 and "10 passing, 0 failing, 0 blocked." in page
+    assert "is not readable on this web server (it may live on a worker&#x27;s disk)" in page
+    assert "+++ b/todo.py" not in page
+
+
+def test_the_board_in_chromium_at_1280_px(page: Page, live_server: Any, staff_outsider: Any, completed_harness):
+    log_in(page, live_server, "oscar", "oscar-password", then=page_of(completed_harness))
+
+    expect(page.locator("#features tbody tr")).to_have_count(10)
+    expect(page.locator("#features .ao-badge.ao-passing")).to_have_count(10)
+    expect(page.locator(f"#passing-{completed_harness.pk} svg")).to_be_visible()
+    expect(page.locator("#session-13")).to_have_attribute("open", "")
+    expect(page.locator("#session-13 .ao-steps tbody tr").first).to_be_visible()
+    overflow = page.evaluate("() => document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 0, f"the page is {overflow} px wider than the window"
+    page.locator("#features").scroll_into_view_if_needed()
+    page.set_viewport_size({"width": 1280, "height": 1500})
+    page.evaluate("() => document.getElementById('features').scrollIntoView()")
+    screenshot(page, "harness-board.png", full_page=False)
