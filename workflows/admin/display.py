@@ -37,5 +37,5 @@ def usd(amount: Decimal | float | int | str | None) -> str:
     sign = "-" if value < 0 else ""
     rounded = abs(value).quantize(_QUANTUM, rounding=ROUND_HALF_UP)
     if rounded == 0 and value != 0:
-        return f"{'>-' if sign else '<'}${_QUANTUM}"
+        return f"{sign}<${_QUANTUM}"
     return f"{sign}${rounded:,.{USD_PLACES}f}"
