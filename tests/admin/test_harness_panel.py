@@ -101,6 +101,25 @@ def test_the_page_shows_the_board_the_chart_the_sessions_and_their_commits(compl
     assert len(page.encode()) < 400_000
 
 
+def test_a_run_waiting_for_its_feature_list_to_be_approved_shows_every_feature_red(staff_outsider, settings,
+                                                                                  tmp_path):
+    """Before any coding session: the board holds the scaffold's evidence, the chart stays at 0."""
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
+    settings.AGENTOPS_MODEL_PROVIDER = "scripted"
+    launched = services.workflow_launch(kind="harness", goal="Build the todo CLI of the demo", params={})
+    workflow = drive_all(launched.pk)
+    assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
+
+    page = logged_in(staff_outsider).get(page_of(workflow)).content.decode()
+
+    assert "0 passing, 10 failing, 0 blocked." in page
+    assert page.count('<span class="ao-badge ao-failing">failing</span>') == 10 and "exit 1 in " in page
+    assert "0 of 10 at" in section(page, "passing") and "10 of 10" not in section(page, "passing")
+    assert "0 of at most 40" in section(page, "harness-limits")
+    initializer = session(page[page.index('id="sessions"'):], 0)
+    assert "initializer" in initializer and "write_file" in initializer and "+++ b/features.json" in initializer
+
+
 def test_a_workspace_this_server_cannot_read_leaves_the_page_without_diffs(completed_harness, staff_outsider):
     shutil.rmtree(completed_harness.state["workspace"])
 
