@@ -97,6 +97,7 @@ def test_the_page_shows_the_board_the_chart_the_sessions_and_their_commits(compl
     assert re.search(r"commit <code class=\"ao-hash\">[0-9a-f]{12}</code>", f03)
     assert "todo.py | " in f03 and "+++ b/todo.py" in f03  # git show --stat --patch of the session's commit
     session2 = session(sessions, 2)
+    assert "Only the newest 10 sessions&#x27; commits are read here" in session2 and "+++ b/" not in session2
     assert "request_pass refused" in session2 and "harness files reverted" in session2
     assert len(page.encode()) < 400_000
 

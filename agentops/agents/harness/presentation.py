@@ -29,8 +29,10 @@ SESSION_ACTIVITIES = ("harness_initialize", "harness_session")
 # Events of a session's operation that are not steps of it: its scheduling, a doorbell rung again
 # while it ran, and the engine's check runs (shown on the board and the chart).
 NOT_SESSION_STEPS = ("activity.scheduled", "activity.doorbell_ignored", "harness.check_ran")
-# A session's diff on the page: at most this many commits, each cut at this many bytes (the
-# --stat comes first, so it survives a cut patch); git gets this long before it is killed.
+# Diffs on the page: those of the newest sessions only (each git call is a process the page
+# waits for), at most this many commits a session, each cut at this many bytes (the --stat comes
+# first, so it survives a cut patch); git gets this long before it is killed.
+DIFF_SESSIONS = 10
 DIFF_MAX_COMMITS = 5
 DIFF_MAX_BYTES = 12_000
 GIT_TIMEOUT_SECONDS = 5.0
@@ -170,16 +172,19 @@ def session_views(workflow: Workflow, state: dict[str, Any], checks: list[CheckR
                 for c in checks if c.data.get("purpose") == "verify"}
     workspace = str(state.get("workspace") or "")
     views = []
-    for activity in activities:
+    for age, activity in enumerate(reversed(activities)):
         view = _session(activity, events[activity.operation_id])
         result = _object(activity.result)
         if activity.name == "harness_session":
             passed = verdicts.get((view.feature, result.get("head")))
             view.verdict = "" if passed is None else "passed" if passed else "failed"
-        if result:
+        if result and age < DIFF_SESSIONS:
             view.commits, view.diff_note = session_commits(workspace, activity.name, result)
+        elif head := str(result.get("head") or result.get("scaffold_sha") or ""):
+            view.diff_note = (f"Only the newest {DIFF_SESSIONS} sessions' commits are read here: "
+                              f"git -C {workspace} show {head[:12]}.")
         views.append(view)
-    return views[::-1]
+    return views
 
 
 def _session(activity: Activity, events: list[Any]) -> SessionView:
