@@ -13,8 +13,9 @@ from tests.admin.conftest import GATE_HASH, gate_wait, logged_in
 from tests.conftest import drive
 from workflows import clock, services
 from workflows.admin.display import usd, when
-from workflows.admin.inspection import EVENTS_PER_PAGE
-from workflows.models import Checkpoint, Event, UsageEntry, Wait, Workflow
+from workflows.admin.inspection import ACTIVITIES_SHOWN, EVENTS_PER_PAGE
+from workflows.models import Activity, Checkpoint, Commitment, Event, UsageEntry, Wait, Workflow
+from workflows.services.steps import COMPENSATION_NODE
 
 QUEUE = reverse("admin:workflows_wait_approvals")
 MOMENT = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
@@ -129,7 +130,7 @@ def add_events(workflow: Workflow, count: int) -> None:
 
 
 @pytest.mark.django_db
-class TestTimelinePages:
+class TestLongRunsStaySmall:
     def test_the_timeline_shows_one_page_newest_first_with_links_to_the_others(self, approved_gate, staff_outsider):
         add_events(approved_gate, 500 - approved_gate.event_seq)
         client = logged_in(staff_outsider)
@@ -149,6 +150,43 @@ class TestTimelinePages:
         pager = re.search(r'<nav class="ao-pager".*?</nav>', third, re.S).group(0)
         assert re.findall(r"<a href=\"[^\"]*\?events=(\d+)#timeline\">", pager) == ["2", "1", "2", "4", "5", "10", "4"]
         assert '<strong aria-current="page">3</strong>' in pager and "older ›" in pager and "‹ newer" in pager
+
+    def test_the_newest_activities_are_listed_and_the_activity_list_has_the_rest(self, approved_gate,
+                                                                                staff_outsider, admin_user):
+        Activity.objects.bulk_create(
+            Activity(workflow=approved_gate, operation_id=f"wf-{approved_gate.pk}/extra/{n}", name="extra_step",
+                     node="DONE", node_visit=9, intent_version=1, next_attempt_at=clock.now(), created_at=clock.now(),
+                     status=Activity.Status.SUCCEEDED, checkpoint={"turns": "y" * 5000})
+            for n in range(ACTIVITIES_SHOWN + 5))
+        total = Activity.objects.filter(workflow=approved_gate).count()
+
+        page = logged_in(staff_outsider).get(page_of(approved_gate.pk)).content.decode()
+
+        shown = re.findall(r'<tr id="activity-(\d+)">', page)
+        newest = Activity.objects.filter(workflow=approved_gate).order_by("-pk")[:ACTIVITIES_SHOWN]
+        assert [int(pk) for pk in shown] == [a.pk for a in newest]
+        link = re.search(r'<a href="([^"]+)" id="earlier-activities">The activity list</a> has the\s+(\d+) earlier',
+                         page)
+        assert link and int(link.group(2)) == total - ACTIVITIES_SHOWN and "y" * 1000 not in page
+        listed = logged_in(admin_user).get(link.group(1).replace("&amp;", "&"))
+        assert listed.status_code == 200 and listed.context["cl"].result_count == total
+
+    def test_a_commitment_shows_its_compensation_listed_or_not(self, approved_gate, staff_outsider):
+        """The compensation is looked up by its operation id, also when it is older than the activities shown."""
+        def activity(operation_id: str, **fields: Any) -> Activity:
+            return Activity.objects.create(workflow=approved_gate, operation_id=operation_id, node_visit=3,
+                                           intent_version=1, next_attempt_at=clock.now(), created_at=clock.now(),
+                                           status=Activity.Status.SUCCEEDED, **fields)
+        made = activity("wf-x/COMMIT.3/i1/0", name="deploy", node="COMMIT")
+        activity("wf-x/COMMIT.3/i1/0/compensate", name="undeploy", node=COMPENSATION_NODE, attempt=2)
+        for n in range(ACTIVITIES_SHOWN):
+            activity(f"wf-x/LATER.4/i1/{n}", name="later", node="LATER")
+        Commitment.objects.create(workflow=approved_gate, activity=made, kind="deployment", compensation="undeploy",
+                                  status=Commitment.Status.COMPENSATED, created_at=clock.now())
+
+        page = logged_in(staff_outsider).get(page_of(approved_gate.pk)).content.decode()
+
+        assert '<td>undeploy: <span class="ao-badge ao-succeeded">succeeded</span> after 2 attempts</td>' in page
 
     def test_checkpoints_are_listed_without_their_state_which_has_a_page_of_its_own(self, approved_gate,
                                                                                     staff_outsider, requester):

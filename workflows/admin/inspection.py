@@ -31,7 +31,9 @@ from workflows.services.steps import COMPENSATION_NODE
 # page of one with 461 events weighed 1.9 MB when it listed them all.
 EVENTS_PER_PAGE = 50
 EVENTS_PAGE_PARAM = "events"
-# The checkpoints table lists the newest ones; each links to a page of its own with the state.
+# The activities and checkpoints tables list the newest ones, newest first; the activity list has
+# every activity, and each checkpoint links to a page of its own with the state.
+ACTIVITIES_SHOWN = 50
 CHECKPOINTS_SHOWN = 30
 
 
@@ -112,13 +114,17 @@ def path_chart(workflow: Workflow, checkpoints: list[Checkpoint]) -> PathChart:
 
 def inspect_workflow(workflow: Workflow, *, now: datetime, events_page: str = "") -> dict[str, Any]:
     """Everything the workflow page shows below its fields, read in a handful of queries."""
-    activities = list(workflow.activities.order_by("pk").prefetch_related("attempts"))
-    by_operation = {a.operation_id: a for a in activities}
+    # The table shows no activity's input, result or working state: leave them in the database.
+    rows = workflow.activities.defer("input", "result", "checkpoint")
+    activities = list(rows.order_by("-pk").prefetch_related("attempts")[:ACTIVITIES_SHOWN])
+    activities_total = len(activities) if len(activities) < ACTIVITIES_SHOWN else workflow.activities.count()
     # The path needs every checkpoint's node and time, never its state (the bulk of the bytes).
     checkpoints = list(workflow.checkpoints.order_by("node_visit").defer("state"))
+    made = list(workflow.commitments.select_related("activity").order_by("pk"))
+    compensations = {a.operation_id: a for a in rows.filter(
+        operation_id__in=[f"{c.activity.operation_id}/compensate" for c in made])}
     commitments = [
-        {"commitment": c, "compensation": by_operation.get(f"{c.activity.operation_id}/compensate")}
-        for c in workflow.commitments.select_related("activity").order_by("pk")
+        {"commitment": c, "compensation": compensations.get(f"{c.activity.operation_id}/compensate")} for c in made
     ]
     waits = [
         {"wait": w, "candidate": candidate_view(workflow, w.candidate) if w.candidate is not None else None,
@@ -131,6 +137,8 @@ def inspect_workflow(workflow: Workflow, *, now: datetime, events_page: str = ""
         "timeline": timeline_page(workflow, events_page),
         "activities": [{"activity": a, "attempts": [_attempt_row(t, now) for t in a.attempts.all()],
                         "is_compensation": a.node == COMPENSATION_NODE} for a in activities],
+        "activities_hidden": activities_total - len(activities),
+        "activity_list_url": f"{reverse('admin:workflows_activity_changelist')}?workflow__exact={workflow.pk}",
         "waits": waits,
         "timers": list(workflow.timers.order_by("fire_at", "pk")),
         "commitments": commitments,
