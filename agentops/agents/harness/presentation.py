@@ -29,6 +29,8 @@ SESSION_ACTIVITIES = ("harness_initialize", "harness_session")
 # Events of a session's operation that are not steps of it: its scheduling, a doorbell rung again
 # while it ran, and the engine's check runs (shown on the board and the chart).
 NOT_SESSION_STEPS = ("activity.scheduled", "activity.doorbell_ignored", "harness.check_ran")
+# The purposes of the check runs whose result is the feature's status (harness.check_ran events).
+DECIDING = ("scaffold", "verify", "regression", "verify_all")
 # Diffs on the page: those of the newest sessions only (each git call is a process the page
 # waits for), at most this many commits a session, each cut at this many bytes (the --stat comes
 # first, so it survives a cut patch); git gets this long before it is killed.
@@ -114,7 +116,7 @@ def harness_panels(workflow: Workflow) -> list[AdminPanel]:
     counts = Counter(f.status for f in features)
     return [AdminPanel(template="agents/harness/board.html", context={
         "features": features, "counts": {status: counts.get(status, 0) for status in STATUS_HELP},
-        "status_help": STATUS_HELP, "chart": passing_chart(workflow, checks, total=len(features)),
+        "status_help": STATUS_HELP, "chart": passing_chart(workflow, checks, features=[f.id for f in features]),
         "sessions": sessions, "isolation": isolation_used(workflow, checks),
         "limits": limits(workflow, state, sessions),
     })]
@@ -134,9 +136,12 @@ def feature_rows(state: dict[str, Any]) -> list[FeatureRow]:
     return rows
 
 
-def passing_chart(workflow: Workflow, checks: list[CheckRun], *, total: int) -> TimeChart | None:
-    """Features passing after each check run that changed the count (a run decides its feature's status:
-    a verify or the final verify sets it, a red regression flips it back)."""
+def passing_chart(workflow: Workflow, checks: list[CheckRun], *, features: list[str]) -> TimeChart | None:
+    """Features of the board passing after each check run that changed the count: the runs that decide a
+    feature's status (``DECIDING``: the scaffold's all red, a verify or the final verify sets it, a
+    red regression flips it back); other runs, and checks of ids not on the board, leave it alone."""
+    total = len(features)
+    checks = [c for c in checks if c.data.get("purpose") in DECIDING and c.data.get("feature") in features]
     passing: dict[str, bool] = {}
     readings: list[Reading] = []
     for n, check in enumerate(checks, start=1):
