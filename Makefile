@@ -30,8 +30,16 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# The process tests (real workers and beat: mostly waiting on leases and timers) run beside the
+# in-process ones, each pytest with its own test database and Redis DB; their output follows.
 test: lint chromium bubblewrap faketime
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(BIN)/pytest
+	@mkdir -p var
+	@export DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL); \
+	  $(BIN)/pytest -m process $(PYTEST_ARGS) > var/test-process.log 2>&1 & process=$$!; \
+	  $(BIN)/pytest -m "not process" $(PYTEST_ARGS); others=$$?; \
+	  wait $$process; processes=$$?; \
+	  echo; echo "===== the process tests (var/test-process.log) ====="; cat var/test-process.log; \
+	  exit $$(( others || processes ))
 
 # Debian's Chromium for the browser tests in tests/admin (never `playwright install`: its download is
 # blocked here). Without it those tests skip and say why.
