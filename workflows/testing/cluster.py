@@ -362,7 +362,8 @@ class Cluster:
         })
         return env
 
-    def _spawn(self, name: str, role: str, args: list[str], env: dict[str, str]) -> Proc:
+    def _spawn(self, name: str, role: str, args: list[str], env: dict[str, str],
+               prefix: tuple[str, ...] = ()) -> Proc:
         # A name started again gets a log of its own, so its readiness is not read from the old one.
         starts = sum(1 for p in self.procs if (p.role, p.name) == (role, name))
         stem = f"{role}-{name}" + (f"-{starts + 1}" if starts else "")
@@ -375,7 +376,7 @@ class Cluster:
         log_file = open(log_path, "ab")  # noqa: SIM115 - closed by Proc.stop()
         launched_at = time.time()
         popen = subprocess.Popen(
-            [sys.executable, "-m", "celery", *args], cwd=self.cwd, env=env,
+            [*prefix, sys.executable, "-m", "celery", *args], cwd=self.cwd, env=env,
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
         proc = Proc(name=name, role=role, popen=popen, log_path=log_path, log_file=log_file,
@@ -385,22 +386,30 @@ class Cluster:
 
     def start_worker(
         self, name: str, *, faults: list[dict[str, Any]] | None = None,
-        extra_env: dict[str, str] | None = None, ready: bool = True,
+        extra_env: dict[str, str] | None = None, ready: bool = True, prefix: tuple[str, ...] = (),
     ) -> Proc:
-        """A prefork worker with one pool process, named ``<name>@<host>``; ``faults`` are its fault rules."""
+        """A prefork worker with one pool process, named ``<name>@<host>``; ``faults`` are its fault rules.
+
+        ``prefix`` runs it through a command that then execs Python in the same process, such as
+        ``("ip", "netns", "exec", "<namespace>")``, so that its pid still leads its group.
+        """
         proc = self._spawn(name, "worker", [
             "-A", self.worker_app, "worker", "-P", "prefork", "-c", "1", "--without-gossip", "--without-mingle",
             "-n", f"{name}@%h", "-l", self.worker_log_level,
-        ], self.env(faults=faults, extra_env=extra_env))
+        ], self.env(faults=faults, extra_env=extra_env), prefix)
         if ready:
             self.wait_ready(proc)
         return proc
 
-    def start_beat(self, name: str = "beat", *, ready: bool = True) -> Proc:
-        """A beat on the DatabaseScheduler; ``-s`` is passed though that scheduler keeps its state in the DB."""
+    def start_beat(
+        self, name: str = "beat", *, ready: bool = True, extra_env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
+    ) -> Proc:
+        """A beat on the DatabaseScheduler; ``-s`` is passed though that scheduler keeps its state in the DB.
+        ``extra_env`` and ``prefix`` as for ``start_worker``."""
         proc = self._spawn(name, "beat", [
             "-A", "agentops", "beat", "-l", "INFO", "-s", str(self.run_dir / f"beat-{name}-schedule"), "--pidfile=",
-        ], self.env())
+        ], self.env(extra_env=extra_env), prefix)
         if ready:
             self.wait_ready(proc)
         return proc
