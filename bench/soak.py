@@ -45,11 +45,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from bench.infra import REPO_ROOT, Postgres
 from workflows.testing import faketime
-from workflows.testing.cluster import SHORT_CLOCKS, Cluster, Proc, redis_ping, wait_for
+from workflows.testing.cluster import SHORT_CLOCKS, Cluster, Proc, RedisServer, free_port, wait_for
 
 FAULT_KINDS = ("worker_kill", "worker_pause", "beat_restart", "second_beat", "broker_restart", "broker_flush",
                "pg_terminate", "clock_skew", "target_drop")
@@ -152,56 +150,6 @@ def draw_faults(rng: random.Random, *, seconds: float, gap: tuple[float, float],
         faults.append(FaultEvent(at=at, kind=round_.pop()))
         at += rng.uniform(*gap)
     return faults
-
-
-# --- The soak's own Redis server ---
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class RedisServer:
-    """A redis-server child on 127.0.0.1:``port`` without persistence: a restart forgets every message."""
-
-    def __init__(self, port: int, run_dir: Path) -> None:
-        self.port, self.dir = port, run_dir / "redis"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.url = f"redis://127.0.0.1:{port}/0"
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.popen = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log")],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        self.starts += 1
-        wait_for(lambda: redis_ping(self.url), timeout=15, what=f"redis-server on port {self.port} to answer")
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=5)
-
-    def up(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def shutdown_nosave(self) -> None:
-        if not self.up():
-            return
-        try:
-            self.client().shutdown(nosave=True)
-        except redis.RedisError:
-            pass
-        assert self.popen is not None
-        try:
-            self.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(5)
-
-    def flushall(self) -> None:
-        self.client().flushall()
 
 
 class DeployTarget:
@@ -586,7 +534,7 @@ class Soak:
         if not self.redis.up():
             return ""
         size = self.redis.client().dbsize()
-        self.redis.flushall()
+        self.redis.client().flushall()
         return f"FLUSHALL ({size} keys in DB 0)"
 
     def _fault_pg_terminate(self) -> str:
