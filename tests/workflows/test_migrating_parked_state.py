@@ -185,13 +185,15 @@ def kind_app() -> Iterator[None]:
             migrate(None)
 
 
-def test_parked_workflows_resume_to_completion_after_a_migration_reshapes_their_state(kind_app: None) -> None:
-    """A workflow waiting for approval and one with its activity scheduled, parked on version 1,
-    finish on version 2 once migration 0002 has renamed the model's column and rewritten their
-    stored ticket; before the migration, replay-check names both as unable to go on."""
-    NOTIFIED.clear()
-    approver = User.objects.create_user("tia", password="tia-password")
-    approver.groups.add(Group.objects.get_or_create(name=ROLE)[0])
+@pytest.fixture
+def approver() -> User:
+    user = User.objects.create_user("tia", password="tia-password")
+    user.groups.add(Group.objects.get_or_create(name=ROLE)[0])
+    return user
+
+
+def park_on_version_1(approver: User) -> tuple[int, int]:
+    """One workflow waiting for approval, one approved with its notify activity scheduled."""
     with registered(V1, OPEN_V1, NOTIFY_V1):
         waiting = services.workflow_launch(kind=KIND, goal="Tell the customer", params={
             "number": "T-1", "email": "ann@example.com"}).pk
@@ -202,6 +204,17 @@ def test_parked_workflows_resume_to_completion_after_a_migration_reshapes_their_
         wait = open_approval(scheduled)
         services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash)
         services.workflow_advance_if_runnable(workflow_id=scheduled)  # schedules notify; no worker runs it
+    return waiting, scheduled
+
+
+def test_parked_workflows_resume_to_completion_after_a_migration_reshapes_their_state(
+    kind_app: None, approver: User,
+) -> None:
+    """A workflow waiting for approval and one with its activity scheduled, parked on version 1,
+    finish on version 2 once migration 0002 has renamed the model's column and rewritten their
+    stored ticket; before the migration, replay-check names both as unable to go on."""
+    NOTIFIED.clear()
+    waiting, scheduled = park_on_version_1(approver)
     notify = Activity.objects.get(workflow_id=scheduled, name="test_migrating_notify")
     assert (notify.status, notify.input) == ("scheduled", {"number": "T-2", "email": "sam@example.com"})
     assert Workflow.objects.get(pk=waiting).state["ticket"] == {"number": "T-1", "email": "ann@example.com"}
@@ -232,3 +245,19 @@ def test_parked_workflows_resume_to_completion_after_a_migration_reshapes_their_
     assert sorted(Contact.objects.values_list("number", "contact_email")) == [
         ("T-1", "ann@example.com"), ("T-2", "sam@example.com")]
     assert sorted(to for _, to in NOTIFIED) == ["ann@example.com", "sam@example.com"]  # each notified once
+
+
+def test_replay_check_names_a_scheduled_activity_whose_stored_input_no_longer_fits(
+    kind_app: None, approver: User,
+) -> None:
+    """New activity code whose input type renamed a field, under an unchanged definition: the
+    handlers still replay, but the input stored for the scheduled notify would be refused when its
+    attempt starts, so replay-check names that workflow (and only that one) before the deploy."""
+    waiting, scheduled = park_on_version_1(approver)
+    with registered(V1, OPEN_V1, NOTIFY_V2):
+        code, out = replay_check("--kind", KIND)
+    assert code == 1 and "1 of 2 histories replay" in out, out
+    assert f"workflow {scheduled} ({KIND}) at node NOTIFY" in out, out
+    assert ("the input stored for activity 'test_migrating_notify' (scheduled) no longer fits its input type" in out
+            and "contact_email" in out), out
+    assert f"workflow {waiting} " not in out, out
