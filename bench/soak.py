@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=3, help="worker processes (default %(default)s)")
     parser.add_argument("--fault-gap", type=float, nargs=2, default=(3.0, 8.0), metavar=("MIN", "MAX"),
                         help="seconds between two faults, drawn uniformly (default 3 8)")
-    parser.add_argument("--launch-share", type=float, default=0.6,
+    parser.add_argument("--launch-share", type=float, default=0.9,
                         help="launches are spread over this share of --seconds (default %(default)s)")
     parser.add_argument("--converge-timeout", type=float, default=300.0,
                         help="seconds allowed after healing for every workflow to converge (default %(default)s)")
@@ -213,6 +213,7 @@ class Figures:
     recovery: dict[str, int] = field(default_factory=dict)
     decisions: dict[str, int] = field(default_factory=dict)
     unexpected_exits: list[str] = field(default_factory=list)
+    failures_seen: list[str] = field(default_factory=list)  # sweep rows and handlers that raised (recorded, retried)
     violations: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -555,21 +556,25 @@ class Soak:
         return f"the deploy target accepts, then drops, the next {count} POSTs"
 
     def _fault_clock_skew(self) -> str:
-        live = [(n, p) for n, p in self._live_workers() if n not in self.skews]
-        if len(self._live_workers()) < 2 or not live:
+        """Restart a worker with its wall clock off by another offset (set right again, a third of the time)."""
+        live = self._live_workers()
+        if len(live) < 2:
             return ""
         name, proc = self.rng.choice(live)
-        offset = self.rng.choice((-1, 1)) * self.rng.randint(*SKEW_SECONDS)
+        offset = 0 if self.skews.get(name) and self.rng.random() < 1 / 3 else \
+            self.rng.choice((-1, 1)) * self.rng.randint(*SKEW_SECONDS)
         self.killed.add(proc.pid)
         proc.kill_group(signal.SIGKILL)
         self._restart_worker(name, skew=offset)
-        return f"restarted {name} with its wall clock {offset:+d} s off"
+        return f"restarted {name} with its wall clock {offset:+d} s off" if offset else \
+            f"restarted {name} with its wall clock set right"
 
     def _later(self, seconds: float, what: str, do: Callable[[], None]) -> None:
         self.later.append((self._now() + seconds, what, do))
 
     def _restart_worker(self, name: str, *, skew: int | None) -> None:
         env = faketime.faketime_env(skew) if skew else None
+        self.skews.pop(name, None)
         if skew:
             self.skews[name] = skew
         self.workers[name] = self.cluster.start_worker(name, extra_env=env, ready=False)
@@ -710,6 +715,10 @@ class Soak:
         self.figures.recovery = {k: events.get(k, 0) for k in (
             "activity.lease_expired", "activity.stale_result_discarded", "activity.doorbell_ignored",
             "activity.voided", "workflow.handler_failed", "sweep.row_failed", "timer.ignored")}
+        raised = Event.objects.filter(workflow_id__in=ids, kind__in=("sweep.row_failed", "workflow.handler_failed"))
+        self.figures.failures_seen = sorted({
+            f"{e.kind} {e.data.get('sweep') or e.data.get('node', '')}: {e.data.get('error_type')}: "
+            f"{str(e.data.get('message'))[:160]}" for e in raised})
         self.figures.recovery["reconciled_attempts"] = Event.objects.filter(
             workflow_id__in=ids, kind="activity.succeeded", data__reconciled=True).count()
         self.figures.recovery["pg_backends_terminated"] = self.pg_terminated
@@ -809,6 +818,7 @@ def report(figures: Figures) -> str:
         f"  recovery        {f.recovery}",
         f"  decisions       {f.decisions}",
         f"  unexpected exits {len(f.unexpected_exits)}" + "".join(f"\n    {x}" for x in f.unexpected_exits),
+        f"  failures seen   {len(f.failures_seen)}" + "".join(f"\n    {x}" for x in f.failures_seen),
     ]
     if f.violations:
         lines.append(f"FAILED: {len(f.violations)} violations (replay with --seed {f.seed}):")
