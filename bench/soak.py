@@ -8,7 +8,8 @@ SIGKILL and SIGSTOP/SIGCONT of workers, beat killed and restarted, a second beat
 the broker shut down without saving and restarted, the broker flushed, ``pg_terminate_backend``
 of every other connection to the database, and workers restarted with their wall clock minutes
 off (libfaketime, where installed), and the deploy target making a deployment but dropping the
-connection before it answers. Approvals, rejections, cancels and new goals are given by
+connection before it answers, and a worker whose pool process dies right after the deploy
+target accepted its deploy. Approvals, rejections, cancels and new goals are given by
 the soak through the public services, as people would. Then it heals (resumes what is paused,
 restarts what was killed, stops the second beat, brings the broker back), waits for every
 workflow to converge and checks, from the deploy target's state file and the database rows:
@@ -50,7 +51,11 @@ from workflows.testing import faketime
 from workflows.testing.cluster import SHORT_CLOCKS, Cluster, Proc, RedisServer, free_port, wait_for
 
 FAULT_KINDS = ("worker_kill", "worker_pause", "beat_restart", "second_beat", "broker_restart", "broker_flush",
-               "pg_terminate", "clock_skew", "target_drop")
+               "pg_terminate", "clock_skew", "target_drop", "kill_after_accept")
+# A worker armed with this rule dies (its pool process, SIGKILL) right after the deploy target
+# accepted its next first deploy attempt, before the result is recorded: the ambiguous window.
+KILL_AFTER_ACCEPT = [{"point": "activity.after_external_call", "when": {"activity": "deploy", "attempt": 1},
+                      "action": "sigkill_self"}]
 RELEASE_PLANS = ("approve", "reject", "cancel", "supersede", "park")
 RELEASE_WEIGHTS = (6, 1, 1, 1, 1)
 TICK_SECONDS = 0.2
@@ -240,6 +245,7 @@ class Soak:
         self.paused: set[str] = set()
         self.killed: set[int] = set()  # pids the nemesis ended on purpose
         self.skews: dict[str, int] = {}
+        self.armed: set[str] = set()  # workers started with KILL_AFTER_ACCEPT
         self.pg_terminated = 0
         self.t0 = 0.0
 
@@ -555,6 +561,16 @@ class Soak:
         self.target.set_fault({"mode": "accept_then_drop", "count": count})
         return f"the deploy target accepts, then drops, the next {count} POSTs"
 
+    def _fault_kill_after_accept(self) -> str:
+        live = [(n, p) for n, p in self._live_workers() if n not in self.armed]
+        if len(self._live_workers()) < 2 or not live:
+            return ""
+        name, proc = self.rng.choice(live)
+        self.killed.add(proc.pid)
+        proc.kill_group(signal.SIGKILL)
+        self._restart_worker(name, skew=self.skews.get(name), armed=True)
+        return f"restarted {name} to die right after the deploy target accepts its next deploy"
+
     def _fault_clock_skew(self) -> str:
         """Restart a worker with its wall clock off by another offset (set right again, a third of the time)."""
         live = self._live_workers()
@@ -572,12 +588,18 @@ class Soak:
     def _later(self, seconds: float, what: str, do: Callable[[], None]) -> None:
         self.later.append((self._now() + seconds, what, do))
 
-    def _restart_worker(self, name: str, *, skew: int | None) -> None:
+    def _restart_worker(self, name: str, *, skew: int | None, armed: bool | None = None) -> None:
+        """Start worker ``name`` again; ``armed`` None keeps it armed (KILL_AFTER_ACCEPT) if it was."""
         env = faketime.faketime_env(skew) if skew else None
         self.skews.pop(name, None)
         if skew:
             self.skews[name] = skew
-        self.workers[name] = self.cluster.start_worker(name, extra_env=env, ready=False)
+        armed = name in self.armed if armed is None else armed
+        self.armed.discard(name)
+        if armed:
+            self.armed.add(name)
+        self.workers[name] = self.cluster.start_worker(name, extra_env=env, ready=False,
+                                                       faults=KILL_AFTER_ACCEPT if armed else None)
 
     def _restart_beat(self) -> None:
         self.beat = self.cluster.start_beat("beat", ready=False)
@@ -602,11 +624,14 @@ class Soak:
         self.target.set_fault({"mode": "none"})
         if not self.redis.up():
             self.redis.start()
-        for name, proc in self.workers.items():
+        for name, proc in list(self.workers.items()):
             if proc.alive():
                 proc.resume()  # harmless when it was not stopped
-            elif proc.pid in self.killed:
-                self._restart_worker(name, skew=self.skews.get(name))
+            if proc.alive() and name in self.armed:
+                self.killed.add(proc.pid)
+                proc.kill_group(signal.SIGKILL)
+            if not proc.alive() and proc.pid in self.killed:
+                self._restart_worker(name, skew=self.skews.get(name), armed=False)
         if not self.beat.alive():
             self._restart_beat()
         self._watch_exits()
@@ -722,6 +747,7 @@ class Soak:
         self.figures.recovery["reconciled_attempts"] = Event.objects.filter(
             workflow_id__in=ids, kind="activity.succeeded", data__reconciled=True).count()
         self.figures.recovery["pg_backends_terminated"] = self.pg_terminated
+        self.figures.recovery["killed_after_accept"] = len(self.cluster.faults_fired())
         self.figures.recovery["open_approvals_left"] = Wait.objects.filter(
             workflow_id__in=ids, kind="approval", status="open").count()
         self.figures.decisions = dict(self.decisions)
