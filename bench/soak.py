@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -312,12 +313,12 @@ class Soak:
     @staticmethod
     def _git_repo(path: Path) -> Path:
         identity = ["-c", "user.name=agentops soak", "-c", "user.email=soak@agentops.local"]
-        path.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(path, ignore_errors=True)  # a run before with this seed left one
+        path.mkdir(parents=True)
         (path / "check.py").write_text(TEST_SCRIPT)
-        if not (path / ".git").exists():
-            subprocess.run(["git", "init", "-q", str(path)], check=True)
-            subprocess.run(["git", "-C", str(path), "add", "."], check=True)
-            subprocess.run(["git", *identity, "-C", str(path), "commit", "-qm", "initial"], check=True)
+        subprocess.run(["git", "init", "-q", str(path)], check=True)
+        subprocess.run(["git", "-C", str(path), "add", "."], check=True)
+        subprocess.run(["git", *identity, "-C", str(path), "commit", "-qm", "initial"], check=True)
         return path
 
     def teardown(self) -> None:
@@ -797,10 +798,17 @@ class Soak:
         if orphans:
             v.append(f"effects owned by no workflow of the soak: {orphans[:5]}")
         lost = 0
+        keys_by_wf: dict[int, list[str]] = {}
+        for key in effects:
+            keys_by_wf.setdefault(_workflow_of(key), []).append(key)
+        unchanged = {p.workflow_id for p in self.plans if p.action == "approve" or p.changed.endswith("_refused")}
         for pk, wf in rows.items():
             live = live_by_wf.get(pk, [])
             if wf.kind != "release":
                 continue
+            if pk in unchanged and len(keys_by_wf.get(pk, [])) > 1:
+                # Nobody changed their mind: one goal, one deployment, under one operation identity.
+                v.append(f"workflow {pk} deployed under {len(keys_by_wf[pk])} operation identities: {keys_by_wf[pk]}")
             if wf.status == "completed":
                 deployment = state["deployments"].get((wf.result or {}).get("deployment_id", ""))
                 if deployment is None or deployment["status"] != "deployed" or live != [deployment["idempotency_key"]]:
