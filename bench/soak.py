@@ -2,8 +2,8 @@
 
 The soak creates its own PostgreSQL database and starts its own Redis server (on a port of its
 own: restarting it disturbs nobody), a deploy target, workers and a beat (the test kit's
-cluster, ``workflows/testing/cluster.py``). It launches release and autonomous agents over the
-first part of ``--seconds`` and, for all of ``--seconds``, injects faults drawn from ``--seed``:
+cluster, ``workflows/testing/cluster.py``). It launches release and autonomous agents over
+``--seconds`` and, all that time, injects faults drawn from ``--seed``:
 SIGKILL and SIGSTOP/SIGCONT of workers, beat killed and restarted, a second beat for a while,
 the broker shut down without saving and restarted, the broker flushed, ``pg_terminate_backend``
 of every other connection to the database, and workers restarted with their wall clock minutes
@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=3, help="worker processes (default %(default)s)")
     parser.add_argument("--fault-gap", type=float, nargs=2, default=(3.0, 8.0), metavar=("MIN", "MAX"),
                         help="seconds between two faults, drawn uniformly (default 3 8)")
-    parser.add_argument("--launch-share", type=float, default=0.9,
+    parser.add_argument("--launch-share", type=float, default=1.0,
                         help="launches are spread over this share of --seconds (default %(default)s)")
     parser.add_argument("--converge-timeout", type=float, default=300.0,
                         help="seconds allowed after healing for every workflow to converge (default %(default)s)")
