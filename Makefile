@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentops
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install demo demo-admin lint test docs clean chromium bubblewrap faketime screenshots bench
+.PHONY: install demo demo-admin lint test docs clean chromium bubblewrap faketime screenshots bench soak
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -84,3 +84,10 @@ docs: $(STAMP)
 	    echo; echo "## $$model"; echo; echo '```dot'; \
 	    PYTHONHASHSEED=0 $(BIN)/python manage.py graph_transitions workflows.$$model; echo '```'; \
 	  done; } > docs/state-machines.md
+
+# The soak (bench/README.md, "Soak"): release and autonomous agents on real workers under randomized
+# faults for SOAK_ARGS="--seconds N" (default 600), then the outside checks; exits 1 on any violation.
+# `make soak SOAK_ARGS="--seconds 120 --seed 7"` replays seed 7. Needs PostgreSQL on 127.0.0.1 as `make test`
+# does; starts its own Redis server on a free port.
+soak: $(STAMP) faketime
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)

@@ -137,6 +137,7 @@ class Step:
     decision: str = ""
     decided_by: str = ""
     comment: str = ""
+    input: Any = None  # an activity's input as stored at scheduling (JSON); None where not recorded
 
     @property
     def label(self) -> str:
