@@ -62,6 +62,7 @@ class Completed:
     timed_out: bool
     isolation: str  # "bwrap" or "none"
     cut_bytes: int = 0
+    idle_timed_out: bool = False  # stopped after ``idle_timeout_seconds`` without output
 
 
 # --- secrets -------------------------------------------------------------------------------
@@ -208,11 +209,12 @@ def bwrap_argv(bwrap: str, argv: Sequence[str], *, workspace: Path, tmpdir: Path
 
 def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
         on_wait: Callable[[], None] | None = None, wait_every_seconds: float = 5.0,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> Completed:
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, idle_timeout_seconds: float | None = None) -> Completed:
     """Run ``argv`` in ``workspace``, sandboxed; returns when it and everything it started are gone.
 
     Past ``timeout_seconds`` the process group gets SIGTERM, then SIGKILL after
-    AGENTOPS_SANDBOX_GRACE_SECONDS. ``on_wait`` is called every ``wait_every_seconds`` while it
+    AGENTOPS_SANDBOX_GRACE_SECONDS; the same happens (``idle_timed_out``) when it printed
+    nothing for ``idle_timeout_seconds``. ``on_wait`` is called every ``wait_every_seconds`` while it
     runs (a heartbeat); an exception from it kills the command and propagates.
     Raises FileNotFoundError when the command is not found, SandboxUnavailable as ``isolation`` says.
     """
@@ -230,9 +232,10 @@ def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
-            raw, cut, timed_out = _collect(proc, deadline=time.monotonic() + timeout_seconds, on_wait=on_wait,
-                                           wait_every=wait_every_seconds, limit=max_output_bytes,
-                                           spare_leader=kind == "bwrap")
+            raw, cut, timed_out, idled = _collect(proc, deadline=time.monotonic() + timeout_seconds,
+                                                  on_wait=on_wait, wait_every=wait_every_seconds,
+                                                  limit=max_output_bytes, spare_leader=kind == "bwrap",
+                                                  idle_seconds=idle_timeout_seconds)
         finally:
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -242,7 +245,8 @@ def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
     text = redact(raw.decode("utf-8", errors="replace").replace("\x00", "\\x00"), secrets)
     if cut:
         text = f"[… {cut} bytes of output cut …]\n" + _redact_cut(text, secrets)
-    return Completed(exit_code=proc.returncode, output=text, timed_out=timed_out, isolation=kind, cut_bytes=cut)
+    return Completed(exit_code=proc.returncode, output=text, timed_out=timed_out, isolation=kind, cut_bytes=cut,
+                     idle_timed_out=idled)
 
 
 def _check_found(command: str, workspace: Path) -> None:
@@ -255,13 +259,16 @@ def _check_found(command: str, workspace: Path) -> None:
 
 
 def _collect(proc: subprocess.Popen[bytes], *, deadline: float, on_wait: Callable[[], None] | None,
-             wait_every: float, limit: int, spare_leader: bool) -> tuple[bytes, int, bool]:
-    """Read the output until the command is gone, enforcing the timeout; returns (tail, bytes cut, timed out)."""
+             wait_every: float, limit: int, spare_leader: bool,
+             idle_seconds: float | None = None) -> tuple[bytes, int, bool, bool]:
+    """Read the output until the command is gone, enforcing the timeouts; returns (tail, bytes cut,
+    timed out, stopped for silence)."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
     buffer, cut = bytearray(), 0
-    timed_out, eof = False, False
+    timed_out, idled, eof = False, False, False
+    last_output = time.monotonic()
     kill_at: float | None = None  # SIGKILL the group at this time
     killed_at: float | None = None
     next_wait = time.monotonic() + wait_every
@@ -275,8 +282,10 @@ def _collect(proc: subprocess.Popen[bytes], *, deadline: float, on_wait: Callabl
             if on_wait is not None and now >= next_wait:
                 on_wait()
                 next_wait = now + wait_every
-            if not exited and not timed_out and now >= deadline:
-                timed_out, kill_at = True, now + settings.AGENTOPS_SANDBOX_GRACE_SECONDS
+            silent = idle_seconds is not None and now - last_output >= idle_seconds
+            if not exited and kill_at is None and (now >= deadline or silent):
+                timed_out, idled = now >= deadline, not now >= deadline
+                kill_at = now + settings.AGENTOPS_SANDBOX_GRACE_SECONDS
                 _signal_group(proc.pid, signal.SIGTERM, spare_leader=spare_leader)
             # Once the command is done, whatever it left behind goes too (it may hold the pipe open).
             if killed_at is None and (exited or (kill_at is not None and now >= kill_at)):
@@ -291,13 +300,14 @@ def _collect(proc: subprocess.Popen[bytes], *, deadline: float, on_wait: Callabl
                 chunk = os.read(fd, 65536)
                 eof = not chunk
                 buffer += chunk
+                last_output = time.monotonic()
                 if len(buffer) > 2 * limit:
                     cut += len(buffer) - limit
                     del buffer[:-limit]
     if len(buffer) > limit:
         cut += len(buffer) - limit
         del buffer[:-limit]
-    return bytes(buffer), cut, timed_out
+    return bytes(buffer), cut, timed_out, idled
 
 
 def _exited(proc: subprocess.Popen[bytes]) -> bool:

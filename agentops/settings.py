@@ -267,6 +267,9 @@ AGENTOPS_SANDBOX_GRACE_SECONDS = env_float("AGENTOPS_SANDBOX_GRACE_SECONDS", 5.0
 # and the hard timeout of one run_command of a coding session (it and its children are killed).
 AGENTOPS_HARNESS_CHECK_PARALLELISM = env_int("AGENTOPS_HARNESS_CHECK_PARALLELISM", 4)
 AGENTOPS_HARNESS_COMMAND_TIMEOUT_SECONDS = env_int("AGENTOPS_HARNESS_COMMAND_TIMEOUT_SECONDS", 120)
+# The lease of a harness session or check run between heartbeats: every blocking step (a model
+# call, a command, a check) heartbeats it, so a dead worker's session is taken over this soon.
+AGENTOPS_HARNESS_SESSION_LEASE_SECONDS = env_int("AGENTOPS_HARNESS_SESSION_LEASE_SECONDS", 45)
 # The packages that hold agent kinds (definition, activities, optional admin templates), imported at
 # start-up by web, workers and beat alike. Add a kind of your own with one more entry (docs/authoring.md).
 AGENTOPS_AGENT_MODULES = [

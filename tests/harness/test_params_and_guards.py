@@ -13,8 +13,11 @@ from workflows.errors import InvalidInput
 
 def test_the_defaults_are_filled_in_at_launch():
     assert Harness().validate_params({}) == {
-        "workspace": "", "max_sessions": 40, "max_attempts": 3, "check_timeout_seconds": 60.0,
-        "approver_role": "harness-approvers", "approval_expiry_hours": 72.0}
+        "workspace": "", "approver_role": "harness-approvers", "isolation": "bwrap", "max_sessions": 40,
+        "max_attempts": 3, "feature_budget_usd": 0.0, "session_max_turns": 40, "session_max_tokens": 400_000,
+        "session_max_seconds": 1800.0, "command_timeout_seconds": 120, "command_idle_seconds": 30,
+        "repeat_limit": 3, "same_error_limit": 3, "same_diff_limit": 3, "stagnation_sessions": 8,
+        "check_timeout_seconds": 60.0, "approval_expiry_hours": 72.0}
 
 
 @pytest.mark.parametrize(("params", "message"), [
@@ -22,6 +25,8 @@ def test_the_defaults_are_filled_in_at_launch():
     ({"max_sessions": "0"}, "max_sessions=0 must be between 1 and 1000"),
     ({"max_attempts": "many"}, "max_attempts must be a number"),
     ({"colour": "red"}, "Unknown parameter"),
+    ({"isolation": "container"}, "isolation='container' must be bwrap"),
+    ({"command_idle_seconds": "0"}, "command_idle_seconds=0 must be between 1 and 600"),
 ])
 def test_bad_parameters_are_refused_at_launch(params, message):
     with pytest.raises(InvalidInput, match=message):

@@ -109,7 +109,7 @@ def contract_hash(repo: Path, commit: str) -> str:
 
 
 def run_checks(repo: Path, commit: str, features: list[Feature], *, where: str, timeout_seconds: float,
-               scratch: Path, on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+               scratch: Path) -> list[CheckResult]:
     """Run the checks of ``features`` on ``commit`` in a checkout of their own (``where``: worktree
     or clone) under ``scratch``, which is emptied first and removed after; results in list order."""
     shutil.rmtree(scratch, ignore_errors=True)
@@ -126,13 +126,7 @@ def run_checks(repo: Path, commit: str, features: list[Feature], *, where: str, 
         workers = max(1, int(settings.AGENTOPS_HARNESS_CHECK_PARALLELISM))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(_run_one, checkout, commit, f, where, timeout_seconds) for f in features]
-            results = []
-            for future in futures:
-                result = future.result()
-                if on_result is not None:
-                    on_result(result)
-                results.append(result)
-        return results
+            return [future.result() for future in futures]
     finally:
         if where != "clone":
             git(repo, "worktree", "remove", "--force", str(checkout), check=False)
