@@ -1,6 +1,9 @@
-"""Fixtures for the harness kind: a workspace directory, an approver, and driving a workflow to its approval."""
+"""Fixtures for the harness kind: a workspace directory, an approver, driving a workflow to its approval, and a
+two-feature project whose scripted sessions each test writes."""
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -8,9 +11,10 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Group, User
 
+from agentops.agents.harness import script
 from tests.conftest import drive
 from workflows import clock, services
-from workflows.models import Activity, Wait, Workflow
+from workflows.models import Activity, Event, Wait, Workflow
 
 
 @pytest.fixture(autouse=True)
@@ -41,3 +45,71 @@ def drive_all(workflow_id: int, *, max_rounds: int = 400) -> Workflow:
 def approve_feature_list(workflow_id: int, user: User) -> None:
     wait = Wait.objects.get(workflow_id=workflow_id, kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN)
     services.wait_approve(wait_id=wait.pk, user=user, candidate_hash=wait.candidate_hash)
+
+
+# A two-feature project for the guard tests: `python app.py greet` prints hello (F01), `python
+# app.py shout` prints HELLO (F02); the smoke check greets. Solutions are whole files of app.py.
+CHECK_TEMPLATE = """import subprocess, sys
+done = subprocess.run([sys.executable, "app.py", "{cmd}"], capture_output=True, text=True)
+print(done.stdout + done.stderr)
+sys.exit(0 if done.stdout.strip() == "{want}" else 1)
+"""
+MINI_FEATURES = [
+    {"id": "F01", "description": "app.py greet prints hello", "steps": ["python app.py greet"], "priority": 1,
+     "check": "python checks/check_f01.py", "passes": False},
+    {"id": "F02", "description": "app.py shout prints HELLO", "steps": ["python app.py shout"], "priority": 2,
+     "check": "python checks/check_f02.py", "passes": False},
+]
+APP_STUB = "import sys\nsys.exit(1)\n"
+APP_GREET = "import sys\nif sys.argv[1] == 'greet':\n    print('hello')\n"
+APP_BOTH = APP_GREET + "if sys.argv[1] == 'shout':\n    print('HELLO')\n"
+
+
+def write(path: str, content: str) -> dict[str, Any]:
+    return {"tool": "write_file", "input": {"path": path, "content": content}}
+
+
+def commit(message: str = "work") -> dict[str, Any]:
+    return {"tool": "git_commit", "input": {"message": message}}
+
+
+def request_pass(feature: str) -> dict[str, Any]:
+    return {"tool": "request_pass", "input": {"feature_id": feature}}
+
+
+def solve(feature: str, app: str) -> list[dict[str, Any]]:
+    return [write("app.py", app), commit(f"{feature}: implement"), request_pass(feature)]
+
+
+MINI_INIT = [
+    write("features.json", json.dumps(MINI_FEATURES, indent=1)),
+    write("checks/check_f01.py", CHECK_TEMPLATE.format(cmd="greet", want="hello")),
+    write("checks/check_f02.py", CHECK_TEMPLATE.format(cmd="shout", want="HELLO")),
+    write("checks/smoke.sh", "python app.py greet | grep -q hello\n"),
+    write("init.sh", "python -c 'import sys; assert sys.version_info >= (3, 10)'\n"),
+    write("app.py", APP_STUB),
+    commit("scaffold"),
+    {"tool": "end_session", "input": {"summary": "scaffold"}},
+]
+
+
+@pytest.fixture
+def mini_schedule(monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, list[dict[str, Any]]]], None]:
+    """Play the scripted provider from the given sessions (keyed feature/attempt) after MINI_INIT."""
+
+    def use(sessions: dict[str, list[dict[str, Any]]]) -> None:
+        monkeypatch.setattr(script, "schedule", lambda: {"INIT/1": MINI_INIT, **sessions})
+
+    return use
+
+
+def launch_approved(user: User, **params: Any) -> Workflow:
+    """Launch a harness on the mini project, approve its feature list, drive it until it rests."""
+    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={k: str(v) for k, v in params.items()})
+    drive_all(wf.pk)
+    approve_feature_list(wf.pk, user)
+    return drive_all(wf.pk)
+
+
+def events(workflow_id: int, kind: str) -> list[dict[str, Any]]:
+    return [e.data for e in Event.objects.filter(workflow_id=workflow_id, kind=kind).order_by("seq")]
