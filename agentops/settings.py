@@ -158,6 +158,9 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     for sub in ("queue", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+    # kombu's transport with atomic publishing: its own lets a worker read a half-written message
+    # and stop (agentops/filesystem_broker.py).
+    CELERY_BROKER_TRANSPORT = "agentops.filesystem_broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
         "data_folder_out": str(BROKER_DIR / "queue"),

@@ -53,4 +53,5 @@ def test_a_definition_pause_is_durable_with_its_cause_and_agent_resume_goes_on(a
     assert drive(wf.pk).status == "paused"
     services.workflow_resume(workflow_id=wf.pk)
     workflow = drive(wf.pk)
-    assert (workflow.status, workflow.result, workflow.pause_cause) == ("completed", {"asked": True}, "")
+    assert (workflow.status, workflow.result, workflow.pause_cause, workflow.reason) == (
+        "completed", {"asked": True}, "", "")

@@ -335,6 +335,9 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Result:
     retried = compensations_retry(workflow, now=now)
     if workflow.status == Workflow.Status.PAUSED:
         failed = workflow.pause_cause == Workflow.PauseCause.HANDLER_FAILED
+        if workflow.pause_cause == Workflow.PauseCause.DEFINITION:
+            workflow.reason = ""  # the question was for the person who just answered it
+            workflow_save(workflow, "reason", at=now)
         wake_locked(workflow, now=now, cause=f"resumed by {by}")
         return _advance_now(workflow, now=now, by=by) if failed else _resumed(workflow)
     if workflow.status == Workflow.Status.RUNNING and workflow.handler_failures:

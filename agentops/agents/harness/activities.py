@@ -528,14 +528,18 @@ class AdoptInput:
     commit: str
 
 
+class Adopted(TypedDict):
+    head: str  # the new contract commit
+
+
 @activity("harness_adopt_proposal", retry=CHECK_RETRY)
-def harness_adopt_proposal(ctx: ActivityContext, input: AdoptInput) -> str:
-    """Fast-forward the workspace to an approved proposal; returns the new head (the new contract commit)."""
+def harness_adopt_proposal(ctx: ActivityContext, input: AdoptInput) -> Adopted:
+    """Fast-forward the workspace to an approved proposal (idempotent: already there, nothing moves)."""
     root = Path(input.workspace)
     if gitops.head(root) != input.commit:
         ctx.fence("adopt the approved feature list")
         gitops.git(root, "merge", "-q", "--ff-only", input.commit)
-    return gitops.head(root)
+    return {"head": gitops.head(root)}
 
 
 class _Run:

@@ -498,7 +498,7 @@ class Harness(WorkflowDefinition):
             return Goto("SELECT_FEATURE", {"proposals": [*ctx.state.get("proposals", []),
                                                          {**record, "outcome": decided}]})
         head = ctx.activity(harness_adopt_proposal, AdoptInput(workspace=ctx.state["workspace"],
-                                                               commit=staged["commit"]))
+                                                               commit=staged["commit"]))["head"]
         old = {f["id"]: f for f in ctx.state["features"]}
         features = []
         for f in staged["features"]:
