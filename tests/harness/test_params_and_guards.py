@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agentops.agents.harness import gitops, tools
+from agentops.agents.harness import checks, gitops, tools
 from agentops.agents.harness.definition import Harness
 from workflows.errors import InvalidInput
 
@@ -76,3 +76,21 @@ def test_a_tampered_check_is_reverted_in_a_commit_of_its_own(tmp_path: Path):
     assert not (root / "checks" / "extra.py").exists() and (root / "todo.py").exists()
     last = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%B"], capture_output=True, text=True).stdout
     assert "Harness-Operation: op" in last
+
+
+def test_a_check_on_a_worker_without_the_required_isolation_is_unverified_never_passing(tmp_path: Path, settings):
+    root = tmp_path / "ws"
+    gitops.ensure_repo(root)
+    (root / "checks").mkdir()
+    (root / "checks" / "ok.py").write_text("print('fine')\n")
+    sha = gitops.commit_all(root, "a check that passes")
+    feature = {"id": "F01", "description": "d", "check": "python checks/ok.py"}
+    settings.AGENTOPS_SANDBOX = "none"
+    refused, = checks.run_checks(root, sha, [feature], where="worktree", timeout_seconds=30,
+                                 scratch=tmp_path / "scratch", require_isolation="bwrap")
+    assert (refused["passed"], refused["exit_code"]) == (False, -1)
+    assert refused["output_tail"].startswith("unverified: the check could not run") and "bubblewrap" in \
+        refused["output_tail"]
+    allowed, = checks.run_checks(root, sha, [feature], where="worktree", timeout_seconds=30,
+                                 scratch=tmp_path / "scratch", require_isolation="none")
+    assert (allowed["passed"], allowed["isolation"]) == (True, "none")

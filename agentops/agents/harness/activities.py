@@ -140,6 +140,7 @@ class ValidateInput:
     workspace: str
     commit: str
     check_timeout_seconds: float = 60.0
+    require_isolation: str = "none"
 
 
 class Validation(TypedDict):
@@ -161,7 +162,8 @@ def harness_validate(ctx: ActivityContext, input: ValidateInput) -> Validation:
         gitops.git(root, "cat-file", "-t", f"{input.commit}:{path}", check=False) == "blob"))
     with keep_alive(ctx, "checks on the scaffold"):
         results = checks_mod.run_checks(root, input.commit, features, where="worktree",
-                                        timeout_seconds=input.check_timeout_seconds, scratch=_scratch(ctx))
+                                        timeout_seconds=input.check_timeout_seconds, scratch=_scratch(ctx),
+                                        require_isolation=input.require_isolation)
     for result in results:
         _note_check(ctx, "scaffold", result)
     vacuous = [r["feature"] for r in results if r["passed"]]
@@ -184,6 +186,7 @@ class ChecksInput:
     purpose: str  # verify, regression, verify_all
     where: str = "worktree"  # or clone
     check_timeout_seconds: float = 60.0
+    require_isolation: str = "none"
 
 
 class ChecksReport(TypedDict):
@@ -199,7 +202,8 @@ def harness_run_checks(ctx: ActivityContext, input: ChecksInput) -> ChecksReport
     root = Path(input.workspace)
     with keep_alive(ctx, f"{input.purpose} checks"):
         results = checks_mod.run_checks(root, input.commit, list(input.features), where=input.where,
-                                        timeout_seconds=input.check_timeout_seconds, scratch=_scratch(ctx))
+                                        timeout_seconds=input.check_timeout_seconds, scratch=_scratch(ctx),
+                                        require_isolation=input.require_isolation)
     for result in results:
         _note_check(ctx, input.purpose, result)
     return {"commit": input.commit, "results": results, "clean_tree": not gitops.dirty(root),
@@ -215,6 +219,7 @@ class PrepareInput:
     wip_name: str  # the feature/attempt of the session whose leftovers would be found
     smoke: bool = True  # run init.sh and the smoke check after the reset
     check_timeout_seconds: float = 60.0
+    require_isolation: str = "none"
 
 
 class Smoke(TypedDict):
@@ -247,22 +252,26 @@ def harness_prepare(ctx: ActivityContext, input: PrepareInput) -> Prepared:
     smoke = None
     if input.smoke:
         with keep_alive(ctx, "init.sh and the smoke check"):
-            smoke = _smoke(root, input.check_timeout_seconds)
+            smoke = _smoke(root, input.check_timeout_seconds, input.require_isolation)
         ctx.note("harness.smoke_ran", base_sha=gitops.head(root), **{k: v for k, v in smoke.items()
                                                                       if k != "output_tail"},
                  output_tail=smoke["output_tail"][-500:])
     return {"base_sha": gitops.head(root), "wip": None if wip is None else wip.__dict__, "smoke": smoke}
 
 
-def _smoke(root: Path, timeout: float) -> Smoke:
+def _smoke(root: Path, timeout: float, require_isolation: str) -> Smoke:
     """``sh init.sh`` then ``sh checks/smoke.sh`` in the workspace, sandboxed; whatever they write is
-    cleaned away after (the session starts from a clean tree)."""
+    cleaned away after (the session starts from a clean tree). Without the required isolation
+    nothing runs and the smoke did not run (``ran`` false)."""
     output, exit_code, isolation, ran = "", 0, "", False
     for command in (INIT_COMMAND, SMOKE_COMMAND):
         if not (root / command.split()[1]).is_file():
             continue
-        ran = True
         try:
+            if require_isolation == "bwrap" and sandbox.isolation() != "bwrap":
+                output += f"$ {command}: not run: this worker has no bubblewrap, which the workflow requires\n"
+                break
+            ran = True
             done = sandbox.run(command.split(), workspace=root, timeout_seconds=timeout, max_output_bytes=8000)
             exit_code, isolation = (done.exit_code if not done.timed_out else 124), done.isolation
             output += f"$ {command} -> exit {exit_code}\n{done.output}\n"
@@ -465,6 +474,7 @@ class ProposalInput:
     proposal: dict[str, Any]
     session: int
     check_timeout_seconds: float = 60.0
+    require_isolation: str = "none"
 
 
 class Staged(TypedDict):
@@ -516,7 +526,8 @@ def harness_stage_proposal(ctx: ActivityContext, input: ProposalInput) -> Staged
         with keep_alive(ctx, "checks of the proposal"):
             staged["results"] = checks_mod.run_checks(root, commit, staged["features"], where="worktree",
                                                       timeout_seconds=input.check_timeout_seconds,
-                                                      scratch=_scratch(ctx))
+                                                      scratch=_scratch(ctx),
+                                                      require_isolation=input.require_isolation)
     ctx.note("harness.proposal_staged", ref=ref, commit=commit, valid=staged["valid"], error=staged["error"][:300],
              contract_hash=staged["contract_hash"], reason=staged["reason"][:300])
     return staged

@@ -235,7 +235,8 @@ class Harness(WorkflowDefinition):
         try:
             report: Validation = ctx.activity(harness_validate, ValidateInput(
                 workspace=ctx.state["workspace"], commit=ctx.state["scaffold_sha"],
-                check_timeout_seconds=ctx.params["check_timeout_seconds"]))
+                check_timeout_seconds=ctx.params["check_timeout_seconds"],
+                require_isolation=ctx.params["isolation"]))
         except ActivityFailed as exc:
             return Fail(f"The feature list at {ctx.state['scaffold_sha'][:12]} cannot be used: {exc.error}")
         features = [cast(Feature, {**f, "status": "failing", "attempts": 0,
@@ -303,7 +304,8 @@ class Harness(WorkflowDefinition):
         wip_name = f"{previous['feature']}/{previous['attempt']}" if previous else "before-first-session"
         prepared: Prepared = ctx.activity(harness_prepare, PrepareInput(
             workspace=ctx.state["workspace"], expected_head=ctx.state["head"], wip_name=wip_name,
-            check_timeout_seconds=ctx.params["check_timeout_seconds"]))
+            check_timeout_seconds=ctx.params["check_timeout_seconds"],
+            require_isolation=ctx.params["isolation"]))
         smoke = prepared["smoke"]
         updates: dict[str, Any] = {"prepared": prepared}
         if smoke and smoke["passed"]:
@@ -358,7 +360,8 @@ class Harness(WorkflowDefinition):
         feature = REPAIR_FEATURE if repair else next(f for f in features if f["id"] == lease["feature"])
         report: ChecksReport = ctx.activity(harness_run_checks, ChecksInput(
             workspace=ctx.state["workspace"], commit=session["head"], features=[feature],
-            purpose="repair" if repair else "verify", check_timeout_seconds=ctx.params["check_timeout_seconds"]))
+            purpose="repair" if repair else "verify", check_timeout_seconds=ctx.params["check_timeout_seconds"],
+            require_isolation=ctx.params["isolation"]))
         return Goto("REGRESSION", {"features": _apply(features, report["results"]), "last_verify": report})
 
     @node("REGRESSION")
@@ -375,7 +378,8 @@ class Harness(WorkflowDefinition):
             return Goto("ASSESS")
         report: ChecksReport = ctx.activity(harness_run_checks, ChecksInput(
             workspace=ctx.state["workspace"], commit=ctx.state["session"]["head"], features=others,  # type: ignore[index]
-            purpose="regression", check_timeout_seconds=ctx.params["check_timeout_seconds"]))
+            purpose="regression", check_timeout_seconds=ctx.params["check_timeout_seconds"],
+            require_isolation=ctx.params["isolation"]))
         return Goto("ASSESS", {"features": _apply(features, report["results"])})
 
     @node("ASSESS")
@@ -474,7 +478,8 @@ class Harness(WorkflowDefinition):
         assert session is not None
         staged: Staged = ctx.activity(harness_stage_proposal, ProposalInput(
             workspace=ctx.state["workspace"], head=ctx.state["head"], proposal=session["proposal"],
-            session=ctx.state["lease"]["session"], check_timeout_seconds=ctx.params["check_timeout_seconds"]))
+            session=ctx.state["lease"]["session"], check_timeout_seconds=ctx.params["check_timeout_seconds"],
+            require_isolation=ctx.params["isolation"]))
         record = {"session": ctx.state["lease"]["session"], "ref": staged["ref"], "commit": staged["commit"],
                   "contract_hash": staged["contract_hash"], "reason": staged["reason"][:300]}
         if not staged["valid"]:
@@ -516,7 +521,8 @@ class Harness(WorkflowDefinition):
         features = ctx.state["features"]
         report: ChecksReport = ctx.activity(harness_run_checks, ChecksInput(
             workspace=ctx.state["workspace"], commit=ctx.state["head"], features=features, purpose="verify_all",
-            where="clone", check_timeout_seconds=ctx.params["check_timeout_seconds"]))
+            where="clone", check_timeout_seconds=ctx.params["check_timeout_seconds"],
+            require_isolation=ctx.params["isolation"]))
         features = _apply(features, report["results"])
         done = all(r["passed"] for r in report["results"]) and report["clean_tree"] \
             and report["head"] == ctx.state["head"]
