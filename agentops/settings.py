@@ -267,7 +267,8 @@ if AGENTOPS_SANDBOX not in {"auto", "bwrap", "none"}:
 # After a command's timeout its process group gets SIGTERM, then SIGKILL this much later.
 AGENTOPS_SANDBOX_GRACE_SECONDS = env_float("AGENTOPS_SANDBOX_GRACE_SECONDS", 5.0)
 # The harness kind (docs/harness.md): how many of a feature list's checks run at once on a worker,
-# and the hard timeout of one run_command of a coding session (it and its children are killed).
+# and the ceiling of the hard timeout of one run_command on this worker (a workflow's
+# command_timeout_seconds applies under it; the command and its children are killed).
 AGENTOPS_HARNESS_CHECK_PARALLELISM = env_int("AGENTOPS_HARNESS_CHECK_PARALLELISM", 4)
 AGENTOPS_HARNESS_COMMAND_TIMEOUT_SECONDS = env_int("AGENTOPS_HARNESS_COMMAND_TIMEOUT_SECONDS", 120)
 # The lease of a harness session or check run between heartbeats: every blocking step (a model

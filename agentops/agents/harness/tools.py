@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from agentops import sandbox
 from agentops.agents.harness import gitops
 
@@ -258,7 +260,8 @@ def _run_command(session: Session, command: str, timeout: int, idle: int) -> tup
     if not argv:
         return False, "empty command"
     _isolation_or_refuse(session)
-    timeout = max(1, min(timeout, session.command_timeout_seconds))
+    # The workflow's cap (command_timeout_seconds) under the worker's (the operator's setting).
+    timeout = max(1, min(timeout, session.command_timeout_seconds, settings.AGENTOPS_HARNESS_COMMAND_TIMEOUT_SECONDS))
     idle = max(1, min(idle, timeout))
     try:
         done = sandbox.run(argv, workspace=session.root, timeout_seconds=timeout, idle_timeout_seconds=idle,
