@@ -625,6 +625,7 @@ def _loop(ctx: ActivityContext, session: tools.Session, *, system: str, brief: s
         results: list[dict[str, Any]] = []
         for call in response.tool_calls:
             name, args = call["name"], call.get("input") or {}
+            asked = args  # what the model asked for: the repeat breaker compares these
             ctx.fence(f"tool {name}")
             if name not in allowed:
                 ok, output = False, f"tool {name!r} is not available in this session"
@@ -641,7 +642,7 @@ def _loop(ctx: ActivityContext, session: tools.Session, *, system: str, brief: s
                 ctx.note("harness.tool_refused", tool=name, feature=session.feature, reason=output[:500])
             ctx.faultpoint("harness.after_tool", tool=name, turn=turn, **(fault_context or {}))
             results.append({"type": "tool_result", "tool_use_id": call["id"], "content": output, "is_error": not ok})
-            if session.ended or (run is not None and run.repeated(name, args)):
+            if session.ended or (run is not None and run.repeated(name, asked)):
                 break
         if session.ended or (run is not None and run.outcome):
             return turn + 1
