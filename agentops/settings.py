@@ -274,6 +274,9 @@ AGENTOPS_HARNESS_COMMAND_TIMEOUT_SECONDS = env_int("AGENTOPS_HARNESS_COMMAND_TIM
 # The lease of a harness session or check run between heartbeats: every blocking step (a model
 # call, a command, a check) heartbeats it, so a dead worker's session is taken over this soon.
 AGENTOPS_HARNESS_SESSION_LEASE_SECONDS = env_int("AGENTOPS_HARNESS_SESSION_LEASE_SECONDS", 45)
+# The scripted provider's harness sessions (a JSON schedule as in agentops/agents/harness/demo/);
+# empty: the todo demo's.
+AGENTOPS_HARNESS_SCHEDULE_FILE = env_str("AGENTOPS_HARNESS_SCHEDULE_FILE", "")
 # The packages that hold agent kinds (definition, activities, optional admin templates), imported at
 # start-up by web, workers and beat alike. Add a kind of your own with one more entry (docs/authoring.md).
 AGENTOPS_AGENT_MODULES = [

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Group, User
 
-from agentops.agents.harness import script
 from tests.conftest import drive
 from workflows import clock, services
 from workflows.models import Activity, Event, Wait, Workflow
@@ -93,12 +92,18 @@ MINI_INIT = [
 ]
 
 
+def write_schedule(path: Path, sessions: dict[str, list[dict[str, Any]]]) -> Path:
+    """A schedule file for AGENTOPS_HARNESS_SCHEDULE_FILE: MINI_INIT, then ``sessions``."""
+    path.write_text(json.dumps({"sessions": {"INIT/1": MINI_INIT, **sessions}}))
+    return path
+
+
 @pytest.fixture
-def mini_schedule(monkeypatch: pytest.MonkeyPatch) -> Callable[[dict[str, list[dict[str, Any]]]], None]:
+def mini_schedule(settings: Any, tmp_path: Path) -> Callable[[dict[str, list[dict[str, Any]]]], None]:
     """Play the scripted provider from the given sessions (keyed feature/attempt) after MINI_INIT."""
 
     def use(sessions: dict[str, list[dict[str, Any]]]) -> None:
-        monkeypatch.setattr(script, "schedule", lambda: {"INIT/1": MINI_INIT, **sessions})
+        settings.AGENTOPS_HARNESS_SCHEDULE_FILE = str(write_schedule(tmp_path / "schedule.json", sessions))
 
     return use
 
