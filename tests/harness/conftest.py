@@ -31,12 +31,15 @@ def harness_approver(db: None) -> User:
 
 
 def drive_all(workflow_id: int, *, max_rounds: int = 400) -> Workflow:
-    """``drive`` until nothing runs, making retry windows due at once (no clock waits in tests)."""
+    """``drive`` until nothing runs or the workflow is paused, making retry windows due at once (no clock
+    waits in tests)."""
     for _ in range(max_rounds):
         Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED).update(
             next_attempt_at=clock.now() - timedelta(seconds=1))
         workflow = drive(workflow_id, max_rounds=5)
-        if not Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED).exists():
+        # A budget pause parks its activity as scheduled: nothing runs it until a person decides.
+        if workflow.status == Workflow.Status.PAUSED or not Activity.objects.filter(
+                workflow_id=workflow_id, status=Activity.Status.SCHEDULED).exists():
             return workflow
     return Workflow.objects.get(pk=workflow_id)
 
