@@ -63,6 +63,7 @@ class Completed:
     isolation: str  # "bwrap" or "none"
     cut_bytes: int = 0
     idle_timed_out: bool = False  # stopped after ``idle_timeout_seconds`` without output
+    head: str = ""  # with ``keep_head_bytes`` and output cut: its first bytes (redacted), not in ``output``
 
 
 # --- secrets -------------------------------------------------------------------------------
@@ -109,6 +110,15 @@ def redacted_tail(text: str, limit: int, secrets: Sequence[str] | None = None) -
     secrets = secret_values() if secrets is None else secrets
     text = redact(text, secrets)
     return _redact_cut(text[-limit:], secrets) if len(text) > limit else text
+
+
+def _redact_end(text: str, secrets: Sequence[str]) -> str:
+    """Redact the start of a secret that a cut left at the end of ``text``."""
+    for secret in secrets:
+        for size in range(len(secret) - 1, MIN_SECRET_CHARS - 1, -1):
+            if text.endswith(secret[:size]):
+                return text[:-size] + REDACTED
+    return text
 
 
 def _redact_cut(text: str, secrets: Sequence[str]) -> str:
@@ -209,12 +219,15 @@ def bwrap_argv(bwrap: str, argv: Sequence[str], *, workspace: Path, tmpdir: Path
 
 def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
         on_wait: Callable[[], None] | None = None, wait_every_seconds: float = 5.0,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, idle_timeout_seconds: float | None = None) -> Completed:
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, idle_timeout_seconds: float | None = None,
+        keep_head_bytes: int = 0) -> Completed:
     """Run ``argv`` in ``workspace``, sandboxed; returns when it and everything it started are gone.
 
     Past ``timeout_seconds`` the process group gets SIGTERM, then SIGKILL after
     AGENTOPS_SANDBOX_GRACE_SECONDS; the same happens (``idle_timed_out``) when it printed
-    nothing for ``idle_timeout_seconds``. ``on_wait`` is called every ``wait_every_seconds`` while it
+    nothing for ``idle_timeout_seconds``. Output beyond ``max_output_bytes`` is cut from the front;
+    ``keep_head_bytes`` keeps that many of its first bytes as ``head``. ``on_wait`` is called every
+    ``wait_every_seconds`` while it
     runs (a heartbeat); an exception from it kills the command and propagates.
     Raises FileNotFoundError when the command is not found, SandboxUnavailable as ``isolation`` says.
     """
@@ -232,10 +245,10 @@ def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
-            raw, cut, timed_out, idled = _collect(proc, deadline=time.monotonic() + timeout_seconds,
-                                                  on_wait=on_wait, wait_every=wait_every_seconds,
-                                                  limit=max_output_bytes, spare_leader=kind == "bwrap",
-                                                  idle_seconds=idle_timeout_seconds)
+            raw, cut, timed_out, idled, head = _collect(
+                proc, deadline=time.monotonic() + timeout_seconds, on_wait=on_wait, wait_every=wait_every_seconds,
+                limit=max_output_bytes, spare_leader=kind == "bwrap", idle_seconds=idle_timeout_seconds,
+                head_bytes=keep_head_bytes)
         finally:
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -245,8 +258,10 @@ def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
     text = redact(raw.decode("utf-8", errors="replace").replace("\x00", "\\x00"), secrets)
     if cut:
         text = f"[… {cut} bytes of output cut …]\n" + _redact_cut(text, secrets)
+    head_text = _redact_end(redact(head.decode("utf-8", errors="replace").replace("\x00", "\\x00"), secrets),
+                            secrets)
     return Completed(exit_code=proc.returncode, output=text, timed_out=timed_out, isolation=kind, cut_bytes=cut,
-                     idle_timed_out=idled)
+                     idle_timed_out=idled, head=head_text)
 
 
 def _check_found(command: str, workspace: Path) -> None:
@@ -260,13 +275,13 @@ def _check_found(command: str, workspace: Path) -> None:
 
 def _collect(proc: subprocess.Popen[bytes], *, deadline: float, on_wait: Callable[[], None] | None,
              wait_every: float, limit: int, spare_leader: bool,
-             idle_seconds: float | None = None) -> tuple[bytes, int, bool, bool]:
+             idle_seconds: float | None = None, head_bytes: int = 0) -> tuple[bytes, int, bool, bool, bytes]:
     """Read the output until the command is gone, enforcing the timeouts; returns (tail, bytes cut,
-    timed out, stopped for silence)."""
+    timed out, stopped for silence, the first ``head_bytes`` when anything was cut)."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
-    buffer, cut = bytearray(), 0
+    buffer, cut, head = bytearray(), 0, bytearray()
     timed_out, idled, eof = False, False, False
     last_output = time.monotonic()
     kill_at: float | None = None  # SIGKILL the group at this time
@@ -302,12 +317,16 @@ def _collect(proc: subprocess.Popen[bytes], *, deadline: float, on_wait: Callabl
                 buffer += chunk
                 last_output = time.monotonic()
                 if len(buffer) > 2 * limit:
+                    if not cut:
+                        head += buffer[:head_bytes]
                     cut += len(buffer) - limit
                     del buffer[:-limit]
     if len(buffer) > limit:
+        if not cut:
+            head += buffer[:head_bytes]
         cut += len(buffer) - limit
         del buffer[:-limit]
-    return bytes(buffer), cut, timed_out, idled
+    return bytes(buffer), cut, timed_out, idled, bytes(head)
 
 
 def _exited(proc: subprocess.Popen[bytes]) -> bool:

@@ -364,3 +364,10 @@ def test_a_pytest_suite_passes_in_the_release_sandbox_as_it_does_on_its_own(tmp_
 
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL"), workflow.reason
     assert "2 passed" in workflow.state["tests"]["output_tail"]
+
+
+def test_the_head_of_a_cut_output_is_kept_when_asked(isolation, workspace):
+    done = sandbox.run(["python3", "-c", "print('first'); print('x' * 50000); print('last')"], workspace=workspace,
+                       timeout_seconds=30, max_output_bytes=1000, keep_head_bytes=6)
+    assert (done.head, done.output.rstrip()[-4:]) == ("first\n", "last") and done.cut_bytes > 49000
+    assert sandbox.run(["echo", "short"], workspace=workspace, timeout_seconds=30, keep_head_bytes=6).head == ""

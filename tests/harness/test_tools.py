@@ -155,3 +155,14 @@ def test_the_briefing_carries_the_deadline_git_log_and_bounded_progress_rows():
     assert "<deadline>2026-12-01T12:00:00+00:00 (in 600 s; at most 40 turns" in text
     assert "<git_log>abc123 F01: add</git_log>" in text
     assert text.count("session ") == 5 and "session 29 F01#29" in text and len(text) <= 10_000
+
+
+def test_a_long_output_keeps_its_start_and_its_end(session):
+    """Beyond the cap the model sees the first lines (where errors of a build often start) and the
+    last ones, and how much was left out between them."""
+    ok, out = tools.call(session, "run_command", {
+        "command": "python -c \"[print(f'line {n:06d}') for n in range(20000)]\""})
+    assert ok and out.startswith("exit 0 (sandbox: ")
+    body = out.split("\n", 1)[1]
+    assert body.startswith("line 000000\nline 000001\n") and body.rstrip().endswith("line 019999")
+    assert "bytes of output left out" in body and len(body) < tools.MAX_OUTPUT_CHARS + 200

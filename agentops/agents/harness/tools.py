@@ -29,6 +29,7 @@ from agentops.agents.harness import gitops
 MAX_OUTPUT_CHARS = 4000
 MAX_WRITE_CHARS = 200_000
 MAX_READ_LINES = 400
+HEAD_CHARS = 1000  # of a long command output, the start kept besides its end
 MAX_SERVICES = 3
 SERVICE_READY_SECONDS = 15.0
 
@@ -265,11 +266,11 @@ def _run_command(session: Session, command: str, timeout: int, idle: int) -> tup
     idle = max(1, min(idle, timeout))
     try:
         done = sandbox.run(argv, workspace=session.root, timeout_seconds=timeout, idle_timeout_seconds=idle,
-                           max_output_bytes=4 * MAX_OUTPUT_CHARS)
+                           max_output_bytes=4 * MAX_OUTPUT_CHARS, keep_head_bytes=HEAD_CHARS)
     except FileNotFoundError:
         return False, f"command {argv[0]!r} not found"
     session.isolation = done.isolation
-    output = sandbox.redacted_tail(done.output, MAX_OUTPUT_CHARS)
+    output = _head_and_tail(done)
     if done.timed_out:
         return False, (f"command timed out after {timeout} s; it and every process it started were stopped "
                        f"(sandbox: {done.isolation})\n{output}")
@@ -278,6 +279,18 @@ def _run_command(session: Session, command: str, timeout: int, idle: int) -> tup
                        f"stopped; output so far follows (sandbox: {done.isolation}). Start servers with "
                        f"service_start.\n{output}")
     return done.exit_code == 0, f"exit {done.exit_code} (sandbox: {done.isolation})\n{output}"
+
+
+def _head_and_tail(done: sandbox.Completed) -> str:
+    """A command's output within MAX_OUTPUT_CHARS: all of it, or its first HEAD_CHARS and its end."""
+    # Past the sandbox's bound its output starts with a line saying how much it cut.
+    text = done.output.split("\n", 1)[-1] if done.cut_bytes else done.output
+    if not done.cut_bytes and len(text) <= MAX_OUTPUT_CHARS:
+        return text
+    head = done.head or text[:HEAD_CHARS]
+    tail = sandbox.redacted_tail(text, MAX_OUTPUT_CHARS - HEAD_CHARS)
+    omitted = done.cut_bytes + len(text.encode()) - len(head.encode()) - len(tail.encode())
+    return f"{head}\n[… about {max(0, omitted):,} bytes of output left out …]\n{tail}"
 
 
 def _free_port() -> int:
