@@ -111,6 +111,7 @@ def test_the_todo_demo_reaches_completed_with_every_guard_of_the_schedule(harnes
     outcomes = [e["outcome"] for e in events(wf.pk, "harness.session_ended")]
     assert outcomes.count("repeated_call") == 1 and "timeout" not in outcomes
     assert len(workflow.state["memory"]) <= 20 and workflow.state["memory"][-1]["feature"] == "F10"
+    assert workflow.state["patterns"] == ["add saves the list before the new task is in it"]  # F06's learning
     checks_run = len(events(wf.pk, "harness.check_ran"))
     print(f"\n[figures] harness todo demo: wall={elapsed:.1f}s sessions={workflow.state['sessions']} "
           f"checks_run={checks_run} verify_all_runs={len(verify_all) // 10}")

@@ -145,15 +145,16 @@ def test_a_proposal_is_kept_for_a_person_and_the_workspace_is_untouched(session)
     assert not (session.root / "checks").exists()
 
 
-def test_the_briefing_carries_the_deadline_git_log_and_bounded_progress_rows():
+def test_the_briefing_carries_the_deadline_git_log_patterns_and_bounded_progress_rows():
     rows = [{"session": n, "feature": "F01", "attempt": n, "status": "failing", "outcome": "end_session",
              "summary": "s" * 1000, "files": ["app.py"], "learnings": "l", "next_step": "n"} for n in range(1, 30)]
     text = briefing(SessionInput(goal="g", workspace="/w", feature={"id": "F01", "description": "d", "check": "c"},
                                  attempt=2, session=3, base_sha="b" * 40, protected_sha="p", memory=rows,
-                                 limits=Limits(max_seconds=600)),
+                                 limits=Limits(max_seconds=600), patterns=[f"pattern {n}" for n in range(15)]),
                     None, deadline="2026-12-01T12:00:00+00:00", git_log="abc123 F01: add")
     assert "<deadline>2026-12-01T12:00:00+00:00 (in 600 s; at most 40 turns" in text
     assert "<git_log>abc123 F01: add</git_log>" in text
+    assert "- pattern 5\n" in text and "- pattern 4\n" not in text  # the last ten
     assert text.count("session ") == 5 and "session 29 F01#29" in text and len(text) <= 10_000
 
 

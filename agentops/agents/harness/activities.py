@@ -317,6 +317,7 @@ class SessionInput:
     memory: list[dict[str, Any]] = field(default_factory=list)  # the last progress rows
     repair: str = ""  # the red smoke's output when this is a "repair main" session
     budget_note: str = ""  # what is left of the feature's and the workflow's budgets
+    patterns: list[str] = field(default_factory=list)  # learnings of earlier sessions (bounded)
 
 
 class SessionResult(TypedDict):
@@ -373,6 +374,9 @@ def briefing(input: SessionInput, wip: Any, *, deadline: str, git_log: str) -> s
         parts.append(f"<wip>Half-work of an interrupted session was saved to {wip['ref']} ({wip['commit'][:12]}; "
                      f"files: {', '.join(wip['files'][:10])}); the workspace was reset to {input.base_sha[:12]}."
                      "</wip>")
+    if input.patterns:
+        parts.append("<patterns>\n" + "\n".join(f"- {p}" for p in input.patterns[-breakers.PATTERNS:])
+                     + "\n</patterns>")
     if git_log:
         parts.append(f"<git_log>{git_log[:2000]}</git_log>")
     rows = [breakers.render_row(r) for r in input.memory[-5:]] or input.progress[-5:]

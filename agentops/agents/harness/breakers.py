@@ -24,6 +24,7 @@ _MASKS = [(re.compile(r"/[\w./-]*(tmp|workspaces|checks-)[\w./-]*"), "<path>"),
           (re.compile(r"\b[0-9a-f]{7,40}\b"), "<sha>"), (re.compile(r"\d+"), "<n>")]
 MEMORY_ROWS = 20
 ROW_FIELD_CHARS = 300
+PATTERNS = 10  # learnings kept for every briefing ("codebase patterns"), newest last
 
 
 class Limits(TypedDict):
@@ -116,6 +117,14 @@ def memory_row(*, lease: dict[str, Any], status: str, session: dict[str, Any] | 
     if session and session.get("crashed_attempts"):
         row["crashed_attempts"] = session["crashed_attempts"]
     return row
+
+
+def patterns_with(patterns: list[str], row: dict[str, Any]) -> list[str]:
+    """The codebase patterns with a row's learnings added (once; the oldest go past PATTERNS)."""
+    learned = str(row.get("learnings", "")).strip()
+    if not learned or learned in patterns:
+        return patterns
+    return [*patterns, learned][-PATTERNS:]
 
 
 def render_row(row: dict[str, Any]) -> str:

@@ -100,6 +100,7 @@ class State(TypedDict, total=False):
     session: SessionResult | None
     progress: list[str]  # one line per session, newest last (bounded)
     memory: list[dict[str, Any]]  # progress rows (breakers.memory_row), newest last (bounded)
+    patterns: list[str]  # learnings kept for every briefing (breakers.patterns_with)
     last_verify: ChecksReport
     paused_for: PausedFor | None
     proposal: Staged | None
@@ -342,7 +343,7 @@ class Harness(WorkflowDefinition):
                 board=_board(ctx.state["features"]), last_output=str(evidence.get("output_tail", "")),
                 wip=ctx.state["prepared"]["wip"], progress=ctx.state.get("progress", []), limits=self._limits(ctx),
                 memory=ctx.state.get("memory", [])[-5:], repair=str(smoke.get("output_tail", "")),
-                budget_note=budget))
+                budget_note=budget, patterns=ctx.state.get("patterns", [])))
         except ActivityFailed as exc:
             line = f"session {lease['session']} {lease['feature']}#{lease['attempt']}: crashed ({exc.error[:200]})"
             return Goto("ASSESS", {"session": None, "progress": _lines(ctx, line)})
@@ -410,7 +411,8 @@ class Harness(WorkflowDefinition):
                                   outcome=outcome)
         updates: dict[str, Any] = {
             "features": features, "sessions_since_pass": verdict["sessions_since_pass"],
-            "memory": [*ctx.state.get("memory", []), row][-breakers.MEMORY_ROWS:]}
+            "memory": [*ctx.state.get("memory", []), row][-breakers.MEMORY_ROWS:],
+            "patterns": breakers.patterns_with(ctx.state.get("patterns", []), row)}
         if session is not None:
             updates["progress"] = _lines(ctx, breakers.render_row(row))
         if verdict["pause"]:
@@ -435,6 +437,7 @@ class Harness(WorkflowDefinition):
                                   session=dict(session) if session else None,
                                   outcome=session["outcome"] if session else "crashed")
         updates: dict[str, Any] = {"memory": [*ctx.state.get("memory", []), row][-breakers.MEMORY_ROWS:],
+                                   "patterns": breakers.patterns_with(ctx.state.get("patterns", []), row),
                                    "progress": _lines(ctx, breakers.render_row(row))}
         if repaired:
             return Goto("SELECT_FEATURE", {**updates, "repair_attempts": 0})
@@ -592,5 +595,6 @@ class Harness(WorkflowDefinition):
                                                       "command_idle_seconds", "feature_budget_usd")}},
             "smoke": {k: smoke.get(k) for k in ("ran", "passed", "exit_code")} if smoke else None,
             "memory": state.get("memory", [])[-breakers.MEMORY_ROWS:],
+            "patterns": state.get("patterns", []),
             "proposals": state.get("proposals", []),
         }
