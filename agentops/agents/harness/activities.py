@@ -12,7 +12,7 @@ import re
 import shutil
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypedDict
@@ -25,6 +25,7 @@ from agentops.agents.harness import checks as checks_mod
 from agentops.agents.harness.checks import CheckResult, Feature
 from agentops.budgets import cost_usd, keep_alive, metered_complete
 from agentops.providers import provider_for
+from workflows import clock
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent
 from workflows.registry import RetryPolicy, activity
@@ -412,7 +413,7 @@ def harness_session(ctx: ActivityContext, input: SessionInput) -> SessionResult:
                             command_timeout_seconds=limits.command_timeout_seconds,
                             idle_seconds=limits.idle_seconds, service_dir=services)
     started = time.monotonic()
-    deadline = (datetime.now(UTC) + timedelta(seconds=limits.max_seconds)).isoformat(timespec="seconds")
+    deadline = (clock.now() + timedelta(seconds=limits.max_seconds)).isoformat(timespec="seconds")
     git_log = gitops.git(root, "log", "--oneline", "-n", str(GIT_LOG_LINES), check=False)
     run = _Run(ctx, session, limits, started)
     try:
