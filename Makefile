@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentops
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install demo demo-admin lint test docs clean chromium bubblewrap faketime screenshots bench soak
+.PHONY: install demo demo-admin demo-harness lint test docs clean chromium bubblewrap faketime screenshots bench soak
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,12 @@ demo: $(STAMP)
 demo-admin: $(STAMP)
 	$(BIN)/python manage.py migrate --verbosity 0
 	$(BIN)/python manage.py demo --approve-in-admin
+
+# The harness kind's todo demo (docs/harness.md): ten features, sessions graded by the engine, every
+# guard firing once; it prints the board as it goes, to `completed`.
+demo-harness: $(STAMP)
+	$(BIN)/python manage.py migrate --verbosity 0
+	$(BIN)/python manage.py demo --kind harness
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
