@@ -17,7 +17,9 @@ from workflows.errors import Permanent
 __all__ = ["ModelProvider", "ModelResponse", "Usage", "current_release_spec", "get_provider", "provider_for",
            "release_fingerprint"]
 
-TOOL_VERSIONS = {"git": "1", "test-runner": "1", "deploy-target": "1", "workspace-tools": "1"}
+# Part of the behavioral release: bump a version when a tool's contract with the model changes
+# (workspace-tools 2: the harness's ranged reads, edits, services and proposals).
+TOOL_VERSIONS = {"git": "1", "test-runner": "1", "deploy-target": "1", "workspace-tools": "2"}
 
 
 def get_provider(release: Mapping[str, Any] | None = None) -> ModelProvider:

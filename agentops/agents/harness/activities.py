@@ -615,8 +615,10 @@ def _loop(ctx: ActivityContext, session: tools.Session, *, system: str, brief: s
     for turn in range(MAX_TURNS if run is None else run.limits.max_turns + 1):
         if run is not None and run.exhausted(turn):
             return turn
+        # Sessions follow each other after minutes of check runs: the tools and system prompt
+        # (the same for every session) stay cached for an hour instead of five minutes.
         response = metered_complete(ctx, call=turn, system=system, messages=messages, max_tokens=4000,
-                                    tools=toolset)
+                                    tools=toolset, prefix_cache_ttl="1h")
         if run is not None:
             run.charged(response.usage)
         if not response.tool_calls:
