@@ -202,7 +202,9 @@ else:
 # -Q consumes both.
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 AGENTOPS_IO_QUEUE = env_str("AGENTOPS_IO_QUEUE", "agentops.io")
-CELERY_TASK_QUEUES = [Queue(CELERY_TASK_DEFAULT_QUEUE), Queue(AGENTOPS_IO_QUEUE)]
+# Each queue bound under its own name: without a routing key Celery binds both under "celery",
+# and Redis's direct exchange would then deliver every message to both queues.
+CELERY_TASK_QUEUES = [Queue(name, routing_key=name) for name in (CELERY_TASK_DEFAULT_QUEUE, AGENTOPS_IO_QUEUE)]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True

@@ -1,7 +1,7 @@
 """Agents in flight (7): N autonomous agents launched at once, each model call answered after a fixed latency.
 
-The fake Messages API (``tests/fakes/anthropic_api.py``, a real HTTP server on loopback, here in
-the orchestrator's process) plays Claude for the ``autonomous`` kind; the workers reach it through
+The fake Messages API (``tests/fakes/anthropic_api.py``, a real HTTP server on loopback, in a
+process of its own: ``bench/fake_api.py``) plays Claude for the ``autonomous`` kind; the workers reach it through
 the real ``anthropic`` SDK, so the whole model-call path is measured: lease and heartbeats, the
 fence, the budget reservation under the workflow's row lock, the charge, the ``model.called``
 event, the turn's checkpoint. The workers are the README's shape for model-heavy agents: threads
@@ -15,19 +15,20 @@ calls (record the answer, charge it, checkpoint, run the tool, advance, claim, r
 """
 from __future__ import annotations
 
+import json
 import re
 import statistics
+import subprocess
+import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
 
 from bench.context import Bench
-from bench.infra import BenchError, percentile, with_database
-from tests.fakes import anthropic_api as fake
-from tests.fakes.anthropic_api import Answer, FakeAnthropicAPI
-from tests.fakes.claude_agent import TASKS, ClaudeForAutonomous, first_text, structured, task_of, tool_results
+from bench.infra import REPO_ROOT, BenchError, percentile, with_database
 
 MODEL = "claude-sonnet-5-5"
 # Threads-pool workers on the I/O queue: how many processes, threads each, database connections each.
@@ -35,75 +36,50 @@ IO_PROCESSES = 2
 IO_THREADS = 500
 DB_POOL_SIZE = 10
 SAMPLE_SECONDS = 0.5
+LAUNCHERS = 4  # threads of the bench that launch the agents, each on a connection of its own
 WORKFLOW_ID = re.compile(r"^wf-(\d+)/")
 
 
-class LatencyAPI(FakeAnthropicAPI):
-    """The fake API, counting the calls it holds (in flight) and noting when each answer leaves."""
+class FakeAPI:
+    """``bench.fake_api`` in a process of its own, driven over its stdin and stdout."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.in_flight = 0
-        self.peak_in_flight = 0
-        self.answered_at: dict[str, float] = {}  # request id -> when its answer left
-        self._count_lock = threading.Lock()
+    def __init__(self, bench: Bench) -> None:
+        self.log = open(bench.out_dir / "fake-api.log", "wb")  # noqa: SIM115 - closed by stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.fake_api"], cwd=REPO_ROOT, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.url = str(self._answer()["url"])
 
-    def took(self) -> None:
-        with self._count_lock:
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-
-    def message_for(self, body: dict[str, Any], answer: Answer, request_id: str) -> dict[str, Any]:
-        message = super().message_for(body, answer, request_id)  # after the latency, right before sending
-        with self._count_lock:
-            self.in_flight -= 1
-            self.answered_at[request_id] = time.time()
-        return message
-
-    def reset(self) -> None:
-        with self._count_lock:
-            self.peak_in_flight = self.in_flight
-            self.requests.clear()
-            self.answered_at.clear()
-
-
-class BenchClaude(ClaudeForAutonomous):
-    """One task; the task takes ``tool_turns`` tool calls (write a note, then read it back), then
-    reports; every answer after ``latency`` seconds. Calls per agent: plan, tool_turns + 1, verify."""
-
-    def __init__(self, api: LatencyAPI, *, latency: float, tool_turns: int) -> None:
-        super().__init__()
-        self.api, self.latency, self.tool_turns = api, latency, tool_turns
-
-    def __call__(self, body: dict[str, Any]) -> Answer:
-        self.api.took()
-        if task_of(body) in ("plan_tasks", "replan"):
-            answer = structured(body, {"tasks": TASKS[:1]}, preamble="Here is the plan:")
-        else:
-            answer = super().__call__(body)
-        answer.delay_seconds = self.latency
+    def _answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise BenchError(f"the fake API exited with {self.proc.wait(10)}; see {self.log.name}")
+        answer: dict[str, Any] = json.loads(line)
         return answer
 
-    def work(self, body: dict[str, Any]) -> Answer:
-        step = tool_results(body)
-        if step >= self.tool_turns:
-            return fake.text("Wrote notes/task.md with what a newcomer needs and checked it.")
-        if step == 0:
-            return fake.tool_use("write_file", {"path": "notes/task.md", "content": first_text(body)[:400]},
-                                 say="Writing the note.")
-        return fake.tool_use("read_file", {"path": "notes/task.md"}, say="Checking what I wrote.")
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
 
-    @property
-    def calls_per_agent(self) -> int:
-        return self.tool_turns + 3
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
 
 
 class Sampler(threading.Thread):
-    """Every half second: calls in flight, the bench database's connections, all workers' memory."""
+    """Every half second: the bench database's connections, all workers' memory."""
 
-    def __init__(self, bench: Bench, api: LatencyAPI) -> None:
+    def __init__(self, bench: Bench) -> None:
         super().__init__(daemon=True)
-        self.bench, self.api = bench, api
+        self.bench = bench
         self.halt = threading.Event()
         self.max_connections = 0
         self.max_rss = 0
@@ -121,7 +97,7 @@ class Sampler(threading.Thread):
                     self.max_rss, self.rss_by_worker = sum(rss.values()), rss
 
 
-def start_workers(bench: Bench, api: LatencyAPI) -> dict[str, Any]:
+def start_workers(bench: Bench, api: FakeAPI) -> dict[str, Any]:
     """The README's workers for model-heavy agents, pointed at the fake API."""
     from django.conf import settings
 
@@ -136,28 +112,37 @@ def start_workers(bench: Bench, api: LatencyAPI) -> dict[str, Any]:
                                             extra_env=env))
     bench.cluster.wait_ready(*procs)
     return {"io_workers": IO_PROCESSES, "io_threads_each": IO_THREADS, "db_pool_size_each": DB_POOL_SIZE,
-            "prefork_workers": 1, "connection_bound": IO_PROCESSES * DB_POOL_SIZE + 1 + 1,
+            "prefork_workers": 1, "connection_bound": IO_PROCESSES * DB_POOL_SIZE + 1 + LAUNCHERS,
             "connection_bound_how": f"{IO_PROCESSES} threads workers x AGENTOPS_DB_POOL_SIZE={DB_POOL_SIZE}, "
-                                    "1 prefork process, 1 for the bench itself"}
+                                    f"1 prefork process, {LAUNCHERS} of the bench's launching threads"}
 
 
-def run_agents(bench: Bench, api: LatencyAPI, claude: BenchClaude, *, agents: int) -> dict[str, Any]:
+def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_turns: int) -> dict[str, Any]:
     """Launch ``agents`` autonomous workflows at once and wait for all to complete."""
     from workflows import services
     from workflows.models import Workflow
 
-    api.reset()
-    sampler = Sampler(bench, api)
+    api.ask(f"play {latency} {tool_turns}")
+    api.ask("reset")
+    calls_per_agent = tool_turns + 3  # plan, the task's turns, verify
+    sampler = Sampler(bench)
     sampler.start()
     launched: dict[int, float] = {}
+
+    def launch(share: range) -> None:
+        from django.db import connection
+
+        for n in share:
+            wf = services.workflow_launch(kind="autonomous", goal=f"Prepare onboarding notes {n}",
+                                          params={"max_rounds": 1}).pk
+            launched[wf] = time.time()
+        connection.close()
+
     t0 = time.time()
-    for n in range(agents):
-        wf = services.workflow_launch(kind="autonomous", goal=f"Prepare onboarding notes {n}",
-                                      params={"max_rounds": 1}).pk
-        launched[wf] = time.time()
+    with ThreadPoolExecutor(LAUNCHERS) as pool:
+        list(pool.map(launch, [range(i, agents, LAUNCHERS) for i in range(LAUNCHERS)]))
     launch_s = time.time() - t0
-    calls = agents * claude.calls_per_agent
-    deadline = time.monotonic() + 120 + 3 * claude.calls_per_agent * claude.latency + agents * 0.2
+    deadline = time.monotonic() + 120 + 3 * calls_per_agent * latency + agents * 0.2
     try:
         while Workflow.objects.filter(pk__in=launched, status__in=Workflow.TERMINAL).count() < agents:
             if time.monotonic() > deadline:
@@ -172,42 +157,42 @@ def run_agents(bench: Bench, api: LatencyAPI, claude: BenchClaude, *, agents: in
     if failed:
         raise BenchError(f"{len(failed)} of {agents} agents did not complete (e.g. {failed[:5]})\n"
                          f"{bench.cluster.logs()}")
-    if api.unexpected:
-        raise BenchError(f"the fake API had nothing to answer: {api.unexpected[:3]}")
-    return {"agents": agents, "calls_per_agent": claude.calls_per_agent, "launch_s": round(launch_s, 2),
-            **_timings(api, launched, latency=claude.latency, expected_calls=calls),
-            "peak_in_flight": api.peak_in_flight, "max_db_connections": sampler.max_connections,
+    report = api.ask("report")
+    if report["unexpected"]:
+        raise BenchError(f"the fake API had nothing to answer: {report['unexpected']}")
+    return {"agents": agents, "calls_per_agent": calls_per_agent, "launch_s": round(launch_s, 2),
+            **_timings(report["calls"], launched, latency=latency, expected_calls=agents * calls_per_agent),
+            "peak_in_flight": report["peak_in_flight"], "max_db_connections": sampler.max_connections,
             "max_worker_rss_mb": round(sampler.max_rss / 2**20, 1),
             "worker_rss_mb": {k: round(v / 2**20, 1) for k, v in sampler.rss_by_worker.items()}}
 
 
-def _timings(api: LatencyAPI, launched: dict[int, float], *, latency: float, expected_calls: int) -> dict[str, Any]:
+def _timings(calls: list[dict[str, Any]], launched: dict[int, float], *, latency: float,
+             expected_calls: int) -> dict[str, Any]:
+    """Due -> sent of every call; and the pace: each agent's calls over its own time from launch to
+    its last answer, summed over the agents (the rate N agents keep up together), against N / latency."""
     by_agent: dict[int, list[tuple[float, float]]] = {}
-    for r in api.requests:
-        match = WORKFLOW_ID.match(r.headers.get("x-agentops-usage-key", ""))
-        if match is None or r.request_id not in api.answered_at:
+    for call in calls:
+        match = WORKFLOW_ID.match(call["key"])
+        if match is None or call["answered_at"] is None:
             continue
-        by_agent.setdefault(int(match.group(1)), []).append((r.at, api.answered_at[r.request_id]))
+        by_agent.setdefault(int(match.group(1)), []).append((call["at"], call["answered_at"]))
     due_to_sent: list[float] = []
-    for wf, calls in by_agent.items():
-        calls.sort()
+    pace = 0.0
+    for wf, timed in by_agent.items():
+        timed.sort()
         due = launched[wf]
-        for sent, answered in calls:
+        for sent, answered in timed:
             due_to_sent.append(sent - due)
             due = answered
-    sent_all = [s for calls in by_agent.values() for s, _ in calls]
-    answered_all = sorted(a for calls in by_agent.values() for _, a in calls)
-    # The steady stretch: every agent has sent its first call, none has had its last answer.
-    start = max(calls[0][0] for calls in by_agent.values())
-    end = min(calls[-1][1] for calls in by_agent.values())
-    steady = [a for a in answered_all if start <= a <= end]
-    overall = len(answered_all) / (answered_all[-1] - min(sent_all))
-    rate = len(steady) / (end - start) if end - start >= latency else overall
+        pace += len(timed) / (timed[-1][1] - launched[wf])
+    answered_all = [a for timed in by_agent.values() for _, a in timed]
+    makespan = max(answered_all) - min(launched.values())
     ideal = len(launched) / latency
     return {"calls": len(answered_all), "expected_calls": expected_calls, "latency_s": latency,
-            "calls_per_s": round(rate, 2), "calls_per_s_overall": round(overall, 2),
-            "steady_window_s": round(max(0.0, end - start), 1), "ideal_calls_per_s": round(ideal, 2),
-            "ratio_vs_ideal": round(rate / ideal, 3),
+            "calls_per_s": round(pace, 2), "ideal_calls_per_s": round(ideal, 2),
+            "ratio_vs_ideal": round(pace / ideal, 3),
+            "makespan_s": round(makespan, 1), "calls_per_s_over_makespan": round(len(answered_all) / makespan, 2),
             "due_to_sent_p50_s": round(statistics.median(due_to_sent), 3),
             "due_to_sent_p99_s": round(percentile(due_to_sent, 99), 3),
             "due_to_sent_max_s": round(max(due_to_sent), 3)}
@@ -215,20 +200,15 @@ def _timings(api: LatencyAPI, launched: dict[int, float], *, latency: float, exp
 
 def bench_inflight(bench: Bench) -> dict[str, Any]:
     latency, tool_turns = bench.sizes.inflight_latency_s, bench.sizes.inflight_tool_turns
-    api = LatencyAPI().start()
-    claude = BenchClaude(api, latency=latency, tool_turns=tool_turns)
-    api.responder = claude
+    api = FakeAPI(bench)
     try:
         setup = start_workers(bench, api)
         bench.log("in flight: warm-up, 4 agents")
-        warm = BenchClaude(api, latency=0.5, tool_turns=1)
-        api.responder = warm
-        run_agents(bench, api, warm, agents=4)
-        api.responder = claude
+        run_agents(bench, api, agents=4, latency=0.5, tool_turns=1)
         rows = []
         for n in bench.sizes.inflight_agents:
-            bench.log(f"in flight: {n} agents, {claude.calls_per_agent} calls each, {latency:g} s per call")
-            row = run_agents(bench, api, claude, agents=n)
+            bench.log(f"in flight: {n} agents, {tool_turns + 3} calls each, {latency:g} s per call")
+            row = run_agents(bench, api, agents=n, latency=latency, tool_turns=tool_turns)
             bench.log(f"  peak {row['peak_in_flight']} in flight, {row['calls_per_s']} calls/s "
                       f"({row['ratio_vs_ideal']:.2f}x ideal), due->sent p99 {row['due_to_sent_p99_s']} s, "
                       f"{row['max_worker_rss_mb']} MB, {row['max_db_connections']} connections")
