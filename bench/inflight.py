@@ -8,14 +8,17 @@ event, the turn's checkpoint. The workers are the README's shape for model-heavy
 pools on the I/O queue (``AGENTOPS_DB_POOL_SIZE`` connections each) and one prefork worker on the
 default queue.
 
-Measured on the server's one clock: calls in flight (answers being waited for), when each call
-arrived and when its answer left. A call is *due* when the answer before it in the same agent left
-(its first call: when the agent was launched); due -> sent is what the engine adds between two
-calls (record the answer, charge it, checkpoint, run the tool, advance, claim, reserve).
+The agents are launched while the workers are stopped (SIGSTOP), and continue together: every
+first call falls due at that instant, so the launches' own cost (reported apart) does not spread
+the agents out. Measured on the server's clock: calls in flight (answers being waited for), when
+each call arrived and when its answer left. A call is *due* when the answer before it in the same
+agent left (its first call: when the workers continued); due -> sent is what the engine adds
+between two calls (record the answer, charge it, checkpoint, run the tool, advance, claim, reserve).
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -25,6 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import psutil  # type: ignore[import-untyped]
 import psycopg
 
 from bench.context import Bench
@@ -32,9 +36,12 @@ from bench.infra import REPO_ROOT, BenchError, percentile, with_database
 
 MODEL = "claude-sonnet-5-5"
 # Threads-pool workers on the I/O queue: how many processes, threads each, database connections each.
-IO_PROCESSES = 2
-IO_THREADS = 500
-DB_POOL_SIZE = 10
+IO_PROCESSES = int(os.environ.get("BENCH_IO_PROCESSES", "2"))
+IO_THREADS = int(os.environ.get("BENCH_IO_THREADS", "500"))
+# BENCH_IO_POOL=prefork measures the shape before the I/O queue had threads workers (BENCH_IO_THREADS
+# prefork processes, one connection each): what `celery -A agentops worker` gives on this host.
+IO_POOL = os.environ.get("BENCH_IO_POOL", "threads")
+DB_POOL_SIZE = int(os.environ.get("BENCH_DB_POOL_SIZE", "10"))
 SAMPLE_SECONDS = 0.5
 LAUNCHERS = 4  # threads of the bench that launch the agents, each on a connection of its own
 WORKFLOW_ID = re.compile(r"^wf-(\d+)/")
@@ -85,6 +92,22 @@ class Sampler(threading.Thread):
         self.max_rss = 0
         self.rss_by_worker: dict[str, int] = {}
 
+    def cpu_seconds(self) -> dict[str, dict[int, float]]:
+        """CPU time so far of every worker process and of every PostgreSQL backend of the bench database."""
+        out: dict[str, dict[int, float]] = {"workers": {}, "postgres": {}}
+        procs = [q for p in self.bench.cluster.workers() for q in (psutil.Process(p.pid), *psutil.Process(
+            p.pid).children(recursive=True))]
+        backends = [p for p in psutil.process_iter(["cmdline"])
+                    if f" {self.bench.db_name} " in " ".join(p.info["cmdline"] or [])]
+        for kind, group in (("workers", procs), ("postgres", backends)):
+            for proc in group:
+                try:
+                    times = proc.cpu_times()
+                    out[kind][proc.pid] = times.user + times.system
+                except psutil.Error:
+                    continue
+        return out
+
     def run(self) -> None:
         url = with_database(self.bench.pg.server_url, "postgres")
         with psycopg.connect(url, autocommit=True) as conn:
@@ -104,14 +127,15 @@ def start_workers(bench: Bench, api: FakeAPI) -> dict[str, Any]:
     bench.cluster.stop(bench.cluster.workers())
     env = {"AGENTOPS_MODEL_PROVIDER": "anthropic", "ANTHROPIC_API_KEY": "sk-ant-bench-0000",
            "ANTHROPIC_BASE_URL": api.url, "AGENTOPS_MODEL": MODEL}
-    procs = [bench.cluster.start_worker(f"io{i + 1}", pool="threads", concurrency=IO_THREADS,
-                                        queues=(settings.AGENTOPS_IO_QUEUE,), ready=False,
-                                        extra_env={**env, "AGENTOPS_DB_POOL_SIZE": str(DB_POOL_SIZE)})
+    pooled = {"AGENTOPS_DB_POOL_SIZE": str(DB_POOL_SIZE)} if IO_POOL == "threads" else {}
+    procs = [bench.cluster.start_worker(f"io{i + 1}", pool=IO_POOL, concurrency=IO_THREADS,
+                                        queues=(settings.AGENTOPS_IO_QUEUE,), ready=False, extra_env={**env, **pooled})
              for i in range(IO_PROCESSES)]
     procs.append(bench.cluster.start_worker("short", queues=(settings.CELERY_TASK_DEFAULT_QUEUE,), ready=False,
                                             extra_env=env))
     bench.cluster.wait_ready(*procs)
-    return {"io_workers": IO_PROCESSES, "io_threads_each": IO_THREADS, "db_pool_size_each": DB_POOL_SIZE,
+    return {"io_pool": IO_POOL, "io_workers": IO_PROCESSES, "io_threads_each": IO_THREADS,
+            "db_pool_size_each": DB_POOL_SIZE,
             "prefork_workers": 1, "connection_bound": IO_PROCESSES * DB_POOL_SIZE + 1 + LAUNCHERS,
             "connection_bound_how": f"{IO_PROCESSES} threads workers x AGENTOPS_DB_POOL_SIZE={DB_POOL_SIZE}, "
                                     f"1 prefork process, {LAUNCHERS} of the bench's launching threads"}
@@ -127,6 +151,7 @@ def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_
     calls_per_agent = tool_turns + 3  # plan, the task's turns, verify
     sampler = Sampler(bench)
     sampler.start()
+    cpu_before = sampler.cpu_seconds()
     launched: dict[int, float] = {}
 
     def launch(share: range) -> None:
@@ -138,10 +163,21 @@ def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_
             launched[wf] = time.time()
         connection.close()
 
+    # Launched at once: with the workers stopped (SIGSTOP) while the bench writes the workflows, so
+    # every agent's first call falls due when they continue, whatever the launches cost.
+    workers = bench.cluster.workers()
+    for proc in workers:
+        proc.pause()
     t0 = time.time()
-    with ThreadPoolExecutor(LAUNCHERS) as pool:
-        list(pool.map(launch, [range(i, agents, LAUNCHERS) for i in range(LAUNCHERS)]))
-    launch_s = time.time() - t0
+    try:
+        with ThreadPoolExecutor(LAUNCHERS) as pool:
+            list(pool.map(launch, [range(i, agents, LAUNCHERS) for i in range(LAUNCHERS)]))
+    finally:
+        launch_s = time.time() - t0
+        due = time.time()
+        for proc in workers:
+            proc.resume()
+    launched = dict.fromkeys(launched, due)
     deadline = time.monotonic() + 120 + 3 * calls_per_agent * latency + agents * 0.2
     try:
         while Workflow.objects.filter(pk__in=launched, status__in=Workflow.TERMINAL).count() < agents:
@@ -157,12 +193,16 @@ def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_
     if failed:
         raise BenchError(f"{len(failed)} of {agents} agents did not complete (e.g. {failed[:5]})\n"
                          f"{bench.cluster.logs()}")
+    cpu_after = sampler.cpu_seconds()
+    cpu = {kind: sum(t - cpu_before[kind].get(pid, 0.0) for pid, t in cpu_after[kind].items())
+           for kind in cpu_after}
     report = api.ask("report")
     if report["unexpected"]:
         raise BenchError(f"the fake API had nothing to answer: {report['unexpected']}")
     return {"agents": agents, "calls_per_agent": calls_per_agent, "launch_s": round(launch_s, 2),
             **_timings(report["calls"], launched, latency=latency, expected_calls=agents * calls_per_agent),
             "peak_in_flight": report["peak_in_flight"], "max_db_connections": sampler.max_connections,
+            "cpu_ms_per_call": {kind: round(1000 * t / (agents * calls_per_agent), 1) for kind, t in cpu.items()},
             "max_worker_rss_mb": round(sampler.max_rss / 2**20, 1),
             "worker_rss_mb": {k: round(v / 2**20, 1) for k, v in sampler.rss_by_worker.items()}}
 

@@ -120,9 +120,9 @@ def _ablations(r: dict[str, Any]) -> list[Row]:
 
 def _inflight(r: dict[str, Any]) -> list[Row]:
     t = r["targets"]
-    rows: list[Row] = [("7 in flight", f"workers: {r['io_workers']} threads x {r['io_threads_each']} (I/O queue, "
-                        f"pool of {r['db_pool_size_each']} connections each) + {r['prefork_workers']} prefork", "",
-                        "", "")]
+    rows: list[Row] = [("7 in flight", f"workers: {r['io_workers']} {r['io_pool']} x {r['io_threads_each']} "
+                        f"(I/O queue, pool of {r['db_pool_size_each']} connections each) + "
+                        f"{r['prefork_workers']} prefork", "", "", "")]
     for row in r["rows"]:
         n = row["agents"]
         head = f"{n} agents x {row['calls_per_agent']} calls, {row['latency_s']:g} s each"
@@ -133,6 +133,8 @@ def _inflight(r: dict[str, Any]) -> list[Row]:
             ("7 in flight", f"  calls/s vs ideal N / latency ({row['ideal_calls_per_s']:g})",
              f"{row['calls_per_s']} ({row['ratio_vs_ideal']:.2f}x)", ">= 0.8x" if n == 500 else "",
              _met(row["ratio_vs_ideal"] >= t["ratio_vs_ideal_at_500"]) if n == 500 else ""),
+            ("7 in flight", "  CPU per call: workers / PostgreSQL backends",
+             f"{row['cpu_ms_per_call']['workers']:.1f} / {row['cpu_ms_per_call']['postgres']:.1f} ms", "", ""),
             ("7 in flight", "  due -> sent p50 / p99",
              f"{row['due_to_sent_p50_s']:.2f} / {row['due_to_sent_p99_s']:.2f} s", "", ""),
             ("7 in flight", "  worker memory (RSS of every worker process)", f"{row['max_worker_rss_mb']:.0f} MB",
