@@ -136,9 +136,11 @@ def start_workers(bench: Bench, api: FakeAPI) -> dict[str, Any]:
     bench.cluster.wait_ready(*procs)
     return {"io_pool": IO_POOL, "io_workers": IO_PROCESSES, "io_threads_each": IO_THREADS,
             "db_pool_size_each": DB_POOL_SIZE,
-            "prefork_workers": 1, "connection_bound": IO_PROCESSES * DB_POOL_SIZE + 1 + LAUNCHERS,
-            "connection_bound_how": f"{IO_PROCESSES} threads workers x AGENTOPS_DB_POOL_SIZE={DB_POOL_SIZE}, "
-                                    f"1 prefork process, {LAUNCHERS} of the bench's launching threads"}
+            "prefork_workers": 1, "connection_bound": IO_PROCESSES * (DB_POOL_SIZE if IO_POOL == "threads" else
+                                                                      IO_THREADS) + 1 + LAUNCHERS,
+            "connection_bound_how": (f"{IO_PROCESSES} threads workers x AGENTOPS_DB_POOL_SIZE={DB_POOL_SIZE}"
+                                     if IO_POOL == "threads" else f"{IO_PROCESSES * IO_THREADS} prefork processes")
+                                    + f", 1 prefork process, {LAUNCHERS} of the bench's launching threads"}
 
 
 def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_turns: int) -> dict[str, Any]:
