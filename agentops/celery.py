@@ -1,4 +1,5 @@
 """The Celery app: configuration from Django settings under the CELERY_ namespace."""
+import logging
 import os
 import sys
 from typing import Any
@@ -24,3 +25,26 @@ def recycle_db_connections(sender: Any = None, **_: Any) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@signals.worker_init.connect
+def mark_worker_process(**_: Any) -> None:
+    """This process (and the pool it forks) runs activities: its own settings are the current release."""
+    from workflows.services import common
+
+    common.in_worker = True
+
+
+@signals.worker_ready.connect
+def announce_release(**_: Any) -> None:
+    """Say which behavioral release this worker runs, so launches from a shell or the admin record
+    it instead of their own settings (``workflows.services.common.release_current``)."""
+    from workflows import clock
+    from workflows.services.common import release_announce
+
+    try:
+        release = release_announce(at=clock.now())
+    except Exception:  # a worker that cannot reach the database yet still starts; launches fall back
+        logging.getLogger("agentops.celery").warning("release.announce.failed", exc_info=True)
+        return
+    logging.getLogger("agentops.celery").info("release.announced", extra={"release": str(release)})

@@ -268,8 +268,14 @@ if not 0 <= AGENTOPS_ANTHROPIC_MAX_RETRIES <= 2:
     raise ImproperlyConfigured(f"AGENTOPS_ANTHROPIC_MAX_RETRIES={AGENTOPS_ANTHROPIC_MAX_RETRIES} must be 0, 1 or 2.")
 # Rate limits (429) and overloads (529) give their attempt back and are retried after the
 # server's retry-after, or else after a jittered exponential backoff from this to the cap.
+# A workflow launched with --fallback-model moves its calls there after this many throttled
+# attempts of one activity in a row (sustained 429/529), recorded as a release change.
+AGENTOPS_FALLBACK_AFTER_THROTTLES = env_int("AGENTOPS_FALLBACK_AFTER_THROTTLES", 3)
 AGENTOPS_THROTTLE_BACKOFF_SECONDS = env_float("AGENTOPS_THROTTLE_BACKOFF_SECONDS", 5.0)
 AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS = env_float("AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS", 300.0)
+# Reserve each request's cost from the API's own token count (a free endpoint) rather than
+# from the prompt's length; off, or when the count fails, the length-based estimate is used.
+AGENTOPS_ANTHROPIC_COUNT_TOKENS = env_bool("AGENTOPS_ANTHROPIC_COUNT_TOKENS", True)
 AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS = env_float("AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS", 120.0)
 if not AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS > 0:
     raise ImproperlyConfigured(
@@ -318,11 +324,11 @@ TEMPLATES[0]["DIRS"] = _agent_template_dirs(AGENTOPS_AGENT_MODULES)
 # USD per million tokens; cache reads and writes have their own prices. Override the whole
 # table with AGENTOPS_MODEL_PRICES_JSON (same shape). "default" prices unknown models.
 _DEFAULT_PRICES = {
-    "claude-opus-4-5": {"input": 5, "output": 25, "cache_read": 0.5, "cache_write": 6.25},
-    "claude-sonnet-5-5": {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75},
-    "claude-sonnet-4-5": {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75},
-    "claude-haiku-4-5": {"input": 1, "output": 5, "cache_read": 0.1, "cache_write": 1.25},
-    "default": {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75},
+    "claude-opus-4-5": {"input": 5, "output": 25, "cache_read": 0.5, "cache_write": 6.25, "cache_write_1h": 10},
+    "claude-sonnet-5-5": {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75, "cache_write_1h": 6},
+    "claude-sonnet-4-5": {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75, "cache_write_1h": 6},
+    "claude-haiku-4-5": {"input": 1, "output": 5, "cache_read": 0.1, "cache_write": 1.25, "cache_write_1h": 2},
+    "default": {"input": 3, "output": 15, "cache_read": 0.3, "cache_write": 3.75, "cache_write_1h": 6},
 }
 try:
     AGENTOPS_MODEL_PRICES_USD_PER_MTOK = json.loads(os.environ.get("AGENTOPS_MODEL_PRICES_JSON") or "null") \

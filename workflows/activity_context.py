@@ -42,10 +42,38 @@ class ActivityContext:
 
     @property
     def release(self) -> dict[str, Any] | None:
-        """The behavioral release this attempt must run on (``provider``, ``model``,
-        ``prompt_version``, ``tool_versions``) when its workflow pins one; None when it runs on
-        the current release. ``agentops.providers.provider_for(ctx)`` honours it."""
+        """The workflow's behavioral release (``provider``, ``model``, ``prompt_version``,
+        ``tool_versions``), which ``agentops.providers.provider_for(ctx)`` runs; None in a test
+        kit without one (the current release runs)."""
         return self.claim.release
+
+    @property
+    def release_announced(self) -> bool:
+        """False when the release was recorded from the settings of a process that launched before
+        any worker announced one (a shell), and no worker has run it since."""
+        return self.claim.release_announced
+
+    @property
+    def release_policy(self) -> str:
+        """What to do when this worker cannot run the workflow's release: pin, revalidate or fail."""
+        return self.claim.release_policy
+
+    @property
+    def fallback_model(self) -> str:
+        """The model to move to on sustained overload; "" when the workflow has none."""
+        return self.claim.fallback_model
+
+    @property
+    def throttled_in_a_row(self) -> int:
+        """How many attempts right before this one were throttled (429/529)."""
+        return self.claim.throttled_in_a_row
+
+    def adopt_release(self, release: dict[str, Any], *, why: str) -> None:
+        """Record that the workflow now runs on ``release`` (``why``: ``worker``, this worker cannot
+        run the recorded one; ``fallback``, sustained overload); raises LeaseLost when the attempt
+        no longer holds its lease."""
+        if not self.lease.adopt_release(self.claim, release, why):
+            raise self._lease_lost(LEASE_LOST)
 
     @property
     def definition_version(self) -> int:

@@ -29,9 +29,18 @@ class Claim:
     previous_attempt_lost: bool
     checkpoint: dict[str, Any] | None = None
     definition_version: int = 1
-    # The behavioral release (provider, model, prompt_version, tool_versions) the attempt must run
-    # on when its workflow pins one (release policy "pin"); None: the current release.
+    # The workflow's behavioral release (provider, model, prompt_version, tool_versions) and its
+    # release policy (pin, revalidate, fail): what the attempt's model calls run on
+    # (agentops.providers.provider_for). None (the test kit): the current release.
     release: dict[str, Any] | None = None
+    release_policy: str = "revalidate"
+    # False when the release was recorded from the settings of a process that launched before any
+    # worker announced one (a shell), and no worker has moved the workflow to its own since.
+    release_announced: bool = True
+    # The workflow's fallback model ("" for none) and how many attempts before this one in a row
+    # were throttled (429/529): provider_for moves the calls to the fallback on sustained overload.
+    fallback_model: str = ""
+    throttled_in_a_row: int = 0
 
 
 class Lease(Protocol):
@@ -43,3 +52,5 @@ class Lease(Protocol):
     def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str) -> bool: ...
 
     def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool: ...
+
+    def adopt_release(self, claim: Claim, release: dict[str, Any], why: str) -> bool: ...

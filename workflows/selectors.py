@@ -88,6 +88,7 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
         "goal": current_goal(workflow),
         "release": {"provider": workflow.release.provider, "model": workflow.release.model,
                     "prompt_version": workflow.release.prompt_version},
+        "fallback_model": workflow.fallback_model,
         "reason": workflow.reason,
         "pause_cause": workflow.pause_cause,
         "handler_failures": workflow.handler_failures,
@@ -100,9 +101,9 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
 
 # The keys of ``agent show --json`` that every kind has; a kind's ``show_extras`` adds others.
 DETAIL_KEYS = frozenset({
-    "id", "kind", "status", "current_node", "intent_version", "goal", "release", "reason", "pause_cause",
-    "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params", "result", "waits",
-    "activities", "commitments", "spend", "progress", "events",
+    "id", "kind", "status", "current_node", "intent_version", "goal", "release", "fallback_model", "reason",
+    "pause_cause", "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params",
+    "result", "waits", "activities", "commitments", "spend", "progress", "events",
 })
 
 
@@ -214,3 +215,13 @@ def _str(value: Decimal | None) -> str | None:
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
+
+
+def usage_uncertain(*, workflow_id: int | None = None) -> list[dict[str, Any]]:
+    """The ledger's uncertain requests (no answer seen), oldest first: what ``agent usage settle`` settles."""
+    entries = UsageEntry.objects.filter(status=UsageEntry.Status.UNCERTAIN).order_by("created_at", "pk")
+    if workflow_id is not None:
+        entries = entries.filter(workflow_id=workflow_id)
+    return [{"workflow_id": e.workflow_id, "key": e.key, "provider": e.provider, "model": e.model,
+             "reserved_usd": str(e.reserved_usd), "created_at": e.created_at.isoformat(), "outcome": e.outcome}
+            for e in entries]

@@ -36,6 +36,8 @@ class Price:
     output: Decimal
     cache_read: Decimal
     cache_write: Decimal
+    # A cache write with the 1-hour TTL; twice uncached input where the table gives none.
+    cache_write_1h: Decimal
 
 
 def price_for(model: str) -> Price:
@@ -46,26 +48,36 @@ def price_for(model: str) -> Price:
     row = table.get(name) or table.get("default")
     if row is None:
         raise Permanent(f"No price for model {model!r} in AGENTOPS_MODEL_PRICES_USD_PER_MTOK and no 'default' row.")
-    return Price(**{k: Decimal(str(row[k])) for k in ("input", "output", "cache_read", "cache_write")})
+    prices = {k: Decimal(str(row[k])) for k in ("input", "output", "cache_read", "cache_write")}
+    return Price(**prices, cache_write_1h=Decimal(str(row.get("cache_write_1h", prices["input"] * 2))))
 
 
-def estimate_usd(model: str, *, prompt_chars: int, max_tokens: int) -> Decimal:
-    """An upper estimate of one request's cost: the whole prompt written to the prompt cache (the
-    dearest way to send it: a cache write costs 1.25 times uncached input on the 5-minute TTL) and
-    every allowed output token."""
+def estimate_usd(model: str, *, input_tokens: int, max_tokens: int, prefix_cache_ttl: str = "5m") -> Decimal:
+    """An upper estimate of one request's cost: every input token written to the prompt cache at
+    the dearest TTL the request asks for (a write costs 1.25 times uncached input on the 5-minute
+    TTL, twice on the 1-hour one) and every allowed output token."""
     price = price_for(model)
-    tokens_in = Decimal(prompt_chars // CHARS_PER_TOKEN + 1)
-    return _usd(tokens_in * max(price.input, price.cache_write) + Decimal(max_tokens) * price.output)
+    write = price.cache_write_1h if prefix_cache_ttl == "1h" else price.cache_write
+    return _usd(Decimal(input_tokens) * max(price.input, write) + Decimal(max_tokens) * price.output)
+
+
+def estimated_input_tokens(*, system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """The input of a request, in tokens, where the provider cannot count it: one per
+    ``CHARS_PER_TOKEN`` characters of the rendered prompt, rounded up."""
+    chars = len(system) + len(json.dumps(messages, default=str)) + len(json.dumps(tools or []))
+    return chars // CHARS_PER_TOKEN + 1
 
 
 def cost_usd(model: str, usage: Usage) -> Decimal:
-    """The cost of reported usage; cache reads and writes at their own prices."""
+    """The cost of reported usage; cache reads and writes (5-minute and 1-hour) at their own prices."""
     price = price_for(model)
+    written_1h = min(usage.cache_creation_1h_input_tokens, usage.cache_creation_input_tokens)
     return _usd(
         Decimal(usage.input_tokens) * price.input
         + Decimal(usage.output_tokens) * price.output
         + Decimal(usage.cache_read_input_tokens) * price.cache_read
-        + Decimal(usage.cache_creation_input_tokens) * price.cache_write
+        + Decimal(usage.cache_creation_input_tokens - written_1h) * price.cache_write
+        + Decimal(written_1h) * price.cache_write_1h
     )
 
 
@@ -82,12 +94,15 @@ def metered_complete(
     max_tokens: int,
     tools: list[dict[str, Any]] | None = None,
     tool_choice: dict[str, Any] | None = None,
+    prefix_cache_ttl: str = "5m",
 ) -> ModelResponse:
     """One model call of an activity, inside the workflow's budget and with its lease kept alive.
 
     Every request the call sends (the SDK's in-process retries included) has its own ledger
     row, ``<operation_id>#<call>@<attempt>.<n>`` (``LedgerMeter``): reserved before it leaves the
-    process, checked against the budget (raising BudgetDeferred or BudgetExhausted at the
+    process at an upper estimate (the provider's token count of the input, else one token per
+    four characters, all of it priced as a cache write of ``prefix_cache_ttl``, plus every
+    allowed output token), checked against the budget (raising BudgetDeferred or BudgetExhausted at the
     limits), then charged with the reported usage, released when it was answered with an error
     or never sent, or left uncertain at its estimate when no answer was seen. While the call
     waits for the answer a background thread heartbeats the lease (``keep_alive``), so the
@@ -99,14 +114,17 @@ def metered_complete(
     """
     ctx.fence(f"model call {call}")
     provider = provider_for(ctx)
-    prompt_chars = len(system) + len(json.dumps(messages, default=str)) + len(json.dumps(tools or []))
-    meter = LedgerMeter(ctx, call=call, provider=provider.name, model=provider.model,
-                        estimate=estimate_usd(provider.model, prompt_chars=prompt_chars, max_tokens=max_tokens))
+    input_tokens = provider.count_tokens(system=system, messages=messages, tools=tools)
+    if input_tokens is None:
+        input_tokens = estimated_input_tokens(system=system, messages=messages, tools=tools)
+    estimate = estimate_usd(provider.model, input_tokens=input_tokens, max_tokens=max_tokens,
+                            prefix_cache_ttl=prefix_cache_ttl)
+    meter = LedgerMeter(ctx, call=call, provider=provider.name, model=provider.model, estimate=estimate)
     started = time.monotonic()
     try:
         with keep_alive(ctx, f"waiting for model call {call}") as beat:
             response = provider.complete(system=system, messages=messages, max_tokens=max_tokens, tools=tools,
-                                         tool_choice=tool_choice, meter=meter)
+                                         tool_choice=tool_choice, meter=meter, prefix_cache_ttl=prefix_cache_ttl)
     except AgentOpsError as exc:
         meter.failed(exc)
         if meter.sent:
@@ -123,14 +141,16 @@ def metered_complete(
     ctx.note("model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
              request_id=response.request_id, stop_reason=response.stop_reason, input_tokens=usage.input_tokens,
              output_tokens=usage.output_tokens, cache_read_tokens=usage.cache_read_input_tokens,
-             cache_write_tokens=usage.cache_creation_input_tokens, cost_usd=str(cost), requests=meter.sent)
+             cache_write_tokens=usage.cache_creation_input_tokens,
+             cache_write_1h_tokens=usage.cache_creation_1h_input_tokens, cost_usd=str(cost), requests=meter.sent)
     return response
 
 
 def usage_fields(usage: Usage) -> dict[str, int]:
     """A ``Usage`` as the ledger's token columns."""
     return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-            "cache_read_tokens": usage.cache_read_input_tokens, "cache_write_tokens": usage.cache_creation_input_tokens}
+            "cache_read_tokens": usage.cache_read_input_tokens, "cache_write_tokens": usage.cache_creation_input_tokens,
+            "cache_write_1h_tokens": usage.cache_creation_1h_input_tokens}
 
 
 class LedgerMeter:

@@ -44,6 +44,9 @@ CONNECT_TIMEOUT_SECONDS = 5.0
 INLINE_RETRY_WAIT_LIMIT_SECONDS = 10.0
 OVERLOADED = 529  # the API's overloaded_error
 CACHE_CONTROL: dict[str, Any] = {"type": "ephemeral"}
+CACHE_CONTROL_1H: dict[str, Any] = {"type": "ephemeral", "ttl": "1h"}
+# A token count is an estimate for the reservation; it must not hold a model call up for long.
+COUNT_TOKENS_TIMEOUT_SECONDS = 5.0
 # 429s that are not about request rate: retrying within hours will not help.
 SPEND_LIMIT_CODES = frozenset({"enforced_spend_limit_reached", "contract_spend_limit_reached"})
 
@@ -101,10 +104,10 @@ class AnthropicProvider:
     def complete(
         self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
         tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
-        meter: RequestMeter | None = None,
+        meter: RequestMeter | None = None, prefix_cache_ttl: str = "5m",
     ) -> ModelResponse:
         request = cached_request(model=self.model, system=system, messages=messages, max_tokens=max_tokens,
-                                 tools=tools)
+                                 tools=tools, prefix_cache_ttl=prefix_cache_ttl)
         if tool_choice:
             request["tool_choice"] = tool_choice
         client = self._sdk()
@@ -116,11 +119,35 @@ class AnthropicProvider:
         except anthropic.AnthropicError as exc:
             raise self._mapped(exc) from None
         except json.JSONDecodeError as exc:  # the SDK lets a 2xx body that is not JSON through as is
-            raise Permanent(
-                f"The Anthropic API answered {self.model} with a body that is not JSON ({exc.msg}); "
-                "check ANTHROPIC_BASE_URL points at the Messages API.", provider=self.name,
+            raise Retryable(
+                f"The Anthropic API answered {self.model} with a body that is not JSON ({exc.msg}); it was not used "
+                "and the activity will try again. If it keeps happening, check ANTHROPIC_BASE_URL points at the "
+                "Messages API.", provider=self.name, retry_after_seconds=None,
             ) from None
         return self._response(message)
+
+    def count_tokens(
+        self, *, system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+    ) -> int | None:
+        """The API's own count of the request's input tokens (``/v1/messages/count_tokens``: free,
+        rate-limited on its own), for the ledger's reservation; None when counting is off
+        (AGENTOPS_ANTHROPIC_COUNT_TOKENS) or the count failed: the reservation then falls back to
+        an estimate from the prompt's length, and the call itself goes ahead either way."""
+        if not settings.AGENTOPS_ANTHROPIC_COUNT_TOKENS:
+            return None
+        request: dict[str, Any] = {"model": self.model, "messages": messages}
+        if system:
+            request["system"] = system
+        if tools:
+            request["tools"] = tools
+        try:
+            counted = self._sdk().with_options(max_retries=0, timeout=COUNT_TOKENS_TIMEOUT_SECONDS) \
+                .messages.count_tokens(**request)
+        except anthropic.AnthropicError as exc:
+            log.info("anthropic.count_tokens.failed", extra={"model": self.model, "error": type(exc).__name__})
+            return None
+        tokens = getattr(counted, "input_tokens", None)
+        return tokens if isinstance(tokens, int) and tokens >= 0 else None
 
     def _sdk(self) -> anthropic.Anthropic:
         if self._client is None:
@@ -148,11 +175,13 @@ class AnthropicProvider:
         """Check the answer's shape (the SDK does not) and turn it into a ``ModelResponse``."""
         request_id = str(getattr(message, "_request_id", "") or "")
 
-        def malformed(what: str) -> Permanent:
-            return Permanent(
-                f"The Anthropic API's answer for {self.model} is malformed ({what}); it was not used. "
-                "Retrying will not help if the API or a proxy in between keeps answering like this; "
-                "check ANTHROPIC_BASE_URL.", provider=self.name, request_id=request_id,
+        def malformed(what: str) -> Retryable:
+            # A truncated or foreign body (a proxy's error page, a cut connection) is a glitch of the
+            # way there, not of the work: the activity's retry policy bounds how often it is tried.
+            return Retryable(
+                f"The Anthropic API's answer for {self.model} is malformed ({what}); it was not used and the "
+                "activity will try again. If the API or a proxy in between keeps answering like this, check "
+                "ANTHROPIC_BASE_URL.", provider=self.name, request_id=request_id, retry_after_seconds=None,
             )
 
         if not isinstance(message, anthropic.types.Message):
@@ -193,6 +222,7 @@ class AnthropicProvider:
             output_tokens=usage.output_tokens,
             cache_read_input_tokens=usage.cache_read_input_tokens or 0,
             cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+            cache_creation_1h_input_tokens=getattr(usage.cache_creation, "ephemeral_1h_input_tokens", 0) or 0,
         )
         if message.stop_reason == "refusal":
             details = message.stop_details
@@ -253,7 +283,7 @@ class AnthropicProvider:
 
 
 def cached_request(*, model: str, system: str, messages: list[dict[str, Any]], max_tokens: int,
-                   tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+                   tools: list[dict[str, Any]] | None, prefix_cache_ttl: str = "5m") -> dict[str, Any]:
     """The request body with its prompt-cache breakpoints (3 of the API's 4).
 
     The API renders tools, then system, then messages, and caches the prefix up to a
@@ -265,12 +295,21 @@ def cached_request(*, model: str, system: str, messages: list[dict[str, Any]], m
     those blocks, reads them back (the API looks up to 20 blocks behind a breakpoint for a
     cached prefix) and writes only what was added. The caller's messages are not modified: the
     breakpoint is set on a copy, so what is stored and sent next turn stays byte-identical.
+
+    ``prefix_cache_ttl="1h"`` keeps the stable prefix (tools and system) for an hour instead of
+    five minutes, for calls that a long wait separates (a write costs twice uncached input
+    instead of 1.25 times; a read after the wait costs a tenth). The moving breakpoint keeps the
+    5-minute TTL: the turns of a tool loop follow each other within seconds, and the API wants
+    longer-lived breakpoints before shorter-lived ones, which this order keeps.
     """
+    if prefix_cache_ttl not in ("5m", "1h"):
+        raise ValueError(f"prefix_cache_ttl must be '5m' or '1h', not {prefix_cache_ttl!r}")
+    prefix = CACHE_CONTROL_1H if prefix_cache_ttl == "1h" else CACHE_CONTROL
     request: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": with_breakpoint(messages)}
     if system:
-        request["system"] = [{"type": "text", "text": system, "cache_control": CACHE_CONTROL}]
+        request["system"] = [{"type": "text", "text": system, "cache_control": prefix}]
     if tools:
-        request["tools"] = [*tools[:-1], {**tools[-1], "cache_control": CACHE_CONTROL}]
+        request["tools"] = [*tools[:-1], {**tools[-1], "cache_control": prefix}]
     return request
 
 

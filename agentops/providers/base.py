@@ -11,6 +11,8 @@ class Usage:
     output_tokens: int = 0
     cache_read_input_tokens: int = 0
     cache_creation_input_tokens: int = 0
+    # The part of cache_creation_input_tokens written with the 1-hour TTL (priced higher).
+    cache_creation_1h_input_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -62,8 +64,16 @@ class ModelProvider(Protocol):
     def complete(
         self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
         tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
-        meter: RequestMeter | None = None,
+        meter: RequestMeter | None = None, prefix_cache_ttl: str = "5m",
     ) -> ModelResponse:
         """One Messages API call; ``tool_choice`` (``{"type": "tool", "name": …}``) forces a tool
-        call; ``meter`` is told about each HTTP request the call sends."""
+        call; ``meter`` is told about each HTTP request the call sends; ``prefix_cache_ttl``
+        ("5m" or "1h") is the prompt-cache lifetime of the stable prefix (tools and system)."""
+        ...
+
+    def count_tokens(
+        self, *, system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+    ) -> int | None:
+        """The request's input tokens as the provider counts them, or None when it cannot say
+        (the caller then estimates from the prompt's length)."""
         ...

@@ -25,7 +25,7 @@ class ScriptedProvider:
     def complete(
         self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
         tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
-        meter: RequestMeter | None = None,
+        meter: RequestMeter | None = None, prefix_cache_ttl: str = "5m",
     ) -> ModelResponse:
         """An answer computed in-process: one "request", always answered."""
         if meter is not None:
@@ -48,6 +48,12 @@ class ScriptedProvider:
             return ModelResponse(text="", stop_reason="tool_use", tool_calls=[call],
                                  usage=_usage(system, prompt, answer))
         return ModelResponse(text=answer, stop_reason="end_turn", usage=_usage(system, prompt, answer))
+
+    def count_tokens(
+        self, *, system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+    ) -> int | None:
+        """No tokenizer offline: the caller's estimate from the prompt's length stands."""
+        return None
 
     def _execute_turn(self, prompt: str, messages: list[dict[str, Any]], system: str) -> ModelResponse:
         """Write a note for the task, look at the workspace, then report: three turns, always the same."""

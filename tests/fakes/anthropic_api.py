@@ -265,7 +265,11 @@ class FakeAnthropicAPI:
         self.queue: list[Answer] = []
         self.responder: Callable[[dict[str, Any]], Answer] | None = None
         self.overloaded_until: float | None = None  # answer 529 to every request until this time
+        self.overloaded_model: str | None = None  # … only to requests for this model, when set
         self.requests: list[Recorded] = []
+        # /v1/messages/count_tokens requests (free, never billed), and faults to answer them with.
+        self.counts: list[Recorded] = []
+        self.count_faults: list[Answer] = []
         self.unexpected: list[str] = []  # requests that found nothing scripted (the fixture fails the test)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -278,9 +282,10 @@ class FakeAnthropicAPI:
         self.queue.extend(answers)
         return self
 
-    def overload_for(self, seconds: float) -> None:
-        """529 ``overloaded_error`` to every request for the next ``seconds`` (of ``clock``)."""
-        self.overloaded_until = self.clock() + seconds
+    def overload_for(self, seconds: float, *, model: str | None = None) -> None:
+        """529 ``overloaded_error`` to every request (or every request for ``model``) for the next
+        ``seconds`` (of ``clock``)."""
+        self.overloaded_until, self.overloaded_model = self.clock() + seconds, model
 
     # assertions
     def bodies(self) -> list[dict[str, Any]]:
@@ -320,7 +325,9 @@ class FakeAnthropicAPI:
     # answering
     def next_answer(self, body: dict[str, Any]) -> Answer:
         with self._lock:
-            if self.overloaded_until is not None and self.clock() < self.overloaded_until:
+            if self.overloaded_until is not None and self.clock() < self.overloaded_until and (
+                self.overloaded_model in (None, body.get("model"))
+            ):
                 return overloaded()
             if self.queue:
                 return self.queue.pop(0)
@@ -361,10 +368,15 @@ class FakeAnthropicAPI:
                 return 400, "invalid_request_error", f"{name}: Field required"
         if not body["messages"]:
             return 400, "invalid_request_error", "messages: at least one message is required"
-        marked = sum(1 for _, block in rendered_blocks(body) if _cache_control(block))
-        if marked > MAX_BREAKPOINTS:
+        ttls = [_cache_control(block).get("ttl", "5m") for _, block in rendered_blocks(body) if _cache_control(block)]
+        if len(ttls) > MAX_BREAKPOINTS:
             return 400, "invalid_request_error", (f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be "
-                                                  f"provided. Found {marked}.")
+                                                  f"provided. Found {len(ttls)}.")
+        if any(ttl not in TTL_SECONDS for ttl in ttls):
+            return 400, "invalid_request_error", "cache_control.ttl: Input should be '5m' or '1h'"
+        if "5m" in ttls and "1h" in ttls[ttls.index("5m"):]:
+            return 400, "invalid_request_error", ("a ttl='1h' cache_control block must not come after a ttl='5m' "
+                                                  "cache_control block")
         choice = body.get("tool_choice")
         if isinstance(choice, dict) and choice.get("type") == "tool":
             if choice.get("name") not in {t.get("name") for t in body.get("tools") or []}:
@@ -395,11 +407,10 @@ def _handler_for(api: FakeAnthropicAPI) -> type[BaseHTTPRequestHandler]:
             request_id = f"req_fake{next(api._ids):010d}"
             recorded = Recorded(body=body if isinstance(body, dict) else {}, headers=headers,
                                 request_id=request_id, at=api.clock())
+            if self.path.split("?")[0] == "/v1/messages/count_tokens":
+                return self._count_tokens(recorded, body, headers)
             with api._lock:
                 api.requests.append(recorded)
-            if self.path.split("?")[0] == "/v1/messages/count_tokens" and isinstance(body, dict):
-                total = sum(tokens_of(block) for _, block in rendered_blocks(body))
-                return self._json(recorded, 200, {"input_tokens": total})
             if self.path.split("?")[0] != "/v1/messages":
                 return self._error(recorded, 404, "not_found_error", f"Not found: {self.path}")
             refused = api.refusal_of_request(body, headers)
@@ -421,6 +432,20 @@ def _handler_for(api: FakeAnthropicAPI) -> type[BaseHTTPRequestHandler]:
             message = api.message_for(body, answer, request_id)
             recorded.usage = message["usage"]
             self._json(recorded, 200, message)
+
+        def _count_tokens(self, recorded: Recorded, body: Any, headers: dict[str, str]) -> None:
+            """The free token-counting endpoint: the request's input tokens by the fake tokenizer."""
+            with api._lock:
+                api.counts.append(recorded)
+                fault = api.count_faults.pop(0) if api.count_faults else None
+            if not api_key_of(headers):
+                return self._error(recorded, 401, "authentication_error", "x-api-key header is required")
+            if not isinstance(body, dict) or "model" not in body or not body.get("messages"):
+                return self._error(recorded, 400, "invalid_request_error", "model and messages are required")
+            if fault is not None:
+                return self._error(recorded, fault.status, fault.error_type, fault.error_message, fault.headers)
+            total = sum(tokens_of(block) for _, block in rendered_blocks(body))
+            self._json(recorded, 200, {"input_tokens": total})
 
         def _error(self, recorded: Recorded, status: int, kind: str, message: str,
                    headers: dict[str, str] | None = None, details: dict[str, Any] | None = None) -> None:

@@ -132,6 +132,11 @@ def test_a_worker_killed_during_a_slow_model_call_is_replaced_within_seconds(
     settled = spent_usd(Workflow.objects.get(pk=wf))
     assert settled == bill
     assert_event_seqs_contiguous([wf])
+    # Launched from this process (no API key: the scripted provider) before any worker started:
+    # the workers' first call recorded the release they run, so nothing shows as "simulated".
+    workflow = Workflow.objects.select_related("release").get(pk=wf)
+    assert (workflow.release.provider, workflow.release.model) == ("anthropic", MODEL)
+    assert [e.data["where"] for e in Event.objects.filter(workflow_id=wf, kind="release.changed")] == ["worker"]
     figures("issue 15 SIGKILL during a slow model call", model_call_lease_s=MODEL_CALL_LEASE_SECONDS,
             slow_answer_s=SLOW_ANSWER_SECONDS,
             recovery_s=f"{recovery_s:.2f}", tool_calls=len(tools), tool_calls_redone=0, requests=len(by_key),

@@ -3,15 +3,18 @@ usage the fake Messages API reported, under faults (429, 529, a timeout, a dropp
 malformed answer retried)."""
 from __future__ import annotations
 
+import json
 import socket
 import time
 from decimal import Decimal
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 
-from agentops.budgets import USAGE_KEY_HEADER, cost_usd, usage_fields
+from agentops.budgets import USAGE_KEY_HEADER, cost_usd
 from agentops.providers.base import Usage
 from tests.conftest import drive
 from tests.fakes import anthropic_api as fake
@@ -59,11 +62,15 @@ def server_settled(api: FakeAnthropicAPI, timeout: float = 10.0) -> None:
 
 def test_the_ledger_equals_the_servers_bill_under_faults(
     claude: FakeAnthropicAPI, workspaces: Path, settings: Any, time_machine: Any, sdk_sleeps: list[float],
+    tmp_path: Path,
 ) -> None:
     """Every request the server saw has exactly one ledger row under the key it was sent with:
     charged rows cost what the server's usage says, 429/529 answers are released (not billed),
-    the timed-out and dropped requests are uncertain at an estimate no lower than what the server
-    billed; settled from the server's report, the ledger equals the bill to the cent."""
+    the timed-out, dropped and unreadable requests are uncertain at an estimate no lower than
+    what the server billed; settled from the server's report (`agent usage settle`), the ledger
+    equals the bill to the cent. The faults: a 429 with retry-after, a 529, a malformed plan sent
+    back, a dropped connection, a timeout, a truncated 200 body, a max_tokens cut-off and a plan
+    in fenced JSON; the workflow completes through all of them."""
     settings.AGENTOPS_ANTHROPIC_MAX_RETRIES = 1
     settings.AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS = 1.0
     time_machine.move_to(clock.now(), tick=False)
@@ -72,6 +79,9 @@ def test_the_ledger_equals_the_servers_bill_under_faults(
         fake.tool_use("submit_plan", {"tasks": []}),  # attempt 2: a malformed plan, sent back with the reason
         fake.dropped(),  # … the corrected answer's request is dropped, the SDK's retry times out
         fake.slow(2.5, fake.tool_use("submit_plan", {"tasks": TASKS})),
+        fake.raw(b'{"id": "msg_01", "type": "mess'),  # attempt 3: a truncated body, retried
+        fake.cut_off('{"tasks": [{"title": "Read the'),  # attempt 4: cut off by max_tokens, sent back
+        fake.fenced_json({"tasks": TASKS}),  # … then the plan in a fenced block, as Claude writes it
     )
     claude.responder = ClaudeForAutonomous()
     workflow = launch(workspaces)
@@ -89,7 +99,8 @@ def test_the_ledger_equals_the_servers_bill_under_faults(
     assert {k: (e.status, by_key[k].status) for k, e in entries.items() if k.startswith(plan_op)} == {
         f"{plan_op}#0@1.0": ("released", 429), f"{plan_op}#0@1.1": ("released", 529),
         f"{plan_op}#0@2.0": ("charged", 200), f"{plan_op}#1@2.0": ("uncertain", -1),
-        f"{plan_op}#1@2.1": ("uncertain", 200), f"{plan_op}#0@3.0": ("charged", 200),
+        f"{plan_op}#1@2.1": ("uncertain", 200), f"{plan_op}#0@3.0": ("uncertain", 200),
+        f"{plan_op}#0@4.0": ("charged", 200), f"{plan_op}#1@4.0": ("charged", 200),
     }
     for key, entry in entries.items():
         served = by_key[key]
@@ -108,12 +119,21 @@ def test_the_ledger_equals_the_servers_bill_under_faults(
     assert spent_usd(workflow) == charged + uncertain >= bill, "the ledger never shows less than the bill"
     assert Decimal(spend_summary(workflow)["uncertain_usd"]) == uncertain
 
-    # The provider's usage report settles the uncertain requests: the ledger is then the bill.
-    for key, entry in entries.items():
-        if entry.status == "uncertain":
-            usage = Usage(**{k: (by_key[key].usage or {}).get(k, 0) for k in Usage.__dataclass_fields__})
-            assert services.budget_charge_once(key=key, cost_usd=billed(by_key[key]), usage=usage_fields(usage))
-            assert not services.budget_charge_once(key=key, cost_usd=billed(by_key[key]), usage=usage_fields(usage))
+    # The provider's usage report (README, "Settling uncertain requests"), written from what the
+    # server saw: the answered one with the usage object it sent, the dropped one as not billed.
+    report = tmp_path / "usage.jsonl"
+    report.write_text("".join(json.dumps(
+        {"key": key, "usage": by_key[key].usage, "request_id": by_key[key].request_id} if by_key[key].usage
+        else {"key": key, "billed": False, "reason": "no response in the gateway's log"}) + "\n"
+        for key, entry in entries.items() if entry.status == "uncertain"))
+    out = StringIO()
+    call_command("agent", "usage", "settle", "--file", str(report), "--json", stdout=out)
+    first = json.loads(out.getvalue())
+    assert (len(first["charged"]), len(first["released"]), first["already_settled"]) == (1, 2, [])
+    out = StringIO()
+    call_command("agent", "usage", "settle", "--file", str(report), "--json", stdout=out)
+    assert len(json.loads(out.getvalue())["already_settled"]) == 3, "settling the same report again changes nothing"
+    assert not UsageEntry.objects.filter(workflow=workflow, status="uncertain").exists()
     settled = spent_usd(workflow)
     print(f"\nledger vs server under faults: {len(claude.requests)} requests "
           f"({sum(e.status == 'charged' for e in entries.values())} charged, "

@@ -103,3 +103,57 @@ def test_a_server_error_still_uses_up_attempts(claude: FakeAnthropicAPI, workspa
     planning = Activity.objects.get(workflow=workflow, name="plan_tasks")
     assert (planning.status, planning.attempt, planning.max_attempts) == ("failed", 4, 4)
     assert Workflow.objects.get(pk=workflow.pk).status == "failed"
+
+
+FALLBACK = "claude-haiku-4-5"
+
+
+@pytest.mark.parametrize("policy", ["revalidate", "pin"])
+def test_sustained_overload_moves_the_calls_to_the_fallback_model(
+    claude: FakeAnthropicAPI, workspaces: Path, settings: Any, time_machine: Any, policy: str,
+) -> None:
+    """The primary model is overloaded for ten minutes (a pinned workflow's for 12 s: past the
+    threshold). After AGENTOPS_FALLBACK_AFTER_THROTTLES throttled attempts the workflow's calls move to its fallback
+    model, recorded as a release change, and it completes without waiting the overload out. A
+    pinned workflow keeps its model (the pin covers it) and waits."""
+    from tests.providers.conftest import MODEL
+
+    settings.AGENTOPS_FALLBACK_AFTER_THROTTLES = 3
+    settings.AGENTOPS_THROTTLE_BACKOFF_SECONDS = 1.0
+    settings.AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS = 8.0
+    time_machine.move_to(clock.now(), tick=False)
+    claude.responder = ClaudeForAutonomous()
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes from the docs",
+                                        fallback_model=FALLBACK, release_policy=policy)
+    seed_workspace(workspaces / f"wf-{workflow.pk}")
+    started = clock.now()
+    overload = 12 if policy == "pin" else 600
+    claude.overload_for(overload, model=MODEL)
+
+    run_until_done(workflow.pk, time_machine)
+
+    workflow = Workflow.objects.get(pk=workflow.pk)
+    assert workflow.status == "completed", workflow.reason
+    answered = [r for r in claude.requests if r.status == 200]
+    changes = [e.data for e in Event.objects.filter(workflow=workflow, kind="release.changed")]
+    if policy == "pin":
+        assert {r.body["model"] for r in answered} == {MODEL}
+        assert answered[0].at >= started.timestamp() + overload, "the pinned workflow waited the overload out"
+        assert changes == []
+        throttled = ActivityAttempt.objects.filter(activity__workflow=workflow, error__startswith="Throttled:")
+        assert throttled.count() >= settings.AGENTOPS_FALLBACK_AFTER_THROTTLES
+        return
+    assert [r.status for r in claude.requests[:3]] == [529, 529, 529]
+    assert {r.body["model"] for r in claude.requests[3:]} == {FALLBACK}, "every call after the move"
+    assert answered[0].at < started.timestamp() + 60, "no waiting out the overload"
+    assert [(c["where"], c["model"]) for c in changes] == [("fallback", FALLBACK)]
+    assert workflow.release.model == FALLBACK
+    assert set(workflow.usage.filter(status="charged").values_list("model", flat=True)) == {FALLBACK}
+
+
+def test_a_fallback_model_that_is_not_a_model_name_is_refused_at_launch(claude: FakeAnthropicAPI) -> None:
+    from workflows.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="fallback model must be a model name"):
+        services.workflow_launch(kind="autonomous", goal="Notes", fallback_model="haiku; rm -rf /")
+    assert not Workflow.objects.exists()

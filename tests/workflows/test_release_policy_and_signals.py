@@ -6,14 +6,26 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
 from tests.conftest import drive, open_approval, release_params
 from workflows import clock, engine, services
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, NotFound, TransitionRefused
-from workflows.models import Activity, BehavioralRelease, Event, Signal, Timer, UsageEntry, Wait, Workflow
+from workflows.models import (
+    Activity,
+    ActivityAttempt,
+    BehavioralRelease,
+    Event,
+    Signal,
+    Timer,
+    UsageEntry,
+    Wait,
+    Workflow,
+)
 from workflows.registry import activity
 from workflows.services import Outcome
+from workflows.services.common import release_announce
 from workflows.testing import registered
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rung")]
@@ -97,24 +109,67 @@ def test_release_change_under_pin_keeps_the_old_release(git_repo, deploy_target,
     assert deploy_target.store.stats()["deployments"] == 1
 
 
-def test_a_pinned_workflow_calls_the_pinned_model_after_the_settings_moved(git_repo, deploy_target, requester,
-                                                                          settings):
-    """Issue 10.7: before, activities always took the provider and model of the current settings,
-    so a pin pinned only a label. Now the model calls of a pinned workflow go to its release's model."""
+def test_model_calls_run_the_workflows_release_not_the_workers_settings(git_repo, deploy_target, requester, approver,
+                                                                       settings):
+    """Issue 10.7 and 15.8: before, activities took the provider and model of the worker's settings,
+    so a pin pinned only a label and a release recorded at launch was not what ran. Now every
+    workflow's calls go to its recorded release's model; under revalidate the new release is
+    adopted at the next wait, and the candidate rebuilt on it."""
     settings.AGENTOPS_MODEL = "claude-pinned"
+    release_announce(at=clock.now())  # the workers run claude-pinned when the two are launched
     pinned = services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(git_repo),
                                       user=requester, release_policy="pin")
     current = services.workflow_launch(kind="release", goal="Ship the release notes",
                                        params=release_params(git_repo), user=requester)
     settings.AGENTOPS_MODEL = "claude-newer"
+    release_announce(at=clock.now())  # the workers were redeployed on claude-newer
 
     pinned, current = drive(pinned.pk), drive(current.pk)
 
     assert (pinned.status, current.status) == ("waiting", "waiting")
     assert pinned.state["proposal"]["model"]["model"] == "scripted/claude-pinned"
-    assert current.state["proposal"]["model"]["model"] == "scripted/claude-newer"
+    assert current.state["proposal"]["model"]["model"] == "scripted/claude-pinned"
     assert set(UsageEntry.objects.filter(workflow=pinned).values_list("model", flat=True)) == {
         "scripted/claude-pinned"}
+
+    wait = current.waits.get(status="open")
+    services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash)
+    current = drive(current.pk)
+    assert current.release.model == "scripted/claude-newer"
+    assert current.state["proposal"]["model"]["model"] == "scripted/claude-newer"
+    assert [e["policy"] for e in events(current, "release.changed")] == ["revalidate"]
+
+
+def test_a_launch_records_the_release_the_workers_announced(git_repo, requester, settings):
+    """A worker announces its release when it starts; a launch from a process configured otherwise
+    (a shell without ANTHROPIC_API_KEY, here another model) records the workers' release."""
+    settings.AGENTOPS_MODEL = "claude-on-the-workers"
+    announced = release_announce(at=clock.now())
+    settings.AGENTOPS_MODEL = "claude-in-this-shell"
+
+    workflow = services.workflow_launch(kind="release", goal="Ship the release notes",
+                                        params=release_params(git_repo), user=requester)
+
+    assert workflow.release_id == announced.pk
+    assert workflow.release.model == "scripted/claude-on-the-workers"
+
+
+def test_a_worker_that_cannot_run_the_release_adopts_its_own_under_revalidate(git_repo, deploy_target, requester):
+    """The worker's prompts differ from the recorded release's (new code deployed): under
+    revalidate the call runs on the worker's release and the workflow records that it moved."""
+    workflow = services.workflow_launch(kind="release", goal="Ship the release notes",
+                                        params=release_params(git_repo), user=requester)
+    old = workflow.release
+    with override_settings(AGENTOPS_PROMPT_VERSION="release-prompt-7"):
+        workflow = drive(workflow.pk)
+        new = BehavioralRelease.objects.get(prompt_version="release-prompt-7")
+
+    assert workflow.status == "waiting", workflow.reason
+    assert workflow.release_id == new.pk
+    [changed] = events(workflow, "release.changed")
+    assert (changed["policy"], changed["old"], changed["new"], changed["where"]) == (
+        "revalidate", old.fingerprint, new.fingerprint, "worker")
+    assert ActivityAttempt.objects.filter(activity__workflow=workflow, status="succeeded").exists()
 
 
 def test_a_pinned_workflow_refuses_to_run_prompts_it_was_not_pinned_to(git_repo, deploy_target, requester, settings):
@@ -316,3 +371,23 @@ def test_bad_signal_is_refused(name, payload, message):
 def test_signal_to_an_unknown_workflow_is_not_found(db):
     with pytest.raises(NotFound, match="Workflow 987654 does not exist"):
         services.workflow_signal(workflow_id=987654, name="go")
+
+
+def test_a_release_no_worker_announced_is_replaced_by_the_first_workers(git_repo, deploy_target, requester,
+                                                                        settings):
+    """Launched from a shell before any worker started (its own settings recorded, here the
+    scripted provider's other model), the first model call records and runs the worker's release
+    instead, so the release shown is the one that ran; a pinned workflow keeps what it pinned."""
+    settings.AGENTOPS_MODEL = "claude-of-the-shell"
+    free = services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(git_repo),
+                                    user=requester)
+    pinned = services.workflow_launch(kind="release", goal="Ship the release notes",
+                                      params=release_params(git_repo), user=requester, release_policy="pin")
+    settings.AGENTOPS_MODEL = "claude-of-the-workers"
+
+    free, pinned = drive(free.pk), drive(pinned.pk)
+
+    assert free.release.model == free.state["proposal"]["model"]["model"] == "scripted/claude-of-the-workers"
+    assert [(e["where"], e["policy"]) for e in events(free, "release.changed")] == [("worker", "revalidate")]
+    assert pinned.release.model == pinned.state["proposal"]["model"]["model"] == "scripted/claude-of-the-shell"
+    assert events(pinned, "release.changed") == []

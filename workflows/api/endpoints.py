@@ -68,7 +68,7 @@ def launch(request: HttpRequest, payload: LaunchIn) -> Status[Json]:
         kind=payload.kind, goal=payload.goal, params=payload.params, user=caller(request),
         release_policy=payload.release_policy, max_hours=payload.max_hours, priority=payload.priority,
         budget_total_usd=payload.budget_total_usd, budget_hourly_usd=payload.budget_hourly_usd,
-        stagnation_policy=payload.stagnation_policy,
+        stagnation_policy=payload.stagnation_policy, fallback_model=payload.fallback_model,
     )
     return Status(201, {"id": workflow.pk, "kind": workflow.kind, "status": workflow.status})
 

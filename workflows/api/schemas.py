@@ -27,6 +27,7 @@ class LaunchIn(Body):
                                    description=f"one of {', '.join(Workflow.StagnationPolicy.values)}")
     release_policy: str = Field(default=Workflow.ReleasePolicy.REVALIDATE,
                                 description=f"one of {', '.join(Workflow.ReleasePolicy.values)}")
+    fallback_model: str = Field(default="", description="model to move to on sustained overload; empty: none")
 
 
 class ApproveIn(Body):

@@ -51,6 +51,9 @@ class UsageEntry(models.Model):
     output_tokens = models.PositiveIntegerField(default=0)
     cache_read_tokens = models.PositiveIntegerField(default=0)
     cache_write_tokens = models.PositiveIntegerField(default=0)
+    cache_write_1h_tokens = models.PositiveIntegerField(
+        default=0, help_text="The part of the cache write made with the 1-hour TTL (priced higher)."
+    )
     created_at = models.DateTimeField(help_text="When the request was reserved (before it was sent).")
     charged_at = models.DateTimeField(null=True, blank=True, help_text="When the entry was charged or released.")
 

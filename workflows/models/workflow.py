@@ -21,9 +21,22 @@ class BehavioralRelease(models.Model):
     prompt_version = models.CharField(max_length=80, help_text="Version label of the prompts in use.")
     tool_versions = models.JSONField(default=dict, blank=True, help_text="Tool name to tool version.")
     created_at = models.DateTimeField(help_text="When this release was first seen.")
+    announced_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When a Celery worker last started on this release; launches elsewhere (a shell, the admin) "
+                  "record the most recently announced release, the one the workers run.",
+    )
+
+    class Meta:
+        indexes = [models.Index(fields=["-announced_at"], name="release_announced_idx")]
 
     def __str__(self) -> str:
         return f"{self.provider}:{self.model} prompt={self.prompt_version} ({self.fingerprint[:10]})"
+
+    def spec(self) -> dict[str, Any]:
+        """Provider, model, prompt and tool versions, as ``agentops.providers`` describes a release."""
+        return {"provider": self.provider, "model": self.model, "prompt_version": self.prompt_version,
+                "tool_versions": self.tool_versions}
 
 
 class Workflow(ConcurrentTransitionMixin, models.Model):
@@ -79,6 +92,16 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     release_policy = models.CharField(
         max_length=12, choices=ReleasePolicy.choices, default=ReleasePolicy.REVALIDATE,
         help_text="What to do on resume when the current release differs from this workflow's.",
+    )
+    release_provisional = models.BooleanField(
+        default=False,
+        help_text="The release was recorded from the settings of a process that launched before any worker "
+                  "announced one; unless pinned, the first worker to call the model records and runs its own.",
+    )
+    fallback_model = models.CharField(
+        max_length=120, blank=True, default="",
+        help_text="Model the calls move to after AGENTOPS_FALLBACK_AFTER_THROTTLES throttled attempts in a row "
+                  "(sustained overload); recorded as a release change when used. Empty: no fallback.",
     )
     launched_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",

@@ -16,7 +16,9 @@ from workflows.services.budgets import (
     budget_reserve_ensure,
     budget_uncertain_once,
     usage_key,
+    usage_report_parse,
     usage_reservations_settle_orphaned,
+    usage_settle_from_report,
     workflow_budget_set,
 )
 from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
@@ -64,7 +66,9 @@ __all__ = [
     "timer_fire_if_due",
     "timers_fire_due",
     "usage_key",
+    "usage_report_parse",
     "usage_reservations_settle_orphaned",
+    "usage_settle_from_report",
     "wait_approve",
     "wait_reject",
     "workflow_advance_if_runnable",

@@ -18,7 +18,14 @@ from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Perm
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.budgets import pause_for_budget_locked
-from workflows.services.common import event_record, events_batched, json_checked, workflow_lock
+from workflows.services.common import (
+    event_record,
+    events_batched,
+    json_checked,
+    release_ensure,
+    workflow_lock,
+    workflow_save,
+)
 from workflows.services.progress import progress_record_once, progress_validate
 from workflows.services.steps import (
     COMPENSATION_NODE,
@@ -26,6 +33,7 @@ from workflows.services.steps import (
     attempt_start,
     commitment_compensated_by,
     lease_expiry,
+    throttled_streak,
 )
 from workflows.services.workflows import advance_locked
 
@@ -102,6 +110,9 @@ class DatabaseLease:
 
     def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool:
         return activity_note_if_current(claim=claim, kind=kind, data=data)
+
+    def adopt_release(self, claim: Claim, release: dict[str, Any], why: str) -> bool:
+        return workflow_release_adopt_if_current(claim=claim, release=release, why=why)
 
 
 @transaction.atomic
@@ -263,17 +274,12 @@ def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseExceptio
     return outcome
 
 
-THROTTLED_PREFIX = f"{Throttled.__name__}: "
-
-
 def throttle_backoff_seconds(claim: Claim) -> float:
     """The wait after a throttled attempt whose provider named none: exponential in the number of
     throttled attempts in a row (this one included), from AGENTOPS_THROTTLE_BACKOFF_SECONDS up to
     AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS, with "equal jitter" (half fixed, half random) so the
     workflows an overload stopped together do not all come back in the same second."""
-    earlier = ActivityAttempt.objects.filter(activity_id=claim.activity_id, number__lt=claim.attempt).order_by(
-        "-number").values_list("error", flat=True)[:16]
-    streak = next((i for i, error in enumerate(earlier) if not error.startswith(THROTTLED_PREFIX)), len(earlier))
+    streak = throttled_streak(claim.activity_id, before=claim.attempt)
     ceiling = min(settings.AGENTOPS_THROTTLE_BACKOFF_SECONDS * 2 ** streak,
                   settings.AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS)
     return float(ceiling / 2 + random.uniform(0, ceiling / 2))
@@ -367,4 +373,29 @@ def activity_note_if_current(*, claim: Claim, kind: str, data: dict[str, Any]) -
             return False
         event_record(workflow=workflow, kind=kind, at=clock.now(), operation_id=claim.operation_id,
                      attempt=claim.attempt, **json_checked(data, what=f"The {kind} note"))
+    return True
+
+
+def workflow_release_adopt_if_current(*, claim: Claim, release: dict[str, Any], why: str) -> bool:
+    """The workflow of a running attempt moves to ``release``: the worker cannot run the recorded
+    one (its prompts or tools differ) under the ``revalidate`` policy (``why="worker"``), or a
+    sustained overload moves its calls to the fallback model (``why="fallback"``). Recorded as a
+    ``release.changed`` event (``where``: why), so the workflow shows what its calls run on.
+
+    Idempotent: a workflow already on that release changes nothing; fenced like a result (False
+    once the attempt no longer holds its lease).
+    """
+    with transaction.atomic():
+        workflow = workflow_lock(claim.workflow_id)
+        if not _fenced(claim).exists():
+            return False
+        now = clock.now()
+        new = release_ensure(release, at=now)
+        if new.pk == workflow.release_id:
+            return True
+        event_record(workflow=workflow, kind="release.changed", at=now, policy=workflow.release_policy,
+                     old=workflow.release.fingerprint, new=new.fingerprint, where=why, model=new.model,
+                     operation_id=claim.operation_id, attempt=claim.attempt)
+        workflow.release, workflow.release_provisional = new, False
+        workflow_save(workflow, "release", "release_provisional", at=now)
     return True

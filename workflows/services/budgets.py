@@ -2,6 +2,9 @@
 charged, released or marked uncertain after it; defer or pause at the limits."""
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -9,6 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Exists, OuterRef
 
+from agentops.providers.base import Usage
 from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
@@ -199,3 +203,165 @@ def pause_for_budget_locked(workflow: Workflow, activity: Activity, error: Budge
                      cause=Workflow.PauseCause.BUDGET)
         workflow_save(workflow, "status", "reason", at=now)
 
+
+
+# --- settling uncertain requests from the provider's usage ---------------------------------------
+
+USAGE_FIELDS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+MAX_REPORT_LINES = 100_000
+
+
+@dataclass(frozen=True)
+class UsageReportLine:
+    """One request of a usage report: its ledger key and either its usage (billed) or not billed."""
+
+    line: int
+    key: str
+    usage: Usage | None
+    request_id: str = ""
+    reason: str = ""
+
+
+@dataclass
+class SettleSummary:
+    """What settling a report did, per outcome, with the keys."""
+
+    charged: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    already_settled: list[str] = field(default_factory=list)
+    in_flight: list[str] = field(default_factory=list)
+    charged_usd: Decimal = Decimal(0)
+    reserved_usd: Decimal = Decimal(0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"charged": self.charged, "released": self.released, "already_settled": self.already_settled,
+                "in_flight": self.in_flight, "charged_usd": str(self.charged_usd),
+                "reserved_usd": str(self.reserved_usd)}
+
+    @property
+    def message(self) -> str:
+        return (f"{len(self.charged)} uncertain requests charged ({self.charged_usd} USD where "
+                f"{self.reserved_usd} USD was held), {len(self.released)} released as not billed; "
+                f"{len(self.already_settled)} already settled, {len(self.in_flight)} still in flight (left as they "
+                "are: their attempt will settle them).")
+
+
+def usage_report_parse(lines: Iterable[str]) -> list[UsageReportLine]:
+    """Parse a usage report: JSON Lines, one object per request that a gateway or the provider's
+    logs matched to its ``x-agentops-usage-key``: ``{"key": …, "usage": {input_tokens,
+    output_tokens, cache_read_input_tokens, cache_creation_input_tokens, cache_creation:
+    {ephemeral_1h_input_tokens}}, "request_id": …}`` for a billed request (the Messages API's own
+    ``usage`` object; other fields in it are ignored), ``{"key": …, "billed": false, "reason": …}``
+    for one the provider did not bill. Blank lines are skipped.
+
+    Raises InvalidInput naming every bad line (up to ten) and a key given twice, before anything
+    is settled.
+    """
+    parsed: list[UsageReportLine] = []
+    problems: list[str] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(lines, start=1):
+        if number > MAX_REPORT_LINES:
+            raise InvalidInput(f"The usage report has more than {MAX_REPORT_LINES:,} lines; split it.")
+        if not raw.strip():
+            continue
+        try:
+            entry = _report_line(number, raw)
+        except InvalidInput as exc:
+            problems.append(f"line {number}: {exc}")
+            continue
+        if entry.key in seen:
+            problems.append(f"line {number}: key {entry.key!r} was already given on line {seen[entry.key]}")
+        seen.setdefault(entry.key, number)
+        parsed.append(entry)
+    if problems:
+        more = f"; and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise InvalidInput("The usage report was not applied; nothing changed. " + "; ".join(problems[:10]) + more)
+    return parsed
+
+
+def _report_line(number: int, raw: str) -> UsageReportLine:
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"not JSON ({exc.msg})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("key"), str) or not data["key"]:
+        raise InvalidInput('not an object with a "key" string')
+    key, usage, billed = data["key"], data.get("usage"), data.get("billed", True)
+    if billed is False:
+        if usage is not None:
+            raise InvalidInput('gives both "usage" and "billed": false')
+        return UsageReportLine(line=number, key=key, usage=None, reason=str(data.get("reason") or "")[:200])
+    if billed is not True or not isinstance(usage, dict):
+        raise InvalidInput('needs "usage" (the Messages API usage object) or "billed": false')
+    counts: dict[str, int] = {}
+    for name in USAGE_FIELDS:
+        value = usage.get(name, 0)
+        if value is None:
+            value = 0
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise InvalidInput(f"usage.{name} must be a whole number of tokens, 0 or more; got {value!r}")
+        counts[name] = value
+    by_ttl = usage.get("cache_creation") or {}
+    written_1h = by_ttl.get("ephemeral_1h_input_tokens", 0) if isinstance(by_ttl, dict) else None
+    if not isinstance(written_1h, int) or isinstance(written_1h, bool) or not 0 <= written_1h <= counts[
+            "cache_creation_input_tokens"]:
+        raise InvalidInput("usage.cache_creation.ephemeral_1h_input_tokens must be a whole number of tokens, "
+                           "at most cache_creation_input_tokens")
+    request_id = data.get("request_id") or ""
+    if not isinstance(request_id, str):
+        raise InvalidInput("request_id must be a string")
+    return UsageReportLine(line=number, key=key, usage=Usage(**counts, cache_creation_1h_input_tokens=written_1h),
+                           request_id=request_id[:120])
+
+
+def usage_settle_from_report(*, report: list[UsageReportLine], user: Any = None) -> SettleSummary:
+    """Settle the ledger's uncertain requests from a usage report (``usage_report_parse``): a
+    billed one is charged its real cost (at its row's model's price), one not billed is released.
+    Rows already charged or released are left as they are, and so are reserved ones (their
+    attempt is still running and will settle them). Each workflow whose ledger changed gets a
+    ``usage.settled`` event. All in one transaction.
+
+    Idempotent: conditional UPDATEs on status uncertain (``budget_charge_once``,
+    ``budget_release_once``); settling the same report again changes nothing. Raises
+    InvalidInput, changing nothing, when a key is not in the ledger.
+    """
+    from agentops.budgets import cost_usd, usage_fields
+
+    keys = [line.key for line in report]
+    rows = {e.key: e for e in UsageEntry.objects.filter(key__in=keys)}
+    unknown = [f"line {line.line}: {line.key!r}" for line in report if line.key not in rows]
+    if unknown:
+        raise InvalidInput("The usage report names requests that are not in the ledger, so nothing was settled: "
+                           + ", ".join(unknown[:10]) + "; check the report is this installation's.")
+    summary = SettleSummary()
+    by_workflow: dict[int, list[str]] = {}
+    with transaction.atomic():
+        for line in report:
+            entry = rows[line.key]
+            if entry.status == UsageEntry.Status.RESERVED:
+                summary.in_flight.append(line.key)
+                continue
+            if line.usage is None:
+                done = entry.status == UsageEntry.Status.UNCERTAIN and budget_release_once(
+                    key=line.key, reason=f"not billed, by the usage report{': ' + line.reason if line.reason else ''}")
+                (summary.released if done else summary.already_settled).append(line.key)
+            else:
+                cost = cost_usd(entry.model, line.usage)
+                done = entry.status == UsageEntry.Status.UNCERTAIN and budget_charge_once(
+                    key=line.key, cost_usd=cost, usage=usage_fields(line.usage), request_id=line.request_id,
+                    http_status=None)
+                if done:
+                    summary.charged.append(line.key)
+                    summary.charged_usd += cost
+                    summary.reserved_usd += entry.reserved_usd
+                else:
+                    summary.already_settled.append(line.key)
+            if done:
+                by_workflow.setdefault(entry.workflow_id, []).append(line.key)
+        now = clock.now()
+        for workflow_id, settled in sorted(by_workflow.items()):
+            workflow = workflow_lock(workflow_id)
+            event_record(workflow=workflow, kind="usage.settled", at=now, by=getattr(user, "username", ""),
+                         keys=settled[:50], requests=len(settled))
+    return summary

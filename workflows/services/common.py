@@ -1,7 +1,6 @@
 """Shared pieces of the services: row locks, versioned saves, the event history, releases."""
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -94,20 +93,49 @@ def events_pending_truncate(workflow: Workflow, count: int) -> None:
         del batch[1][count:]
 
 
+# Set in Celery worker processes (agentops.celery, before the pool forks): there, the current
+# release is the process's own; elsewhere it is the one the workers announced.
+in_worker = False
+
+
 def release_current(*, at: datetime) -> BehavioralRelease:
-    """The behavioral release new work runs on (provider, model, prompt and tool versions).
+    """The behavioral release new work runs on: the one the Celery workers run.
+
+    In a worker, its own (its settings). Elsewhere (a shell launching, the admin or a command
+    waking a workflow, beat) the release a worker announced most recently when it started
+    (``release_announce``), so the settings of the process that happens to launch (a shell
+    without ``ANTHROPIC_API_KEY``, say) never decide what the workers run; this process's own
+    settings only when no worker ever announced one (tests, a first launch before any worker).
+    """
+    if not in_worker:
+        announced = BehavioralRelease.objects.filter(announced_at__isnull=False).order_by("-announced_at").first()
+        if announced is not None:
+            return announced
+    return release_ensure(providers.current_release_spec(), at=at)
+
+
+def release_ensure(spec: dict[str, Any], *, at: datetime) -> BehavioralRelease:
+    """The release row of ``spec`` (provider, model, prompt and tool versions).
 
     Idempotent: get-or-create on the unique ``fingerprint``.
     """
-    spec = providers.current_release_spec()
-    fingerprint = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
     release, _ = BehavioralRelease.objects.get_or_create(
-        fingerprint=fingerprint,
+        fingerprint=providers.release_fingerprint(spec),
         defaults={
             "provider": spec["provider"], "model": spec["model"], "prompt_version": spec["prompt_version"],
             "tool_versions": spec["tool_versions"], "created_at": at,
         },
     )
+    return release
+
+
+def release_announce(*, at: datetime) -> BehavioralRelease:
+    """A worker starting says which release it runs: launches and wakes elsewhere then record it.
+
+    Idempotent: the release row is ensured, and ``announced_at`` set to ``at`` (a later start moves it).
+    """
+    release = release_ensure(providers.current_release_spec(), at=at)
+    BehavioralRelease.objects.filter(pk=release.pk).update(announced_at=at)
     return release
 
 

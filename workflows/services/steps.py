@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from workflows import doorbells, engine, registry
-from workflows.errors import InvalidInput
+from workflows.errors import InvalidInput, Throttled
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
 from workflows.notifications import NOTIFY_ACTIVITY, OPENED, REMINDER, NotifyInput
@@ -171,17 +171,22 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
         activity_id=activity.pk, workflow_id=workflow.pk, operation_id=activity.operation_id, name=activity.name,
         attempt=activity.attempt, lease_token=activity.lease_token, input=activity.input,
         previous_attempt_lost=previous_lost, checkpoint=activity.checkpoint,
-        definition_version=workflow.definition_version, release=pinned_release(workflow),
+        definition_version=workflow.definition_version, release=workflow.release.spec(),
+        release_policy=workflow.release_policy, release_announced=not workflow.release_provisional,
+        fallback_model=workflow.fallback_model,
+        # Only a workflow with a fallback needs the streak: one query less on the hot path.
+        throttled_in_a_row=throttled_streak(activity.pk, before=activity.attempt) if workflow.fallback_model else 0,
     )
 
 
-def pinned_release(workflow: Workflow) -> dict[str, Any] | None:
-    """The release a workflow under the ``pin`` policy must run on, as activities see it."""
-    if workflow.release_policy != Workflow.ReleasePolicy.PIN:
-        return None
-    release = workflow.release
-    return {"provider": release.provider, "model": release.model, "prompt_version": release.prompt_version,
-            "tool_versions": release.tool_versions}
+THROTTLED_PREFIX = f"{Throttled.__name__}: "
+
+
+def throttled_streak(activity_id: int, *, before: int) -> int:
+    """How many attempts of the activity right before attempt ``before`` were throttled (429/529)."""
+    earlier = ActivityAttempt.objects.filter(activity_id=activity_id, number__lt=before).order_by(
+        "-number").values_list("error", flat=True)[:16]
+    return next((i for i, error in enumerate(earlier) if not error.startswith(THROTTLED_PREFIX)), len(earlier))
 
 
 # The text fields of ``OpenWait`` that are stored in columns of that name on ``Wait``.

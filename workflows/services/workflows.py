@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -50,6 +51,7 @@ from workflows.services.steps import (
 )
 
 logger = logging.getLogger("agentops.workflows")
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,119}")
 
 
 def workflow_launch(
@@ -64,11 +66,13 @@ def workflow_launch(
     budget_total_usd: Decimal | None = None,
     budget_hourly_usd: Decimal | None = None,
     stagnation_policy: str = Workflow.StagnationPolicy.RECORD,
+    fallback_model: str = "",
 ) -> Workflow:
     """Create a workflow with intent v1 and advance it in the same transaction (its first
     activity is scheduled, or its first wait opened, when this returns).
 
-    ``max_hours`` sets a durable deadline: past it, beat cancels the workflow.
+    ``max_hours`` sets a durable deadline: past it, beat cancels the workflow. ``fallback_model``
+    is the model its calls move to on sustained overload (``agentops.providers.provider_for``).
 
     Not idempotent: every call launches a new workflow. Raises InvalidInput for an unknown
     kind, bad parameters or a bad goal, and then writes nothing.
@@ -86,6 +90,9 @@ def workflow_launch(
     if stagnation_policy not in Workflow.StagnationPolicy.values:
         choices = ", ".join(Workflow.StagnationPolicy.values)
         raise InvalidInput(f"Stagnation policy {stagnation_policy!r} is not one of {choices}.")
+    if fallback_model and not MODEL_NAME.fullmatch(fallback_model):
+        raise InvalidInput(f"The fallback model must be a model name of at most 120 letters, digits and . _ - : "
+                           f"characters, e.g. claude-haiku-4-5; got {fallback_model[:130]!r}.")
     if not 0 <= priority <= 10:
         raise InvalidInput(f"The priority must be a whole number from 0 to 10; got {priority}.")
     for name, value in (("total", budget_total_usd), ("hourly", budget_hourly_usd)):
@@ -94,13 +101,15 @@ def workflow_launch(
                                f"got {value}.")
     now = clock.now()
     with transaction.atomic():
+        release = release_current(at=now)
         workflow = Workflow(
             kind=kind, definition_version=definition.version, current_node=definition.start_node, params=params,
-            release=release_current(at=now), release_policy=release_policy, launched_by=user,
+            release=release, release_provisional=release.announced_at is None, release_policy=release_policy,
+            launched_by=user,
             deadline=now + timedelta(hours=max_hours) if max_hours is not None else None, priority=priority,
             budget_total_usd=budget_total_usd, budget_hourly_usd=budget_hourly_usd,
             stagnation_policy=stagnation_policy, stagnation_window_hours=settings.AGENTOPS_STAGNATION_WINDOW_HOURS,
-            created_at=now, updated_at=now,
+            fallback_model=fallback_model, created_at=now, updated_at=now,
         )
         workflow.start(at=now)
         workflow.save()

@@ -75,6 +75,7 @@ class FakeLease:
     heartbeats: list[str] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     notes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    releases: list[dict[str, Any]] = field(default_factory=list)
     cancelled: bool = False
 
     def cancel(self) -> None:
@@ -97,6 +98,12 @@ class FakeLease:
         if self.cancelled:
             return False
         self.notes.append((kind, json.loads(json.dumps(data))))
+        return True
+
+    def adopt_release(self, claim: Claim, release: dict[str, Any], why: str) -> bool:
+        if self.cancelled:
+            return False
+        self.releases.append({**release, "why": why})
         return True
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from datetime import date
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -51,6 +52,8 @@ class Command(BaseCommand):
                             choices=Workflow.StagnationPolicy.values, help="what beat does when progress stalls")
         launch.add_argument("--release-policy", default=Workflow.ReleasePolicy.REVALIDATE,
                             choices=Workflow.ReleasePolicy.values, help="what to do when the model release changes")
+        launch.add_argument("--fallback-model", default="", metavar="MODEL",
+                            help="model to move to on sustained overload (429/529), e.g. claude-haiku-4-5")
 
         lst = verb("list", "List workflows, newest first.")
         lst.add_argument("--status", choices=Workflow.Status.values, help="only this status")
@@ -111,6 +114,14 @@ class Command(BaseCommand):
         token.add_argument("--user", help="create: whose token (the API acts as this user); list: only theirs")
         token.add_argument("--name", default="", help="create: a label to tell tokens apart, e.g. ci")
 
+        usage = verb("usage", "The usage ledger's requests whose outcome is unknown: `usage uncertain [--workflow ID]` "
+                              "lists them; `usage settle --file REPORT.jsonl` charges or releases them from the "
+                              "provider's usage (README, \"Settling uncertain requests\").")
+        usage.add_argument("action", choices=("uncertain", "settle"))
+        usage.add_argument("--workflow", type=int, metavar="ID", help="uncertain: only this workflow's requests")
+        usage.add_argument("--file", metavar="PATH", help="settle: the usage report, JSON Lines ('-': standard input)")
+        usage.add_argument("--user", help="settle: username of who settled (recorded in the events)")
+
         check = verb("replay-check", "Replay recorded histories against the current definitions; exit status 1 "
                                      "naming each one that would no longer replay (docs/authoring.md).")
         check.add_argument("--kind", help="only workflows of this kind")
@@ -142,7 +153,7 @@ class Command(BaseCommand):
             kind=options["kind"], goal=options["goal"], params=params, user=user_or_none(options["user"]),
             release_policy=options["release_policy"], max_hours=options["max_hours"], priority=options["priority"],
             budget_total_usd=options["budget_total"], budget_hourly_usd=options["budget_hourly"],
-            stagnation_policy=options["stagnation_policy"],
+            stagnation_policy=options["stagnation_policy"], fallback_model=options["fallback_model"],
         )
         self._emit(options, {"id": workflow.pk, "kind": workflow.kind, "status": workflow.status},
                    f"Launched {workflow.kind} workflow {workflow.pk} on {workflow.release}.\n"
@@ -255,6 +266,36 @@ class Command(BaseCommand):
                        f"API token {token.pk} ({token.prefix}…) of {token.user.username} "
                        + ("revoked." if outcome == services.Outcome.APPLIED else
                           f"was already revoked at {token.revoked_at:%Y-%m-%d %H:%M:%S}; nothing changed."))
+
+    def _usage(self, options: dict[str, Any]) -> None:
+        if options["action"] == "uncertain":
+            if options["file"]:
+                raise InvalidInput("`usage uncertain` takes no --file; did you mean `usage settle --file`?")
+            rows = selectors.usage_uncertain(workflow_id=options["workflow"])
+            if options["json"]:
+                self._emit(options, rows, "")
+                return
+            table = Table("workflow", "key", "model", "held USD", "since", "why")
+            for row in rows:
+                table.add_row(str(row["workflow_id"]), row["key"], row["model"], row["reserved_usd"],
+                              row["created_at"][:19], row["outcome"][:60])
+            self.console.print(table if rows else "No uncertain requests: every request's outcome is known.")
+            return
+        if not options["file"]:
+            raise InvalidInput("`usage settle` needs --file PATH: the usage report (JSON Lines), or - for stdin.")
+        if options["file"] == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            path = Path(options["file"])
+            if not path.is_file():
+                raise InvalidInput(f"--file {options['file']}: no such file.")
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines()
+            except UnicodeDecodeError:
+                raise InvalidInput(f"--file {options['file']} is not UTF-8 text (a JSON Lines report).") from None
+        summary = services.usage_settle_from_report(report=services.usage_report_parse(lines),
+                                                    user=user_or_none(options["user"]))
+        self._emit(options, summary.to_json(), summary.message)
 
     def _export_history(self, options: dict[str, Any]) -> None:
         history = replay.history_of(workflow_by_id(options["id"]))
