@@ -113,6 +113,7 @@ def metered_complete(
     of a failed call).
     """
     ctx.fence(f"model call {call}")
+    connection_release_while_waiting()  # the token count is a request to the provider too
     provider = provider_for(ctx)
     input_tokens = provider.count_tokens(system=system, messages=messages, tools=tools)
     if input_tokens is None:
