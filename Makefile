@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentops
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install demo demo-admin lint test docs clean chromium bubblewrap faketime screenshots bench
+.PHONY: install demo demo-admin demo-harness lint test docs clean chromium bubblewrap faketime screenshots bench soak
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,12 +26,26 @@ demo-admin: $(STAMP)
 	$(BIN)/python manage.py migrate --verbosity 0
 	$(BIN)/python manage.py demo --approve-in-admin
 
+# The harness kind's todo demo (docs/harness.md): ten features, sessions graded by the engine, every
+# guard firing once; it prints the board as it goes, to `completed`.
+demo-harness: $(STAMP)
+	$(BIN)/python manage.py migrate --verbosity 0
+	$(BIN)/python manage.py demo --kind harness
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# The process tests (real workers and beat: mostly waiting on leases and timers) run beside the
+# in-process ones, each pytest with its own test database and Redis DB; their output follows.
 test: lint chromium bubblewrap faketime
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL) $(BIN)/pytest
+	@mkdir -p var
+	@export DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL); \
+	  $(BIN)/pytest -m process $(PYTEST_ARGS) > var/test-process.log 2>&1 & process=$$!; \
+	  $(BIN)/pytest -m "not process" $(PYTEST_ARGS); others=$$?; \
+	  wait $$process; processes=$$?; \
+	  echo; echo "===== the process tests (var/test-process.log) ====="; cat var/test-process.log; \
+	  exit $$(( others || processes ))
 
 # Debian's Chromium for the browser tests in tests/admin (never `playwright install`: its download is
 # blocked here). Without it those tests skip and say why.
@@ -76,3 +90,10 @@ docs: $(STAMP)
 	    echo; echo "## $$model"; echo; echo '```dot'; \
 	    PYTHONHASHSEED=0 $(BIN)/python manage.py graph_transitions workflows.$$model; echo '```'; \
 	  done; } > docs/state-machines.md
+
+# The soak (bench/README.md, "Soak"): release and autonomous agents on real workers under randomized
+# faults for SOAK_ARGS="--seconds N" (default 600), then the outside checks; exits 1 on any violation.
+# `make soak SOAK_ARGS="--seconds 120 --seed 7"` replays seed 7. Needs PostgreSQL on 127.0.0.1 as `make test`
+# does; starts its own Redis server on a free port.
+soak: $(STAMP) faketime
+	$(BIN)/python -m bench.soak $(SOAK_ARGS)

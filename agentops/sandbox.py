@@ -62,6 +62,8 @@ class Completed:
     timed_out: bool
     isolation: str  # "bwrap" or "none"
     cut_bytes: int = 0
+    idle_timed_out: bool = False  # stopped after ``idle_timeout_seconds`` without output
+    head: str = ""  # with ``keep_head_bytes`` and output cut: its first bytes (redacted), not in ``output``
 
 
 # --- secrets -------------------------------------------------------------------------------
@@ -108,6 +110,15 @@ def redacted_tail(text: str, limit: int, secrets: Sequence[str] | None = None) -
     secrets = secret_values() if secrets is None else secrets
     text = redact(text, secrets)
     return _redact_cut(text[-limit:], secrets) if len(text) > limit else text
+
+
+def _redact_end(text: str, secrets: Sequence[str]) -> str:
+    """Redact the start of a secret that a cut left at the end of ``text``."""
+    for secret in secrets:
+        for size in range(len(secret) - 1, MIN_SECRET_CHARS - 1, -1):
+            if text.endswith(secret[:size]):
+                return text[:-size] + REDACTED
+    return text
 
 
 def _redact_cut(text: str, secrets: Sequence[str]) -> str:
@@ -208,11 +219,15 @@ def bwrap_argv(bwrap: str, argv: Sequence[str], *, workspace: Path, tmpdir: Path
 
 def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
         on_wait: Callable[[], None] | None = None, wait_every_seconds: float = 5.0,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES) -> Completed:
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, idle_timeout_seconds: float | None = None,
+        keep_head_bytes: int = 0) -> Completed:
     """Run ``argv`` in ``workspace``, sandboxed; returns when it and everything it started are gone.
 
     Past ``timeout_seconds`` the process group gets SIGTERM, then SIGKILL after
-    AGENTOPS_SANDBOX_GRACE_SECONDS. ``on_wait`` is called every ``wait_every_seconds`` while it
+    AGENTOPS_SANDBOX_GRACE_SECONDS; the same happens (``idle_timed_out``) when it printed
+    nothing for ``idle_timeout_seconds``. Output beyond ``max_output_bytes`` is cut from the front;
+    ``keep_head_bytes`` keeps that many of its first bytes as ``head``. ``on_wait`` is called every
+    ``wait_every_seconds`` while it
     runs (a heartbeat); an exception from it kills the command and propagates.
     Raises FileNotFoundError when the command is not found, SandboxUnavailable as ``isolation`` says.
     """
@@ -230,9 +245,10 @@ def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
-            raw, cut, timed_out = _collect(proc, deadline=time.monotonic() + timeout_seconds, on_wait=on_wait,
-                                           wait_every=wait_every_seconds, limit=max_output_bytes,
-                                           spare_leader=kind == "bwrap")
+            raw, cut, timed_out, idled, head = _collect(
+                proc, deadline=time.monotonic() + timeout_seconds, on_wait=on_wait, wait_every=wait_every_seconds,
+                limit=max_output_bytes, spare_leader=kind == "bwrap", idle_seconds=idle_timeout_seconds,
+                head_bytes=keep_head_bytes)
         finally:
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -242,7 +258,10 @@ def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
     text = redact(raw.decode("utf-8", errors="replace").replace("\x00", "\\x00"), secrets)
     if cut:
         text = f"[… {cut} bytes of output cut …]\n" + _redact_cut(text, secrets)
-    return Completed(exit_code=proc.returncode, output=text, timed_out=timed_out, isolation=kind, cut_bytes=cut)
+    head_text = _redact_end(redact(head.decode("utf-8", errors="replace").replace("\x00", "\\x00"), secrets),
+                            secrets)
+    return Completed(exit_code=proc.returncode, output=text, timed_out=timed_out, isolation=kind, cut_bytes=cut,
+                     idle_timed_out=idled, head=head_text)
 
 
 def _check_found(command: str, workspace: Path) -> None:
@@ -255,13 +274,16 @@ def _check_found(command: str, workspace: Path) -> None:
 
 
 def _collect(proc: subprocess.Popen[bytes], *, deadline: float, on_wait: Callable[[], None] | None,
-             wait_every: float, limit: int, spare_leader: bool) -> tuple[bytes, int, bool]:
-    """Read the output until the command is gone, enforcing the timeout; returns (tail, bytes cut, timed out)."""
+             wait_every: float, limit: int, spare_leader: bool,
+             idle_seconds: float | None = None, head_bytes: int = 0) -> tuple[bytes, int, bool, bool, bytes]:
+    """Read the output until the command is gone, enforcing the timeouts; returns (tail, bytes cut,
+    timed out, stopped for silence, the first ``head_bytes`` when anything was cut)."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
-    buffer, cut = bytearray(), 0
-    timed_out, eof = False, False
+    buffer, cut, head = bytearray(), 0, bytearray()
+    timed_out, idled, eof = False, False, False
+    last_output = time.monotonic()
     kill_at: float | None = None  # SIGKILL the group at this time
     killed_at: float | None = None
     next_wait = time.monotonic() + wait_every
@@ -275,8 +297,10 @@ def _collect(proc: subprocess.Popen[bytes], *, deadline: float, on_wait: Callabl
             if on_wait is not None and now >= next_wait:
                 on_wait()
                 next_wait = now + wait_every
-            if not exited and not timed_out and now >= deadline:
-                timed_out, kill_at = True, now + settings.AGENTOPS_SANDBOX_GRACE_SECONDS
+            silent = idle_seconds is not None and now - last_output >= idle_seconds
+            if not exited and kill_at is None and (now >= deadline or silent):
+                timed_out, idled = now >= deadline, not now >= deadline
+                kill_at = now + settings.AGENTOPS_SANDBOX_GRACE_SECONDS
                 _signal_group(proc.pid, signal.SIGTERM, spare_leader=spare_leader)
             # Once the command is done, whatever it left behind goes too (it may hold the pipe open).
             if killed_at is None and (exited or (kill_at is not None and now >= kill_at)):
@@ -291,13 +315,18 @@ def _collect(proc: subprocess.Popen[bytes], *, deadline: float, on_wait: Callabl
                 chunk = os.read(fd, 65536)
                 eof = not chunk
                 buffer += chunk
+                last_output = time.monotonic()
                 if len(buffer) > 2 * limit:
+                    if not cut:
+                        head += buffer[:head_bytes]
                     cut += len(buffer) - limit
                     del buffer[:-limit]
     if len(buffer) > limit:
+        if not cut:
+            head += buffer[:head_bytes]
         cut += len(buffer) - limit
         del buffer[:-limit]
-    return bytes(buffer), cut, timed_out
+    return bytes(buffer), cut, timed_out, idled, bytes(head)
 
 
 def _exited(proc: subprocess.Popen[bytes]) -> bool:

@@ -156,6 +156,8 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+# Dates and times on admin pages: one format with the zone (agentops/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["agentops.formats"]
 STATIC_URL = "static/"
 # WhiteNoise finds the files where the apps keep them: no collectstatic step to forget (and no
 # STATIC_ROOT to keep in step with the code).
@@ -176,6 +178,9 @@ CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     for sub in ("queue", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
+    # kombu's transport with atomic publishing: its own lets a worker read a half-written message
+    # and stop (agentops/filesystem_broker.py).
+    CELERY_BROKER_TRANSPORT = "agentops.filesystem_broker:Transport"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
         "data_folder_out": str(BROKER_DIR / "queue"),
@@ -292,9 +297,16 @@ if AGENTOPS_SANDBOX not in {"auto", "bwrap", "none"}:
 # After a command's timeout its process group gets SIGTERM, then SIGKILL this much later.
 AGENTOPS_SANDBOX_GRACE_SECONDS = env_float("AGENTOPS_SANDBOX_GRACE_SECONDS", 5.0)
 # The harness kind (docs/harness.md): how many of a feature list's checks run at once on a worker,
-# and the hard timeout of one run_command of a coding session (it and its children are killed).
+# and the ceiling of the hard timeout of one run_command on this worker (a workflow's
+# command_timeout_seconds applies under it; the command and its children are killed).
 AGENTOPS_HARNESS_CHECK_PARALLELISM = env_int("AGENTOPS_HARNESS_CHECK_PARALLELISM", 4)
 AGENTOPS_HARNESS_COMMAND_TIMEOUT_SECONDS = env_int("AGENTOPS_HARNESS_COMMAND_TIMEOUT_SECONDS", 120)
+# The lease of a harness session or check run between heartbeats: every blocking step (a model
+# call, a command, a check) heartbeats it, so a dead worker's session is taken over this soon.
+AGENTOPS_HARNESS_SESSION_LEASE_SECONDS = env_int("AGENTOPS_HARNESS_SESSION_LEASE_SECONDS", 45)
+# The scripted provider's harness sessions (a JSON schedule as in agentops/agents/harness/demo/);
+# empty: the todo demo's.
+AGENTOPS_HARNESS_SCHEDULE_FILE = env_str("AGENTOPS_HARNESS_SCHEDULE_FILE", "")
 # The packages that hold agent kinds (definition, activities, optional admin templates), imported at
 # start-up by web, workers and beat alike. Add a kind of your own with one more entry (docs/authoring.md).
 AGENTOPS_AGENT_MODULES = [

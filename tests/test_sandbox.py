@@ -200,6 +200,24 @@ def test_a_timed_out_command_gets_sigterm_and_a_grace_before_sigkill(isolation, 
     assert done.exit_code == 3
 
 
+def test_a_silent_command_is_stopped_at_the_idle_timeout_with_its_output_so_far(isolation, workspace):
+    """No output for ``idle_timeout_seconds``: the group is stopped long before the hard timeout,
+    the partial output is returned and the stop is told apart from a hard timeout."""
+    marker = f"{300 + uuid.uuid4().int % 1000}.{os.getpid()}"
+    started = time.monotonic()
+    done = sandbox.run(["sh", "-c", f"echo started; sleep {marker} & wait"], workspace=workspace,
+                       timeout_seconds=60, idle_timeout_seconds=1)
+    assert (done.idle_timed_out, done.timed_out, done.output.split()) == (True, False, ["started"])
+    assert time.monotonic() - started < 10
+    assert not [p for p in sleepers(marker) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_command_that_keeps_printing_is_not_idle(isolation, workspace):
+    done = sandbox.run(["python3", "-c", "import time\nfor i in range(6):\n    print(i, flush=True); time.sleep(0.4)"],
+                       workspace=workspace, timeout_seconds=30, idle_timeout_seconds=1)
+    assert (done.exit_code, done.idle_timed_out, done.output.split()) == (0, False, [str(i) for i in range(6)])
+
+
 def test_nothing_a_finished_command_started_outlives_it(isolation, workspace):
     """A background process left behind (holding the output pipe) goes when the command ends."""
     marker = f"{300 + uuid.uuid4().int % 1000}.{os.getpid()}"
@@ -346,3 +364,10 @@ def test_a_pytest_suite_passes_in_the_release_sandbox_as_it_does_on_its_own(tmp_
 
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL"), workflow.reason
     assert "2 passed" in workflow.state["tests"]["output_tail"]
+
+
+def test_the_head_of_a_cut_output_is_kept_when_asked(isolation, workspace):
+    done = sandbox.run(["python3", "-c", "print('first'); print('x' * 50000); print('last')"], workspace=workspace,
+                       timeout_seconds=30, max_output_bytes=1000, keep_head_bytes=6)
+    assert (done.head, done.output.rstrip()[-4:]) == ("first\n", "last") and done.cut_bytes > 49000
+    assert sandbox.run(["echo", "short"], workspace=workspace, timeout_seconds=30, keep_head_bytes=6).head == ""

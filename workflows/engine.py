@@ -37,10 +37,15 @@ class ActivityRef(Protocol[O_co]):
 
 @dataclass(frozen=True)
 class Goto:
-    """Enter ``node`` next, merging ``updates`` into the workflow's durable state."""
+    """Enter ``node`` next, merging ``updates`` into the workflow's durable state.
+
+    With ``pause`` (a reason for people), the workflow pauses for a person once it entered
+    ``node`` (pause cause ``definition``); ``manage.py agent resume`` runs ``node``'s handler.
+    """
 
     node: str
     updates: dict[str, Any] = field(default_factory=dict)
+    pause: str = ""
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,7 @@ class Step:
     decision: str = ""
     decided_by: str = ""
     comment: str = ""
+    input: Any = None  # an activity's input as stored at scheduling (JSON); None where not recorded
 
     @property
     def label(self) -> str:
@@ -398,7 +404,7 @@ def step(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | Su
     if isinstance(decision, Goto) and decision.node not in definition.nodes:
         raise Permanent(f"Handler {ctx.snapshot.node} sent the workflow to unknown node {decision.node!r}.")
     if isinstance(decision, Goto):
-        return Goto(decision.node, codec.to_json(decision.updates))
+        return Goto(decision.node, codec.to_json(decision.updates), decision.pause)
     if isinstance(decision, Complete):
         return Complete(codec.to_json(decision.result))
     if not isinstance(decision, Fail):

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from workflows import engine, registry
-from workflows.errors import NonDeterminismError
+from workflows.errors import AgentOpsError, NonDeterminismError
 from workflows.models import Activity, Checkpoint, Intent, Wait, Workflow
 from workflows.services.steps import COMPENSATION_NODE
 
@@ -95,7 +95,8 @@ def history_of(workflow: Workflow, *, current_visit_only: bool = False) -> Histo
     activities = Activity.objects.filter(workflow=workflow, node_visit__gte=first).exclude(node=COMPENSATION_NODE)
     for a in activities:
         steps.setdefault(a.node_visit, []).append(
-            engine.Step(a.operation_id, a.node, "activity", a.name, a.status, result=a.result, error=a.error))
+            engine.Step(a.operation_id, a.node, "activity", a.name, a.status, result=a.result, error=a.error,
+                        input=a.input))
     for w in Wait.objects.filter(workflow=workflow, node_visit__gte=first).select_related("decided_by"):
         steps.setdefault(w.node_visit, []).append(
             engine.Step(w.operation_id, w.node, w.kind, w.event_name, w.status, result=w.payload, decision=w.decision,
@@ -178,6 +179,10 @@ def _check_visit(definition: engine.WorkflowDefinition, history: History, visit:
         if step.operation_id not in asked:
             return diverged(f"recorded {step.label} ({step.status}) is no longer asked for; the handler now "
                             f"{_describe(decision)}", step.operation_id)
+    for step in visit.steps:
+        unfit = _input_unfit(step)
+        if unfit:
+            return diverged(unfit, step.operation_id)
     if next_visit is not None and not isinstance(decision, engine.Suspended):
         # The visit was left by the handler itself (an external move, such as a new goal, leaves
         # it suspended): it must still go where the workflow went.
@@ -187,6 +192,19 @@ def _check_visit(definition: engine.WorkflowDefinition, history: History, visit:
         if decision.node != next_visit.node:
             return diverged(f"the handler now goes to {decision.node}, where the workflow went to {next_visit.node}")
     return None
+
+
+def _input_unfit(step: engine.Step) -> str:
+    """Why the input stored for a step still to run no longer decodes into its activity's input type,
+    or "": a worker would refuse it when an attempt starts (a renamed field calls for a data
+    migration, docs/authoring.md)."""
+    if step.kind != "activity" or step.status not in ("scheduled", "running") or step.input is None:
+        return ""
+    try:
+        registry.activity_type(step.name).decode_input(step.input)
+    except AgentOpsError as exc:
+        return f"the input stored for {step.label} ({step.status}) no longer fits its input type: {exc}"
+    return ""
 
 
 def _as_the_handler_saw_it(step: engine.Step) -> engine.Step:

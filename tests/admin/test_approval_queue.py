@@ -92,11 +92,40 @@ class TestDecisions:
         again = approve(client, waiting_gate)
         [(level, text)] = messages_of(again)
         assert level == "warning"
-        expected = rf"Wait {waiting_gate.pk} was already approved by alice at \S+ \S+; nothing changed\."
+        expected = rf"Wait {waiting_gate.pk} was already approved by alice at \S+ \S+ UTC; nothing changed\."
         assert re.fullmatch(expected, text)
         assert state_of(waiting_gate) == before
         assert Event.objects.filter(workflow_id=waiting_gate.workflow_id, kind="wait.approved").count() == 1
         assert waiting_gate.comment == "looks right"
+
+    def test_two_decisions_in_a_row_each_lead_to_their_own_message(self, staff_approver, requester):
+        """Two POSTs before either page is shown (a double click, or a second card decided while the
+        first page loads): each redirect carries its own outcome, so neither page shows the other's
+        message, and no message waits in the browser's storage to turn up on a later page."""
+        first, second = gate_wait(requester), gate_wait(requester)
+        client = logged_in(staff_approver)
+
+        posts = [client.post(decide_url(first), {"decision": "approve", "candidate_hash": GATE_HASH}),
+                 client.post(decide_url(first), {"decision": "approve", "candidate_hash": GATE_HASH}),
+                 client.post(decide_url(second), {"decision": "reject", "comment": "not this one"})]
+
+        assert [p.status_code for p in posts] == [302, 302, 302]
+        pages = [client.get(p["Location"]) for p in posts]
+        assert messages_of(pages[0]) == [("success", f"Wait {first.pk} approved by alice.")]
+        [(level, text)] = messages_of(pages[1])
+        assert level == "warning" and text.startswith(f"Wait {first.pk} was already approved by alice at ")
+        assert messages_of(pages[2]) == [("success", f"Wait {second.pk} rejected by alice.")]
+        assert messages_of(client.get(QUEUE)) == []
+
+    def test_an_altered_outcome_link_shows_no_message(self, waiting_gate, staff_approver):
+        """Only this admin writes the messages its pages show: the outcome in the link is signed."""
+        client = logged_in(staff_approver)
+        location = approve(client, waiting_gate).redirect_chain[-1][0]
+        token = location.split("outcome=", 1)[1]
+
+        forged = client.get(QUEUE, {"outcome": token[:-4] + "AAAA"})
+
+        assert forged.status_code == 200 and messages_of(forged) == []
 
     def test_rejection_fails_the_workflow_with_the_comment(self, waiting_gate, staff_approver):
         from tests.conftest import drive
@@ -156,7 +185,7 @@ class TestDecisions:
         response = client.post(decide_url(waiting_gate), {"decision": "approve", "csrfmiddlewaretoken": token,
                                                           "candidate_hash": waiting_gate.candidate_hash})
 
-        assert response.status_code == 302
+        assert response.status_code == 302 and response["Location"].startswith(QUEUE + "?outcome=")
         waiting_gate.refresh_from_db()
         assert waiting_gate.decision == Wait.Decision.APPROVED
 

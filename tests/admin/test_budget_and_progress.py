@@ -87,11 +87,12 @@ class TestCharts:
         assert f'<title id="spend-{finished_agent.pk}-title">Simulated cumulative spend of workflow' in spend
         assert points(spend) == UsageEntry.objects.filter(workflow=finished_agent).count() == 11
         assert spend.count("<title>") >= 11 and '<polyline class="ao-line"' in spend
-        assert 'class="ao-limit"' in spend and "total budget 0.0500" in spend  # within five times the spend
+        assert 'class="ao-limit"' in spend and "total budget $0.0500" in spend  # within five times the spend
         progress = svg(page, f"progress-{finished_agent.pk}")
         assert points(progress) == 3 and '<polyline class="ao-line"' in progress
         assert ">100%</text>" in progress and ": 55% (confidence 70%)</title>" in progress
-        assert f"<strong>{spend_summary(finished_agent)['spent_usd']} USD</strong> of 0.0500" in page
+        spent = Decimal(spend_summary(finished_agent)["spent_usd"]).quantize(Decimal("0.0001"))
+        assert f"<strong>${spent}</strong> of $0.0500" in page  # four decimals, the budget's too
         assert "simulated spend</span>" in page and "no money was spent" in page
         assert "<strong>100%</strong>" in page and "[done] Record the outcome" in page
         tasks = re.search(r'<div class="ao-section" id="tasks">(.*?)</div>', page, re.S).group(1)
@@ -126,7 +127,7 @@ class TestCharts:
 
         spend = svg(page, f"spend-{gate.pk}")
         assert points(spend) == 200 and "50 of the readings are left out" in spend
-        assert "0.250000 USD after 250 calls" in spend and ">+2.6 days</text>" in spend
+        assert "$0.2500 after 250 calls" in spend and ">+2.6 days</text>" in spend
         assert '<line class="ao-limit" x1="78" y1="14.0"' in spend  # the 1 USD budget tops the scale
 
     def test_without_calls_or_readings_the_page_says_so_instead_of_drawing(self, staff_outsider, requester):
@@ -151,7 +152,7 @@ class TestBudgetAction:
 
         response = client.post(budget_url(budget_paused.pk), {"total_usd": "5", "hourly_usd": ""}, follow=True)
 
-        assert messages_of(response) == [("success", f"Budget of workflow {budget_paused.pk}: total 5 USD, "
+        assert messages_of(response) == [("success", f"Budget of workflow {budget_paused.pk}: total $5.0000, "
                                                      "hourly unlimited. It was paused for budget and goes on now.")]
         workflow = Workflow.objects.get(pk=budget_paused.pk)
         assert (workflow.status, workflow.budget_total_usd) == (Workflow.Status.RUNNING, Decimal(5))

@@ -1,6 +1,9 @@
-"""Fixtures for the harness kind: a workspace directory, an approver, and driving a workflow to its approval."""
+"""Fixtures for the harness kind: a workspace directory, an approver, driving a workflow to its approval, and a
+two-feature project whose scripted sessions each test writes."""
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -10,7 +13,7 @@ from django.contrib.auth.models import Group, User
 
 from tests.conftest import drive
 from workflows import clock, services
-from workflows.models import Activity, Wait, Workflow
+from workflows.models import Activity, Event, Wait, Workflow
 
 
 @pytest.fixture(autouse=True)
@@ -28,12 +31,15 @@ def harness_approver(db: None) -> User:
 
 
 def drive_all(workflow_id: int, *, max_rounds: int = 400) -> Workflow:
-    """``drive`` until nothing runs, making retry windows due at once (no clock waits in tests)."""
+    """``drive`` until nothing runs or the workflow is paused, making retry windows due at once (no clock
+    waits in tests)."""
     for _ in range(max_rounds):
         Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED).update(
             next_attempt_at=clock.now() - timedelta(seconds=1))
         workflow = drive(workflow_id, max_rounds=5)
-        if not Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED).exists():
+        # A budget pause parks its activity as scheduled: nothing runs it until a person decides.
+        if workflow.status == Workflow.Status.PAUSED or not Activity.objects.filter(
+                workflow_id=workflow_id, status=Activity.Status.SCHEDULED).exists():
             return workflow
     return Workflow.objects.get(pk=workflow_id)
 
@@ -41,3 +47,77 @@ def drive_all(workflow_id: int, *, max_rounds: int = 400) -> Workflow:
 def approve_feature_list(workflow_id: int, user: User) -> None:
     wait = Wait.objects.get(workflow_id=workflow_id, kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN)
     services.wait_approve(wait_id=wait.pk, user=user, candidate_hash=wait.candidate_hash)
+
+
+# A two-feature project for the guard tests: `python app.py greet` prints hello (F01), `python
+# app.py shout` prints HELLO (F02); the smoke check greets. Solutions are whole files of app.py.
+CHECK_TEMPLATE = """import subprocess, sys
+done = subprocess.run([sys.executable, "app.py", "{cmd}"], capture_output=True, text=True)
+print(done.stdout + done.stderr)
+sys.exit(0 if done.stdout.strip() == "{want}" else 1)
+"""
+MINI_FEATURES = [
+    {"id": "F01", "description": "app.py greet prints hello", "steps": ["python app.py greet"], "priority": 1,
+     "check": "python checks/check_f01.py", "passes": False},
+    {"id": "F02", "description": "app.py shout prints HELLO", "steps": ["python app.py shout"], "priority": 2,
+     "check": "python checks/check_f02.py", "passes": False},
+]
+APP_STUB = "import sys\nsys.exit(1)\n"
+APP_GREET = "import sys\nif sys.argv[1] == 'greet':\n    print('hello')\n"
+APP_BOTH = APP_GREET + "if sys.argv[1] == 'shout':\n    print('HELLO')\n"
+
+
+def write(path: str, content: str) -> dict[str, Any]:
+    return {"tool": "write_file", "input": {"path": path, "content": content}}
+
+
+def commit(message: str = "work") -> dict[str, Any]:
+    return {"tool": "git_commit", "input": {"message": message}}
+
+
+def request_pass(feature: str) -> dict[str, Any]:
+    return {"tool": "request_pass", "input": {"feature_id": feature}}
+
+
+def solve(feature: str, app: str) -> list[dict[str, Any]]:
+    return [write("app.py", app), commit(f"{feature}: implement"), request_pass(feature)]
+
+
+MINI_INIT = [
+    write("features.json", json.dumps(MINI_FEATURES, indent=1)),
+    write("checks/check_f01.py", CHECK_TEMPLATE.format(cmd="greet", want="hello")),
+    write("checks/check_f02.py", CHECK_TEMPLATE.format(cmd="shout", want="HELLO")),
+    write("checks/smoke.sh", "python app.py greet | grep -q hello\n"),
+    write("init.sh", "python -c 'import sys; assert sys.version_info >= (3, 10)'\n"),
+    write("app.py", APP_STUB),
+    commit("scaffold"),
+    {"tool": "end_session", "input": {"summary": "scaffold"}},
+]
+
+
+def write_schedule(path: Path, sessions: dict[str, list[dict[str, Any]]]) -> Path:
+    """A schedule file for AGENTOPS_HARNESS_SCHEDULE_FILE: MINI_INIT, then ``sessions``."""
+    path.write_text(json.dumps({"sessions": {"INIT/1": MINI_INIT, **sessions}}))
+    return path
+
+
+@pytest.fixture
+def mini_schedule(settings: Any, tmp_path: Path) -> Callable[[dict[str, list[dict[str, Any]]]], None]:
+    """Play the scripted provider from the given sessions (keyed feature/attempt) after MINI_INIT."""
+
+    def use(sessions: dict[str, list[dict[str, Any]]]) -> None:
+        settings.AGENTOPS_HARNESS_SCHEDULE_FILE = str(write_schedule(tmp_path / "schedule.json", sessions))
+
+    return use
+
+
+def launch_approved(user: User, **params: Any) -> Workflow:
+    """Launch a harness on the mini project, approve its feature list, drive it until it rests."""
+    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={k: str(v) for k, v in params.items()})
+    drive_all(wf.pk)
+    approve_feature_list(wf.pk, user)
+    return drive_all(wf.pk)
+
+
+def events(workflow_id: int, kind: str) -> list[dict[str, Any]]:
+    return [e.data for e in Event.objects.filter(workflow_id=workflow_id, kind=kind).order_by("seq")]

@@ -17,6 +17,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 FEATURES = [f"F{n:02d}" for n in range(1, 11)]
 # The worker "dies" after F03's second session wrote todo.py and before it committed.
+DEMO_PARAMS = {"max_attempts": "2"}
 KILL_F03_SESSION = [{"point": "harness.after_tool", "action": "raise",
                      "when": {"tool": "write_file", "feature": "F03", "feature_attempt": 2, "attempt": 1}}]
 
@@ -32,11 +33,17 @@ def test_the_todo_demo_reaches_completed_with_every_guard_of_the_schedule(harnes
     settings.AGENTOPS_TESTING_FAULTS = json.dumps(KILL_F03_SESSION)
     settings.AGENTOPS_FAULT_LOG = str(tmp_path / "faults.log")
     started = time.monotonic()
-    wf = services.workflow_launch(kind="harness", goal="Build the todo CLI of the demo", params={})
+    wf = services.workflow_launch(kind="harness", goal="Build the todo CLI of the demo", params=DEMO_PARAMS)
     workflow = drive_all(wf.pk)
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
     assert all(f["status"] == "failing" for f in workflow.state["features"])  # all red on the scaffold
+    assert workflow.state["isolation"]["level"] == "bwrap"  # H7: probed and recorded
     approve_feature_list(wf.pk, harness_approver)
+    workflow = drive_all(wf.pk)
+    # H8: F09's second red session used its feature budget (2 attempts): a pause for a person.
+    assert (workflow.status, workflow.pause_cause, workflow.current_node) == ("paused", "definition", "DECIDE")
+    assert "feature F09 used its 2 attempts" in workflow.reason
+    services.workflow_resume(workflow_id=wf.pk, user=harness_approver)
     workflow = drive_all(wf.pk)
     elapsed = time.monotonic() - started
 
@@ -78,8 +85,35 @@ def test_the_todo_demo_reaches_completed_with_every_guard_of_the_schedule(harnes
     verify_all = [e for e in events(wf.pk, "harness.check_ran") if e["purpose"] == "verify_all"]
     assert [e["feature"] for e in verify_all if not e["passed"]] == ["F10"]
     assert board["F10"]["attempts"] == 2
+    # H5: F06's first session broke `add` and left; the next session's smoke was red, so it repaired main.
+    smokes = events(wf.pk, "harness.smoke_ran")
+    assert [s["passed"] for s in smokes][:2] == [False, False] and smokes[2]["passed"]  # red until F02 passes
+    red_after_green = [i for i, s in enumerate(smokes) if not s["passed"] and any(x["passed"] for x in smokes[:i])]
+    assert len(red_after_green) == 1
+    repairs = [e for e in events(wf.pk, "harness.check_ran") if e["purpose"] == "repair"]
+    assert [(r["feature"], r["passed"]) for r in repairs] == [("REPAIR", True)]
+    assert board["F06"]["attempts"] == 2
+    # H6: str_replace and insert edits, the soft no-output timeout, an engine-owned service stopped at the end.
+    tools_used = {e["tool"] for e in events(wf.pk, "tool.called") if e["ok"]}
+    assert {"str_replace", "insert", "read_file", "service_start", "service_logs"} <= tools_used
+    assert any("printed nothing for 1 s (soft timeout)" in c["output"] for c in commands)
+    assert [s["names"] for s in events(wf.pk, "harness.services_stopped")] == [["web"]]
+    # H9: three identical read_file calls ended F07's first session.
+    loops = events(wf.pk, "harness.loop_breaker")
+    assert [(b["breaker"], b["feature"], b["consequence"]) for b in loops] == [
+        ("repeated_tool_call", "F07", "session ended")]
+    # H8: the feature budget's pause was recorded, and resumed by a person; F09 passed on its third attempt.
+    budget = events(wf.pk, "harness.budget_exhausted")
+    assert [(b["level"], b["feature"], b["what"]) for b in budget] == [("feature", "F09", "used its 2 attempts")]
+    assert [p["cause"] for p in events(wf.pk, "workflow.paused")] == ["definition"]
+    assert board["F09"]["attempts"] == 3 and board["F09"]["attempt_limit"] == 4
+    # H4/H11: every session ended with a recorded outcome; progress rows are bounded and structured.
+    outcomes = [e["outcome"] for e in events(wf.pk, "harness.session_ended")]
+    assert outcomes.count("repeated_call") == 1 and "timeout" not in outcomes
+    assert len(workflow.state["memory"]) <= 20 and workflow.state["memory"][-1]["feature"] == "F10"
+    assert workflow.state["patterns"] == ["add saves the list before the new task is in it"]  # F06's learning
     checks_run = len(events(wf.pk, "harness.check_ran"))
     print(f"\n[figures] harness todo demo: wall={elapsed:.1f}s sessions={workflow.state['sessions']} "
           f"checks_run={checks_run} verify_all_runs={len(verify_all) // 10}")
-    assert workflow.state["sessions"] == 13  # coding sessions, after the initializer
+    assert workflow.state["sessions"] == 18  # coding sessions, after the initializer
     assert not Workflow.objects.filter(pk=wf.pk, status="failed").exists()

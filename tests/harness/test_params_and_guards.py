@@ -6,15 +6,18 @@ from pathlib import Path
 
 import pytest
 
-from agentops.agents.harness import gitops, tools
+from agentops.agents.harness import checks, gitops, tools
 from agentops.agents.harness.definition import Harness
 from workflows.errors import InvalidInput
 
 
 def test_the_defaults_are_filled_in_at_launch():
     assert Harness().validate_params({}) == {
-        "workspace": "", "max_sessions": 40, "max_attempts": 3, "check_timeout_seconds": 60.0,
-        "approver_role": "harness-approvers", "approval_expiry_hours": 72.0}
+        "workspace": "", "approver_role": "harness-approvers", "isolation": "bwrap", "max_sessions": 40,
+        "max_attempts": 3, "feature_budget_usd": 0.0, "session_max_turns": 40, "session_max_tokens": 400_000,
+        "session_max_seconds": 1800.0, "command_timeout_seconds": 120, "command_idle_seconds": 30,
+        "repeat_limit": 3, "same_error_limit": 3, "same_diff_limit": 3, "stagnation_sessions": 8,
+        "check_timeout_seconds": 60.0, "approval_expiry_hours": 72.0}
 
 
 @pytest.mark.parametrize(("params", "message"), [
@@ -22,6 +25,8 @@ def test_the_defaults_are_filled_in_at_launch():
     ({"max_sessions": "0"}, "max_sessions=0 must be between 1 and 1000"),
     ({"max_attempts": "many"}, "max_attempts must be a number"),
     ({"colour": "red"}, "Unknown parameter"),
+    ({"isolation": "container"}, "isolation='container' must be bwrap"),
+    ({"command_idle_seconds": "0"}, "command_idle_seconds=0 must be between 1 and 600"),
 ])
 def test_bad_parameters_are_refused_at_launch(params, message):
     with pytest.raises(InvalidInput, match=message):
@@ -71,3 +76,21 @@ def test_a_tampered_check_is_reverted_in_a_commit_of_its_own(tmp_path: Path):
     assert not (root / "checks" / "extra.py").exists() and (root / "todo.py").exists()
     last = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%B"], capture_output=True, text=True).stdout
     assert "Harness-Operation: op" in last
+
+
+def test_a_check_on_a_worker_without_the_required_isolation_is_unverified_never_passing(tmp_path: Path, settings):
+    root = tmp_path / "ws"
+    gitops.ensure_repo(root)
+    (root / "checks").mkdir()
+    (root / "checks" / "ok.py").write_text("print('fine')\n")
+    sha = gitops.commit_all(root, "a check that passes")
+    feature = {"id": "F01", "description": "d", "check": "python checks/ok.py"}
+    settings.AGENTOPS_SANDBOX = "none"
+    refused, = checks.run_checks(root, sha, [feature], where="worktree", timeout_seconds=30,
+                                 scratch=tmp_path / "scratch", require_isolation="bwrap")
+    assert (refused["passed"], refused["exit_code"]) == (False, -1)
+    assert refused["output_tail"].startswith("unverified: the check could not run") and "bubblewrap" in \
+        refused["output_tail"]
+    allowed, = checks.run_checks(root, sha, [feature], where="worktree", timeout_seconds=30,
+                                 scratch=tmp_path / "scratch", require_isolation="none")
+    assert (allowed["passed"], allowed["isolation"]) == (True, "none")

@@ -1,4 +1,4 @@
-"""Fixtures for process tests: a dedicated broker DB, a cluster of real workers and beats, and figures."""
+"""Fixtures for process tests: a broker of their own, a cluster of real workers and beats, and figures."""
 from __future__ import annotations
 
 import os
@@ -11,10 +11,12 @@ from django.db import connection
 
 from agentops.deploytarget.server import DeployTargetServer
 from tests.process.harness import REPO_ROOT, Broker, Cluster, db_report, redis_ping, subprocess_database_url
-from workflows.testing.cluster import publishing_to
+from workflows.testing.cluster import RedisServer, free_port, publishing_to
 
-# A Redis DB of its own, flushed before every test; DB 0 belongs to the in-process suite.
-PROCESS_BROKER_URL = os.environ.get("AGENTOPS_PROCESS_BROKER_URL", "redis://127.0.0.1:6379/15")
+# Unset (the default): each pytest run starts a redis-server of its own on a free port, so that no
+# other run's workers take its doorbells or flush its broker, and test_restarts.py restarts that
+# server, not the machine's. Set: the process tests use this Redis DB (flushed before every test).
+SHARED_BROKER_URL = os.environ.get("AGENTOPS_PROCESS_BROKER_URL", "")
 
 _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 FIGURES: list[tuple[str, dict[str, Any]]] = []
@@ -46,19 +48,35 @@ def figures() -> Callable[..., None]:
     return record
 
 
+@pytest.fixture(scope="session")
+def process_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer | None]:
+    """This run's own Redis server (None when AGENTOPS_PROCESS_BROKER_URL names a shared one)."""
+    if SHARED_BROKER_URL:
+        yield None
+        return
+    server = RedisServer(free_port(), tmp_path_factory.mktemp("process-redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.shutdown_nosave()
+
+
 @pytest.fixture
-def process_broker() -> Iterator[Broker]:
-    """Flush the dedicated broker DB and make this process publish its doorbells there."""
+def process_broker(process_redis: RedisServer | None) -> Iterator[Broker]:
+    """Flush the process tests' broker and make this process publish its doorbells there."""
     if connection.vendor != "postgresql":
         pytest.skip("process tests need PostgreSQL: run with DATABASE_URL=postgres://…")
-    if not redis_ping(PROCESS_BROKER_URL):
-        pytest.fail(f"Redis at {PROCESS_BROKER_URL} does not answer; start it (see tests/process/harness.py "
-                    "REDIS_SERVER_COMMAND).")
-    broker = Broker(PROCESS_BROKER_URL)
+    url = process_redis.url if process_redis is not None else SHARED_BROKER_URL
+    if process_redis is not None and not process_redis.up():
+        process_redis.start()  # a test that restarted it failed before bringing it back
+    if not redis_ping(url):
+        pytest.fail(f"Redis at {url} does not answer; start it (see tests/process/harness.py REDIS_SERVER_COMMAND).")
+    broker = Broker(url)
     broker.flushdb()
-    with publishing_to(PROCESS_BROKER_URL):
+    with publishing_to(url):
         yield broker
-    if redis_ping(PROCESS_BROKER_URL):
+    if redis_ping(url):
         broker.flushdb()
 
 
@@ -68,7 +86,7 @@ def cluster(
     process_broker: Broker, tmp_path: Path,
 ) -> Iterator[Cluster]:
     """Workers and beats started by the test; all stopped (SIGTERM, then SIGKILL) before the DB is flushed."""
-    procs = Cluster(run_dir=tmp_path, database_url=subprocess_database_url(), broker_url=PROCESS_BROKER_URL,
+    procs = Cluster(run_dir=tmp_path, database_url=subprocess_database_url(), broker_url=process_broker.url,
                     cwd=REPO_ROOT, extra_env={"AGENTOPS_DEPLOY_TARGET_URL": deploy_target.url})
     try:
         yield procs

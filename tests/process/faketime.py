@@ -1,27 +1,13 @@
-"""Run a process whose wall clock is off by a fixed offset, with libfaketime (Debian package faketime).
-
-Only the wall clock moves (``time.time()``, ``datetime.now()``, ``CLOCK_REALTIME``): the
-monotonic clock is left alone (FAKETIME_DONT_FAKE_MONOTONIC=1), as on a host whose clock was
-set wrong. Faking the monotonic clock too hangs Python 3.11's timed lock waits, which Celery
-uses (https://github.com/wolfcw/libfaketime/issues/390); ``faketime_site/sitecustomize.py``
-works around the one call that breaks without it.
-"""
+"""libfaketime for process tests (``workflows.testing.faketime``): skip, saying why, where it is missing."""
 from __future__ import annotations
-
-import glob
-import os
-from pathlib import Path
 
 import pytest
 
-LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
-SITE_DIR = Path(__file__).resolve().parent / "faketime_site"
+from workflows.testing import faketime
 
 
 def faketime_env(offset_seconds: int) -> dict[str, str]:
-    """Environment variables that shift a process's wall clock (and its children's) by ``offset_seconds``."""
-    if not LIBFAKETIME:
-        pytest.skip("libfaketime is not installed: apt-get install -y faketime (make test installs it)")
-    path = os.pathsep.join(p for p in (str(SITE_DIR), os.environ.get("PYTHONPATH", "")) if p)
-    return {"LD_PRELOAD": LIBFAKETIME[0], "FAKETIME": f"{offset_seconds:+d}s", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-            "PYTHONPATH": path}
+    """Environment variables that shift a process's wall clock by ``offset_seconds``; skips without libfaketime."""
+    if not faketime.faketime_available():
+        pytest.skip(faketime.MISSING)
+    return faketime.faketime_env(offset_seconds)

@@ -3,7 +3,8 @@
 The cluster itself (workers, beats, waits, logs, the broker DB) lives in the test kit, where the
 benchmark and users' own process tests use it too; its names are re-exported here. What stays
 here is only for this repository's tests: the dump of durable rows on a timeout, restarting the
-shared CI Redis, driving release workflows and the assertions about their deploy effects.
+shared CI Redis (when AGENTOPS_PROCESS_BROKER_URL names it; by default each run has its own),
+driving release workflows and the assertions about their deploy effects.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ from workflows.testing.cluster import (  # noqa: F401  (re-exported: the process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# The command the shared CI Redis is started with (no persistence: a restart loses every message).
+# The command the shared CI Redis is started with (no persistence: a restart loses every message); used
+# only when AGENTOPS_PROCESS_BROKER_URL points the process tests at it.
 REDIS_SERVER_COMMAND = [
     "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379", "--save", "",
     "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log",

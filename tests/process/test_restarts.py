@@ -84,12 +84,12 @@ def test_full_stack_restart_while_waiting_for_approval_resumes_each_workflow_onc
 
 
 def test_redis_restart_with_messages_in_flight_loses_no_workflow(
-    cluster, process_broker, git_repo, deploy_target, approver, requester, figures, caplog,
+    cluster, process_broker, process_redis, git_repo, deploy_target, approver, requester, figures, caplog,
 ):
     """`SHUTDOWN NOSAVE` the broker while approved workflows deploy, restart it empty: every queued,
     unacked and reserved doorbell is gone, and every workflow still completes with one deployment.
     A launch while the broker is down commits, and its lost doorbell is rung again by the sweeps."""
-    if os.environ.get("AGENTOPS_PROCESS_NO_REDIS_RESTART"):
+    if process_redis is None and os.environ.get("AGENTOPS_PROCESS_NO_REDIS_RESTART"):
         pytest.skip("AGENTOPS_PROCESS_NO_REDIS_RESTART is set: this Redis is shared and must not be restarted")
     *workers, _ = cluster.start(workers=("wa", "wb"), beats=("beat",))
     ids = [launch_release(git_repo, requester, f"Ship release notes {n}") for n in range(3)]
@@ -106,7 +106,10 @@ def test_redis_restart_with_messages_in_flight_loses_no_workflow(
     run_id = process_broker.server_run_id()
     marks = {w.name: len(w.log()) for w in workers}
     try:
-        redis_shutdown_nosave()
+        if process_redis is not None:
+            process_redis.shutdown_nosave()  # this run's own server
+        else:
+            redis_shutdown_nosave()
         cluster.wait_for(lambda: not redis_ping(process_broker.url), timeout=10, what="Redis to stop")
         down_at = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="agentops.doorbells"):
@@ -118,7 +121,10 @@ def test_redis_restart_with_messages_in_flight_loses_no_workflow(
                      for status in ("scheduled", "running")}
     finally:
         if not redis_ping(process_broker.url):
-            redis_start(process_broker.url)
+            if process_redis is not None:
+                process_redis.start()
+            else:
+                redis_start(process_broker.url)
     up_at = time.monotonic()
     assert process_broker.server_run_id() != run_id, "Redis must really have restarted"
 

@@ -7,21 +7,29 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import OuterRef, Q, QuerySet, Subquery
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
+from django.utils.timesince import timeuntil
 from django.views.decorators.http import require_POST
 
 from workflows import clock, services
-from workflows.admin.common import ReadOnlyAdmin, candidate_view, forbidden, pretty_json, time_left
+from workflows.admin.common import (
+    ReadOnlyAdmin,
+    add_outcome_message,
+    candidate_view,
+    forbidden,
+    pretty_json,
+    redirect_with_outcome,
+    time_left,
+)
 from workflows.errors import Refused
 from workflows.models import Intent, Wait
 from workflows.services.waits import MAX_COMMENT_CHARS, wait_authority_refusal
 
 logger = logging.getLogger("agentops.admin")
-
 
 
 def decide_refusal(user: Any, wait: Wait, *, groups: set[str] | None = None) -> str:
@@ -58,6 +66,7 @@ def approval_queue(user: Any, now: datetime) -> tuple[list[dict[str, Any]], list
             # "goal" is annotated onto each wait by open_approvals.
             "wait": wait, "workflow": wait.workflow, "goal": wait.__dict__.get("goal", ""),
             "time_left": time_left(wait.expires_at, now),
+            "expires_in": timeuntil(wait.expires_at, now) if wait.expires_at else "never",
             "decide_url": reverse("admin:workflows_wait_decide", args=[wait.pk]),
             "workflow_url": reverse("admin:workflows_workflow_change", args=[wait.workflow_id]),
         }
@@ -98,6 +107,7 @@ class WaitAdmin(ReadOnlyAdmin):
 
     def approvals_view(self, request: HttpRequest) -> TemplateResponse:
         """Every open approval the current user may decide, with the candidate in full."""
+        add_outcome_message(request)
         now = clock.now()
         mine, others = approval_queue(request.user, now)
         context = {
@@ -119,6 +129,7 @@ class WaitAdmin(ReadOnlyAdmin):
                            extra={"wait_id": wait.pk, "workflow_id": wait.workflow_id, "user": request.user.username})
             return forbidden(request, self.admin_site, title=f"You may not decide wait {wait.pk}", reason=refusal)
         comment = request.POST.get("comment", "")
+        queue = reverse("admin:workflows_wait_approvals")
         try:
             if decision == "approve":
                 result = services.wait_approve(wait_id=wait.pk, user=request.user, comment=comment,
@@ -126,8 +137,6 @@ class WaitAdmin(ReadOnlyAdmin):
             else:
                 result = services.wait_reject(wait_id=wait.pk, user=request.user, comment=comment)
         except Refused as exc:
-            self.message_user(request, str(exc), level=messages.ERROR)
-        else:
-            applied = result.outcome == services.Decision.APPLIED
-            self.message_user(request, result.message, level=messages.SUCCESS if applied else messages.WARNING)
-        return HttpResponseRedirect(reverse("admin:workflows_wait_approvals"))
+            return redirect_with_outcome(queue, str(exc), messages.ERROR)
+        applied = result.outcome == services.Decision.APPLIED
+        return redirect_with_outcome(queue, result.message, messages.SUCCESS if applied else messages.WARNING)

@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 
-from django.utils import timezone
+from workflows.admin.display import when
 
 MAX_POINTS = 200
 
@@ -43,6 +42,7 @@ class TimeChart:
     x_ticks: list[Tick]
     limit: Tick | None = None  # a horizontal reference line, e.g. the total budget
     thinned: int = 0  # readings left out to keep the chart small
+    step: bool = False  # a count that changes at an instant: hold each value until the next reading
 
     WIDTH = 600
     HEIGHT = 190
@@ -56,7 +56,12 @@ class TimeChart:
         """The line through the points; empty for a single point, which is drawn as a dot only."""
         if len(self.points) < 2:
             return ""
-        return " ".join(f"{p.x:.1f},{p.y:.1f}" for p in self.points)
+        corners = []
+        for before, point in zip([None, *self.points], self.points, strict=False):
+            if self.step and before is not None:
+                corners.append(f"{point.x:.1f},{before.y:.1f}")
+            corners.append(f"{point.x:.1f},{point.y:.1f}")
+        return " ".join(corners)
 
     @property
     def area(self) -> str:
@@ -84,12 +89,13 @@ def thin(readings: list[Reading], limit: int = MAX_POINTS) -> list[Reading]:
 
 def time_chart(
     readings: list[Reading], *, slug: str, title: str, description: str, y_max: float,
-    y_label: Callable[[float], str] = "{:g}".format, limit: tuple[float, str] | None = None,
+    y_label: Callable[[float], str] = "{:g}".format, limit: tuple[float, str] | None = None, step: bool = False,
 ) -> TimeChart | None:
     """Place ``readings`` (in time order) on the chart's axes; None when there are none.
 
     ``y_max`` is the top of the value axis (the bottom is 0); ``y_label`` formats its ticks;
-    ``limit`` is an optional horizontal line (value, label), drawn only when on the scale.
+    ``limit`` is an optional horizontal line (value, label), drawn only when on the scale;
+    ``step`` draws a count that holds its value between readings instead of a slope.
     """
     if not readings:
         return None
@@ -116,11 +122,7 @@ def time_chart(
                    Tick(TimeChart.RIGHT, f"+{elapsed(span)}", "end")]
     line = Tick(round(y_of(limit[0]), 1), limit[1]) if limit is not None and 0 < limit[0] <= top else None
     return TimeChart(slug=slug, title=title, description=description, points=points, y_ticks=y_ticks,
-                     x_ticks=x_ticks, limit=line, thinned=len(readings) - len(shown))
-
-
-def when(at: datetime) -> str:
-    return f"{timezone.localtime(at):%Y-%m-%d %H:%M:%S}"
+                     x_ticks=x_ticks, limit=line, thinned=len(readings) - len(shown), step=step)
 
 
 def elapsed(seconds: float) -> str:
@@ -133,9 +135,3 @@ def elapsed(seconds: float) -> str:
     if hours < 48:
         return f"{hours} h {minutes} min" if minutes else f"{hours} h"
     return f"{hours / 24:.1f} days"
-
-
-def usd(value: Decimal | float, *, scale: float) -> str:
-    """A USD amount with enough decimals to tell the chart's ticks apart."""
-    places = 2 if scale >= 10 else 4 if scale >= 0.01 else 6
-    return f"{value:.{places}f}"

@@ -1,14 +1,17 @@
-"""Pieces every admin page shares: read-only ModelAdmins, JSON display, explained 403s, time left."""
+"""Pieces every admin page shares: read-only ModelAdmins, JSON display, explained 403s, time left,
+and the message of a POST's outcome carried by its redirect."""
 from __future__ import annotations
 
 import json
 from datetime import datetime
 from typing import Any
 
-from django.contrib import admin
-from django.http import HttpRequest
+from django.contrib import admin, messages
+from django.core import signing
+from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
+from django.utils.http import urlencode
 from django.utils.timesince import timeuntil
 
 from workflows.presentation import CandidateView, candidate_as_json
@@ -55,3 +58,39 @@ def candidate_view(workflow: Any, candidate: Any) -> CandidateView:
     """A candidate as its kind describes it (all of it as JSON when the kind is not registered here)."""
     definition = definition_of(workflow)
     return definition.describe_candidate(candidate) if definition else candidate_as_json(candidate)
+
+
+# The query parameter of a redirect that carries the outcome of the POST before it, and the salt
+# of its signature (only this admin can write a message that its pages will show).
+OUTCOME_PARAM = "outcome"
+_OUTCOME_SALT = "agentops.admin.outcome"
+_LEVELS = {messages.SUCCESS, messages.WARNING, messages.ERROR, messages.INFO}
+
+
+def redirect_with_outcome(url: str, text: str, level: int) -> HttpResponseRedirect:
+    """Redirect to ``url`` (a path without a query) with this POST's outcome signed into the query string.
+
+    Not through Django's message storage: that is one cookie (or session) per browser, so two POSTs
+    in flight from one tab each rewrite it, and a page may show the other decision's message, or
+    one message twice while the other is lost (Django's docs, "Behavior of parallel requests").
+    Carried by its own redirect, each outcome reaches the page that POST leads to, and
+    ``add_outcome_message`` hands it to the messages framework there.
+    """
+    token = signing.dumps([level, text], salt=_OUTCOME_SALT, compress=True)
+    return HttpResponseRedirect(f"{url}?{urlencode({OUTCOME_PARAM: token})}")
+
+
+def add_outcome_message(request: HttpRequest) -> None:
+    """Show the outcome a redirect carried (see ``redirect_with_outcome``) as a message of this page.
+
+    A link that was altered or cut short shows no message rather than failing the page.
+    """
+    token = request.GET.get(OUTCOME_PARAM, "")
+    if not token:
+        return
+    try:
+        level, text = signing.loads(token, salt=_OUTCOME_SALT)
+    except (signing.BadSignature, ValueError, TypeError):
+        return
+    if level in _LEVELS and isinstance(text, str):
+        messages.add_message(request, level, text)

@@ -7,6 +7,8 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.paginator import Page, Paginator
+from django.urls import reverse
 
 from workflows import registry
 from workflows.admin.common import candidate_view, time_left
@@ -25,8 +27,14 @@ from workflows.models import (
 )
 from workflows.services.steps import COMPENSATION_NODE
 
-# The timeline shows the newest events; older ones stay in the Event table (and `agent show --json`).
-MAX_EVENTS = 500
+# The event timeline is paged, newest first: a long-running agent has thousands of events, and the
+# page of one with 461 events weighed 1.9 MB when it listed them all.
+EVENTS_PER_PAGE = 50
+EVENTS_PAGE_PARAM = "events"
+# The activities and checkpoints tables list the newest ones, newest first; the activity list has
+# every activity, and each checkpoint links to a page of its own with the state.
+ACTIVITIES_SHOWN = 50
+CHECKPOINTS_SHOWN = 30
 
 
 def duration(start: datetime | None, end: datetime | None) -> str:
@@ -104,15 +112,19 @@ def path_chart(workflow: Workflow, checkpoints: list[Checkpoint]) -> PathChart:
     )
 
 
-def inspect_workflow(workflow: Workflow, *, now: datetime) -> dict[str, Any]:
+def inspect_workflow(workflow: Workflow, *, now: datetime, events_page: str = "") -> dict[str, Any]:
     """Everything the workflow page shows below its fields, read in a handful of queries."""
-    activities = list(workflow.activities.order_by("pk").prefetch_related("attempts"))
-    by_operation = {a.operation_id: a for a in activities}
-    checkpoints = list(workflow.checkpoints.order_by("node_visit"))
-    events = list(reversed(workflow.events.order_by("-seq")[:MAX_EVENTS]))
+    # The table shows no activity's input, result or working state: leave them in the database.
+    rows = workflow.activities.defer("input", "result", "checkpoint")
+    activities = list(rows.order_by("-pk").prefetch_related("attempts")[:ACTIVITIES_SHOWN])
+    activities_total = len(activities) if len(activities) < ACTIVITIES_SHOWN else workflow.activities.count()
+    # The path needs every checkpoint's node and time, never its state (the bulk of the bytes).
+    checkpoints = list(workflow.checkpoints.order_by("node_visit").defer("state"))
+    made = list(workflow.commitments.select_related("activity").order_by("pk"))
+    compensations = {a.operation_id: a for a in rows.filter(
+        operation_id__in=[f"{c.activity.operation_id}/compensate" for c in made])}
     commitments = [
-        {"commitment": c, "compensation": by_operation.get(f"{c.activity.operation_id}/compensate")}
-        for c in workflow.commitments.select_related("activity").order_by("pk")
+        {"commitment": c, "compensation": compensations.get(f"{c.activity.operation_id}/compensate")} for c in made
     ]
     waits = [
         {"wait": w, "candidate": candidate_view(workflow, w.candidate) if w.candidate is not None else None,
@@ -122,16 +134,18 @@ def inspect_workflow(workflow: Workflow, *, now: datetime) -> dict[str, Any]:
     return {
         "path": path_chart(workflow, checkpoints),
         "intents": list(workflow.intents.select_related("created_by").order_by("version")),
-        "events": [{"event": e, "offset": duration(workflow.created_at, e.created_at), "details": _details(e.data)}
-                   for e in events],
-        "events_hidden": max(workflow.event_seq - len(events), 0),
+        "timeline": timeline_page(workflow, events_page),
         "activities": [{"activity": a, "attempts": [_attempt_row(t, now) for t in a.attempts.all()],
                         "is_compensation": a.node == COMPENSATION_NODE} for a in activities],
+        "activities_hidden": activities_total - len(activities),
+        "activity_list_url": f"{reverse('admin:workflows_activity_changelist')}?workflow__exact={workflow.pk}",
         "waits": waits,
         "timers": list(workflow.timers.order_by("fire_at", "pk")),
         "commitments": commitments,
-        "checkpoints": [{"checkpoint": c, "state": json.dumps(c.state, indent=2, sort_keys=True, default=str)}
-                        for c in checkpoints],
+        "checkpoints": [{"checkpoint": c, "url": reverse("admin:workflows_workflow_checkpoint",
+                                                         args=[workflow.pk, c.pk])}
+                        for c in reversed(checkpoints[-CHECKPOINTS_SHOWN:])],
+        "checkpoints_hidden": max(len(checkpoints) - CHECKPOINTS_SHOWN, 0),
         "release": workflow.release,
         "release_tools": json.dumps(workflow.release.tool_versions, sort_keys=True),
         "flower_configured": bool(settings.AGENTOPS_FLOWER_URL),
@@ -141,6 +155,51 @@ def inspect_workflow(workflow: Workflow, *, now: datetime) -> dict[str, Any]:
             "checkpoint": _help(Checkpoint), "event": _help(Event), "release": _help(BehavioralRelease),
         },
     }
+
+
+@dataclass(frozen=True)
+class PageLink:
+    label: str
+    url: str  # empty for the current page and for a gap ("…")
+    current: bool = False
+
+
+def timeline_page(workflow: Workflow, number: str) -> dict[str, Any]:
+    """One page of the event timeline, newest first, with links to the other pages.
+
+    Event numbers run 1, 2, 3, … per workflow without gaps (``uniq_event_seq``), so a page is a
+    range of them: no COUNT and no OFFSET, however long the history. A missing or out-of-range
+    page number gives the nearest page.
+    """
+    paginator = Paginator(range(workflow.event_seq, 0, -1), EVENTS_PER_PAGE)
+    page = paginator.get_page(number)
+    seqs = page.object_list
+    events = list(workflow.events.filter(seq__lte=seqs[0], seq__gte=seqs[-1]).order_by("-seq")) if seqs else []
+    return {
+        "rows": [{"event": e, "offset": duration(workflow.created_at, e.created_at), "details": _details(e.data)}
+                 for e in events],
+        "page": page, "count": workflow.event_seq, "per_page": EVENTS_PER_PAGE,
+        "newest": seqs[0] if seqs else 0, "oldest": seqs[-1] if seqs else 0,
+        "links": _page_links(workflow, paginator, page),
+    }
+
+
+def _page_links(workflow: Workflow, paginator: Paginator, page: Page) -> list[PageLink]:
+    if paginator.num_pages < 2:
+        return []
+    base = reverse("admin:workflows_workflow_change", args=[workflow.pk])
+
+    def link(label: str, number: int) -> PageLink:
+        if number == page.number:
+            return PageLink(label, "", current=True)
+        return PageLink(label, f"{base}?{EVENTS_PAGE_PARAM}={number}#timeline")
+
+    links = [link("‹ newer", page.previous_page_number())] if page.has_previous() else []
+    links += [PageLink(str(n), "") if n == Paginator.ELLIPSIS else link(str(n), int(n))
+              for n in paginator.get_elided_page_range(page.number, on_each_side=2, on_ends=1)]
+    if page.has_next():
+        links.append(link("older ›", page.next_page_number()))
+    return links
 
 
 def _details(data: Any) -> list[tuple[str, str]]:

@@ -7,7 +7,8 @@ from typing import Any
 
 from django.db.models import Count
 
-from workflows.admin.charts import Reading, TimeChart, time_chart, usd, when
+from workflows.admin.charts import Reading, TimeChart, time_chart
+from workflows.admin.display import usd, when
 from workflows.models import Event, ProgressSample, UsageEntry, Workflow
 from workflows.selectors import spend_summary
 
@@ -27,8 +28,8 @@ def spend_chart(workflow: Workflow, entries: list[UsageEntry], *, simulated: boo
         total += amount
         kind = "charged" if entry.status == UsageEntry.Status.CHARGED else "estimate held while it runs"
         readings.append(Reading(entry.created_at, float(total),
-                                f"{when(entry.created_at)}: {total:.6f} USD after {n} call{'s' if n > 1 else ''} "
-                                f"(this call {amount:.6f} USD, {kind})"))
+                                f"{when(entry.created_at)}: {usd(total)} after {n} call{'s' if n > 1 else ''} "
+                                f"(this call {usd(amount)}, {kind})"))
     if not readings:
         return None
     top = float(total)
@@ -36,14 +37,14 @@ def spend_chart(workflow: Workflow, entries: list[UsageEntry], *, simulated: boo
     limit = None
     if budget is not None and float(budget) <= 5 * top:  # higher, the line would flatten the curve
         top = max(top, float(budget))
-        limit = (float(budget), f"total budget {usd(budget, scale=top)}")
+        limit = (float(budget), f"total budget {usd(budget)}")
     what = "Simulated cumulative spend" if simulated else "Cumulative spend"
-    budget_text = f"; the total budget is {budget} USD" if budget is not None else "; there is no total budget"
+    budget_text = f"; the total budget is {usd(budget)}" if budget is not None else "; there is no total budget"
     return time_chart(
-        readings, slug=f"spend-{workflow.pk}", title=f"{what} of workflow {workflow.pk} in USD",
-        description=(f"{what}: {total:.6f} USD over {len(readings)} model call{'s' if len(readings) > 1 else ''} "
+        readings, slug=f"spend-{workflow.pk}", title=f"{what} of workflow {workflow.pk} in US dollars",
+        description=(f"{what}: {usd(total)} over {len(readings)} model call{'s' if len(readings) > 1 else ''} "
                      f"from {when(readings[0].at)} to {when(readings[-1].at)}{budget_text}."),
-        y_max=top, y_label=lambda value: usd(value, scale=top), limit=limit,
+        y_max=top, y_label=usd, limit=limit,
     )
 
 

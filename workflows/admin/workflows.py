@@ -15,12 +15,12 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from workflows import clock, services
-from workflows.admin.charts import when
-from workflows.admin.common import ReadOnlyAdmin, forbidden, pretty_json
-from workflows.admin.inspection import inspect_workflow
+from workflows.admin.common import ReadOnlyAdmin, add_outcome_message, forbidden, pretty_json, redirect_with_outcome
+from workflows.admin.display import usd, when
+from workflows.admin.inspection import EVENTS_PAGE_PARAM, inspect_workflow
 from workflows.admin.reasoning import is_budget_paused, reasoning_panel
 from workflows.errors import Refused
-from workflows.models import Commitment, Intent, Wait, Workflow
+from workflows.models import Checkpoint, Commitment, Intent, Wait, Workflow
 from workflows.selectors import definition_of, spend_summary
 from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS
 
@@ -228,7 +228,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
     @admin.display(description="updated", ordering="updated_at")
     def updated(self, workflow: Workflow) -> str:
-        return when(workflow.updated_at)[:16]  # to the minute: the page of the workflow has the seconds
+        return when(workflow.updated_at)
 
     @admin.display(description="current goal")
     def goal_full(self, workflow: Workflow) -> str:
@@ -263,17 +263,21 @@ class WorkflowAdmin(ReadOnlyAdmin):
         return [
             *(path(f"<int:workflow_id>/{name}/", view, {"action": name}, name=f"workflows_workflow_{name}")
               for name in ACTIONS),
+            path("<int:workflow_id>/checkpoints/<int:checkpoint_id>/", self.admin_site.admin_view(self.checkpoint_view),
+                 name="workflows_workflow_checkpoint"),
             *super().get_urls(),
         ]
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        add_outcome_message(request)
         workflow = self.get_object(request, object_id)
         extra = dict(extra_context or {})
         if workflow is not None:
             now = clock.now()
-            extra["inspection"] = inspect_workflow(workflow, now=now)
+            extra["inspection"] = inspect_workflow(workflow, now=now,
+                                                   events_page=request.GET.get(EVENTS_PAGE_PARAM, ""))
             extra["reasoning"] = reasoning_panel(workflow, now=now)
             definition = definition_of(workflow)
             extra["kind_panels"] = definition.admin_panels(workflow) if definition else []
@@ -291,6 +295,22 @@ class WorkflowAdmin(ReadOnlyAdmin):
         """A workflow's history is its event timeline, not the admin's log of form edits (there are none)."""
         return HttpResponseRedirect(reverse("admin:workflows_workflow_change", args=[object_id]) + "#timeline")
 
+    def checkpoint_view(self, request: HttpRequest, workflow_id: int, checkpoint_id: int) -> HttpResponse:
+        """One checkpoint's durable state (the workflow page lists checkpoints without their states)."""
+        workflow = self.get_object(request, str(workflow_id))
+        if workflow is None or not self.has_view_permission(request, workflow):
+            raise Http404(f"Workflow {workflow_id} does not exist, or you may not view it.")
+        checkpoint = Checkpoint.objects.filter(workflow=workflow, pk=checkpoint_id).first()
+        if checkpoint is None:
+            raise Http404(f"Workflow {workflow_id} has no checkpoint {checkpoint_id}.")
+        context = {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "original": workflow,
+            "title": f"Workflow {workflow.pk}: state on entering {checkpoint.node} (visit {checkpoint.node_visit})",
+            "checkpoint": checkpoint, "state": pretty_json(checkpoint.state),
+            "change_url": reverse("admin:workflows_workflow_change", args=[workflow.pk]),
+        }
+        return TemplateResponse(request, "admin/workflows/workflow/checkpoint.html", context)
+
     def action_view(self, request: HttpRequest, workflow_id: int, action: str) -> HttpResponse:
         """Confirm (GET) and perform (POST) cancel, resume, supersede or a budget change through the services."""
         spec = ACTIONS.get(action)
@@ -304,8 +324,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         change_url = reverse("admin:workflows_workflow_change", args=[workflow.pk])
         refusal = spec.refusal(workflow) if request.method == "GET" else ""  # a POST: the service decides
         if refusal:  # a page reached by an old link or a typed URL: say what applies instead of promising it
-            self.message_user(request, refusal, level=messages.WARNING)
-            return HttpResponseRedirect(change_url)
+            return redirect_with_outcome(change_url, refusal, messages.WARNING)
         initial = {
             "supersede": {"goal": workflow.goal},
             "budget": {"total_usd": workflow.budget_total_usd, "hourly_usd": workflow.budget_hourly_usd},
@@ -315,10 +334,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
             try:
                 text, level = perform_action(action, workflow.pk, form.cleaned_data, request.user)
             except Refused as exc:
-                self.message_user(request, str(exc), level=messages.ERROR)
-            else:
-                self.message_user(request, text, level=level)
-            return HttpResponseRedirect(change_url)
+                text, level = str(exc), messages.ERROR
+            return redirect_with_outcome(change_url, text, level)
         context = {
             **self.admin_site.each_context(request), "opts": self.model._meta, "original": workflow,
             "title": f"{spec.label} {workflow.pk}?", "action": action, "spec": spec, "form": form,
@@ -344,8 +361,8 @@ def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: An
         workflow = services.workflow_budget_set(
             workflow_id=workflow_id, user=user, total_usd=data["total_usd"], hourly_usd=data["hourly_usd"])
         total, hourly = workflow.budget_total_usd, workflow.budget_hourly_usd
-        text = (f"Budget of workflow {workflow_id}: total {f'{total} USD' if total is not None else 'unlimited'}, "
-                f"hourly {f'{hourly} USD' if hourly is not None else 'unlimited'}.")
+        text = (f"Budget of workflow {workflow_id}: total {usd(total) if total is not None else 'unlimited'}, "
+                f"hourly {usd(hourly) if hourly is not None else 'unlimited'}.")
         if was_paused and workflow.status == Workflow.Status.RUNNING:
             text += " It was paused for budget and goes on now."
         return text, messages.SUCCESS

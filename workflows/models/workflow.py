@@ -66,6 +66,7 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         BUDGET = "budget", "Budget exhausted"
         STAGNATION = "stagnation", "Stagnating"
         HANDLER_FAILED = "handler_failed", "Advancing kept failing (a node handler raised)"
+        DEFINITION = "definition", "Its definition asks a person to decide"
 
     TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
     CANCELLABLE = (Status.CREATED, Status.RUNNING, Status.WAITING, Status.PAUSED)

@@ -60,8 +60,8 @@ def _decide(*, wait_id: int, user: Any, decision: str, candidate_hash: str, comm
         if wait.is_decided(decision, candidate_hash):
             return DecisionResult(
                 Decision.ALREADY_APPLIED,
-                f"Wait {wait.pk} was already {decision} by {wait.decided_by} at {wait.decided_at:%Y-%m-%d %H:%M:%S}; "
-                "nothing changed.",
+                f"Wait {wait.pk} was already {decision} by {wait.decided_by} at "
+                f"{wait.decided_at:%Y-%m-%d %H:%M:%S} UTC; nothing changed.",
                 wait.pk, workflow.pk,
             )
         now = clock.now()
@@ -91,14 +91,14 @@ def _refusal(
         return f"Wait {wait.pk} is a {wait.kind} wait, not an approval; use `agent signal` for events."
     if wait.status == Wait.Status.SATISFIED:
         return (f"Wait {wait.pk} was already {wait.decision} by {wait.decided_by} at "
-                f"{wait.decided_at:%Y-%m-%d %H:%M:%S}; a decision cannot be changed.")
+                f"{wait.decided_at:%Y-%m-%d %H:%M:%S} UTC; a decision cannot be changed.")
     if wait.status == Wait.Status.INVALIDATED:
-        return (f"Wait {wait.pk} was invalidated at {wait.decided_at:%Y-%m-%d %H:%M:%S} because the goal changed "
+        return (f"Wait {wait.pk} was invalidated at {wait.decided_at:%Y-%m-%d %H:%M:%S} UTC because the goal changed "
                 f"(intent v{wait.intent_version} → v{workflow.intent_version}); decide on the new candidate instead.")
     if wait.status != Wait.Status.OPEN:
         return f"Wait {wait.pk} is {wait.status}; it can no longer be decided."
     if wait.expires_at is not None and wait.expires_at <= now:
-        return f"Wait {wait.pk} expired at {wait.expires_at:%Y-%m-%d %H:%M:%S}; it can no longer be decided."
+        return f"Wait {wait.pk} expired at {wait.expires_at:%Y-%m-%d %H:%M:%S} UTC; it can no longer be decided."
     if wait.intent_version != workflow.intent_version:
         return (f"Wait {wait.pk} is bound to intent v{wait.intent_version}, but workflow {workflow.pk} is at "
                 f"v{workflow.intent_version}; decide on the new candidate instead.")

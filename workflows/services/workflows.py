@@ -193,6 +193,9 @@ def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
             return Outcome.SUSPENDED
         if isinstance(decision, engine.Goto):
             enter_node(workflow, decision.node, decision.updates, now=now)
+            if decision.pause:
+                _pause_for_definition(workflow, decision.pause, now=now)
+                return Outcome.APPLIED
             continue
         if isinstance(decision, engine.Complete):
             complete_locked(workflow, decision.result, now=now)
@@ -202,6 +205,14 @@ def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
     fail_locked(workflow, f"More than {MAX_STEPS_PER_ADVANCE} node changes without waiting; the definition loops.",
                 now=now)
     return Outcome.APPLIED
+
+
+def _pause_for_definition(workflow: Workflow, reason: str, *, now: datetime) -> None:
+    """The definition asked a person to decide at the node it entered; ``agent resume`` goes on."""
+    workflow.pause(at=now, reason=reason, cause=Workflow.PauseCause.DEFINITION)
+    event_record(workflow=workflow, kind="workflow.paused", at=now, reason=reason,
+                 cause=Workflow.PauseCause.DEFINITION, node=workflow.current_node)
+    workflow_save(workflow, "status", "reason", at=now)
 
 
 def _apply(workflow: Workflow, command: engine.Command, *, now: datetime, chain: ChainSlot | None) -> bool:
@@ -324,6 +335,9 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Result:
     retried = compensations_retry(workflow, now=now)
     if workflow.status == Workflow.Status.PAUSED:
         failed = workflow.pause_cause == Workflow.PauseCause.HANDLER_FAILED
+        if workflow.pause_cause == Workflow.PauseCause.DEFINITION:
+            workflow.reason = ""  # the question was for the person who just answered it
+            workflow_save(workflow, "reason", at=now)
         wake_locked(workflow, now=now, cause=f"resumed by {by}")
         return _advance_now(workflow, now=now, by=by) if failed else _resumed(workflow)
     if workflow.status == Workflow.Status.RUNNING and workflow.handler_failures:

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django import template
 
 from workflows import clock
+from workflows.admin import display
 
 register = template.Library()
 
@@ -25,3 +28,15 @@ def approvals_waiting_for(user: Any) -> int:
 def as_json(value: Any) -> str:
     """A stored JSON value as JSON (``{"a": 1}``), not as Python's repr (``{'a': 1}``)."""
     return json.dumps(value, sort_keys=True, default=str)
+
+
+@register.filter
+def when(value: datetime | None) -> str:
+    """A moment as every admin page writes it: ``2026-12-01 09:14:02 UTC`` ("" for none)."""
+    return display.when(value)
+
+
+@register.filter
+def usd(value: Decimal | float | str | None) -> str:
+    """An amount of US dollars as every admin page writes it: ``$0.0123`` ("" for none)."""
+    return display.usd(value)

@@ -142,7 +142,7 @@ class WorkflowRun:
 
     After each answer the run advances until the definition needs something not yet
     answered: ``pending`` lists the activities it waits for, ``open_waits`` its waits;
-    ``status`` is running, waiting, completed or failed, with ``result`` or ``reason``.
+    ``status`` is running, waiting, paused (``resume``), completed or failed, with ``result`` or ``reason``.
     """
 
     def __init__(
@@ -217,6 +217,13 @@ class WorkflowRun:
         op = self._open_wait("timer")
         self._record(Step(op, self.node, "timer", "", "satisfied"))
 
+    def resume(self) -> None:
+        """Resume a workflow its definition paused for a person (``manage.py agent resume``)."""
+        if self.status != "paused":
+            raise AssertionError(f"Workflow is {self.status} at {self.node}, not paused.")
+        self.status, self.reason = "running", ""
+        self.advance()
+
     # The engine loop -----------------------------------------------------------------------
 
     def advance(self) -> None:
@@ -240,6 +247,9 @@ class WorkflowRun:
                 self.path.append(self.node)
                 self.pending.clear()
                 self.open_waits.clear()
+                if decision.pause:
+                    self.status, self.reason = "paused", decision.pause
+                    return
                 continue
             if isinstance(decision, engine.Complete):
                 self.status, self.result = "completed", _stored(decision.result)

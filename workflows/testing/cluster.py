@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -101,6 +102,55 @@ class Broker:
     def server_run_id(self) -> str:
         """Changes when the Redis server restarts."""
         return str(self.client.info("server")["run_id"])
+
+
+class RedisServer:
+    """A ``redis-server`` child of this process, on its own port, without persistence: restarting
+    it forgets every message and disturbs no other user of the machine's Redis. ``bind`` lists the
+    addresses it listens on (127.0.0.1 first: ``url`` uses it)."""
+
+    def __init__(self, port: int, run_dir: Path, *, bind: tuple[str, ...] = ("127.0.0.1",)) -> None:
+        self.port, self.bind, self.dir = port, bind, run_dir / f"redis-{port}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.url = f"redis://{bind[0]}:{port}/0"
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 15.0) -> None:
+        self.popen = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", *self.bind, "--protected-mode", "no", "--save", "",
+             "--appendonly", "no", "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.starts += 1
+        wait_for(lambda: redis_ping(self.url), timeout=timeout, what=f"redis-server on port {self.port} to answer",
+                 dump=lambda: (self.dir / "redis.log").read_text(errors="replace")[-2000:])
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=5)
+
+    def up(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def shutdown_nosave(self) -> None:
+        """``SHUTDOWN NOSAVE`` and wait for the process; a no-op when it is not running."""
+        if self.popen is None or not self.up():
+            return
+        try:
+            self.client().shutdown(nosave=True)
+        except redis.RedisError:
+            pass
+        try:
+            self.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(5)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS's pick)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def subprocess_database_url() -> str:
@@ -376,7 +426,8 @@ class Cluster:
         })
         return env
 
-    def _spawn(self, name: str, role: str, args: list[str], env: dict[str, str]) -> Proc:
+    def _spawn(self, name: str, role: str, args: list[str], env: dict[str, str],
+               prefix: tuple[str, ...] = ()) -> Proc:
         # A name started again gets a log of its own, so its readiness is not read from the old one.
         starts = sum(1 for p in self.procs if (p.role, p.name) == (role, name))
         stem = f"{role}-{name}" + (f"-{starts + 1}" if starts else "")
@@ -389,7 +440,7 @@ class Cluster:
         log_file = open(log_path, "ab")  # noqa: SIM115 - closed by Proc.stop()
         launched_at = time.time()
         popen = subprocess.Popen(
-            [sys.executable, "-m", "celery", *args], cwd=self.cwd, env=env,
+            [*prefix, sys.executable, "-m", "celery", *args], cwd=self.cwd, env=env,
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
         proc = Proc(name=name, role=role, popen=popen, log_path=log_path, log_file=log_file,
@@ -399,26 +450,34 @@ class Cluster:
 
     def start_worker(
         self, name: str, *, faults: list[dict[str, Any]] | None = None,
-        extra_env: dict[str, str] | None = None, ready: bool = True,
+        extra_env: dict[str, str] | None = None, ready: bool = True, prefix: tuple[str, ...] = (),
         pool: str = "prefork", concurrency: int = 1, queues: tuple[str, ...] = (),
     ) -> Proc:
         """A worker named ``<name>@<host>``: prefork with one pool process unless ``pool`` and
         ``concurrency`` say otherwise, consuming ``queues`` (all of them when empty); ``faults``
-        are its fault rules. A threads worker needs ``AGENTOPS_DB_POOL_SIZE`` in ``extra_env``."""
+        are its fault rules. A threads worker needs ``AGENTOPS_DB_POOL_SIZE`` in ``extra_env``.
+
+        ``prefix`` runs it through a command that then execs Python in the same process, such as
+        ``("ip", "netns", "exec", "<namespace>")``, so that its pid still leads its group.
+        """
         proc = self._spawn(name, "worker", [
             "-A", self.worker_app, "worker", "-P", pool, "-c", str(concurrency), "--without-gossip",
             "--without-mingle", "-n", f"{name}@%h", "-l", self.worker_log_level,
             *(["-Q", ",".join(queues)] if queues else []),
-        ], self.env(faults=faults, extra_env=extra_env))
+        ], self.env(faults=faults, extra_env=extra_env), prefix)
         if ready:
             self.wait_ready(proc)
         return proc
 
-    def start_beat(self, name: str = "beat", *, ready: bool = True) -> Proc:
-        """A beat on the DatabaseScheduler; ``-s`` is passed though that scheduler keeps its state in the DB."""
+    def start_beat(
+        self, name: str = "beat", *, ready: bool = True, extra_env: dict[str, str] | None = None,
+        prefix: tuple[str, ...] = (),
+    ) -> Proc:
+        """A beat on the DatabaseScheduler; ``-s`` is passed though that scheduler keeps its state in the DB.
+        ``extra_env`` and ``prefix`` as for ``start_worker``."""
         proc = self._spawn(name, "beat", [
             "-A", "agentops", "beat", "-l", "INFO", "-s", str(self.run_dir / f"beat-{name}-schedule"), "--pidfile=",
-        ], self.env())
+        ], self.env(extra_env=extra_env), prefix)
         if ready:
             self.wait_ready(proc)
         return proc

@@ -6,18 +6,26 @@ verdict it could set.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import shutil
+import time
 from dataclasses import dataclass, field
+from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypedDict
 
 from django.conf import settings
 
+from agentops import sandbox
+from agentops.agents.harness import breakers, gitops, tools
 from agentops.agents.harness import checks as checks_mod
-from agentops.agents.harness import gitops, tools
 from agentops.agents.harness.checks import CheckResult, Feature
-from agentops.budgets import metered_complete
+from agentops.budgets import cost_usd, keep_alive, metered_complete
+from agentops.providers import provider_for
+from workflows import clock
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent
 from workflows.registry import RetryPolicy, activity
@@ -25,7 +33,12 @@ from workflows.registry import RetryPolicy, activity
 MAX_TURNS = 40
 SESSION_RETRY = RetryPolicy(max_attempts=3, initial_interval_seconds=1.0, backoff=2.0)
 CHECK_RETRY = RetryPolicy(max_attempts=3, initial_interval_seconds=1.0)
-SESSION_LEASE_SECONDS = 600
+# Every blocking step of these activities heartbeats (keep_alive): a dead worker's session is
+# taken over after this setting's seconds, not minutes.
+SESSION_LEASE = "AGENTOPS_HARNESS_SESSION_LEASE_SECONDS"
+SMOKE_COMMAND = "sh checks/smoke.sh"
+INIT_COMMAND = "sh init.sh"
+GIT_LOG_LINES = 20
 
 
 def workspace_for(ctx: ActivityContext, requested: str) -> Path:
@@ -34,10 +47,44 @@ def workspace_for(ctx: ActivityContext, requested: str) -> Path:
     return path.resolve()
 
 
+def service_dir(workflow_id: int) -> Path:
+    """Logs and pid files of a workflow's services (outside the workspace, so its tree stays clean)."""
+    return Path(settings.AGENTOPS_WORKSPACE_DIR).resolve() / ".harness-services" / f"wf-{workflow_id}"
+
+
 def _scratch(ctx: ActivityContext) -> Path:
     """A directory of this operation's own for checkouts (a retry empties and reuses it)."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", ctx.operation_id)
     return Path(settings.AGENTOPS_WORKSPACE_DIR).resolve() / ".harness-checks" / name
+
+
+# --- isolation --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProbeInput:
+    required: str  # bwrap or none
+
+
+class Probe(TypedDict):
+    level: str  # bwrap or none: what commands of this workflow get on this worker
+    detail: str
+    mode: str  # the worker's AGENTOPS_SANDBOX
+    required: str
+    enough: bool
+
+
+@activity("harness_probe", retry=CHECK_RETRY)
+def harness_probe(ctx: ActivityContext, input: ProbeInput) -> Probe:
+    """Probe the isolation commands would get here (bubblewrap with the network off, or none)."""
+    mode = settings.AGENTOPS_SANDBOX
+    works, detail = sandbox.bwrap_works()
+    level = "bwrap" if works and mode != "none" else "none"
+    if mode == "none":
+        detail = "AGENTOPS_SANDBOX=none on this worker"
+    probe: Probe = {"level": level, "detail": detail[:300], "mode": mode, "required": input.required,
+                    "enough": level == "bwrap" or input.required == "none"}
+    ctx.note("harness.isolation_probed", **probe)
+    return probe
 
 
 # --- the initializer -------------------------------------------------------------------------
@@ -46,6 +93,7 @@ def _scratch(ctx: ActivityContext) -> Path:
 class InitInput:
     goal: str
     workspace: str = ""
+    require_isolation: str = "none"
 
 
 class InitResult(TypedDict):
@@ -63,7 +111,7 @@ INITIALIZE_SYSTEM = (
     "git_commit and end_session.")
 
 
-@activity("harness_initialize", retry=SESSION_RETRY, lease_seconds=SESSION_LEASE_SECONDS)
+@activity("harness_initialize", retry=SESSION_RETRY, lease_seconds=SESSION_LEASE)
 def harness_initialize(ctx: ActivityContext, input: InitInput) -> InitResult:
     """Session 0. A retry starts over from the repository as it was before the session."""
     root = workspace_for(ctx, input.workspace)
@@ -71,9 +119,13 @@ def harness_initialize(ctx: ActivityContext, input: InitInput) -> InitResult:
     base = gitops.head(root)
     if base:
         gitops.save_wip_and_reset(root, base_sha=base, name=f"initializer/{ctx.attempt}")
-    session = tools.Session(root=root, operation_id=ctx.operation_id, protect=False)
+    session = tools.Session(root=root, operation_id=ctx.operation_id, protect=False,
+                            require_isolation=input.require_isolation, service_dir=service_dir(ctx.workflow_id))
     brief = f"<goal>{input.goal}</goal>\n<feature>INIT</feature>\n<attempt>1</attempt>\n<workspace>{root}</workspace>"
-    turns = _loop(ctx, session, system=INITIALIZE_SYSTEM, brief=brief, toolset=tools.INITIALIZER_TOOLS)
+    try:
+        turns = _loop(ctx, session, system=INITIALIZE_SYSTEM, brief=brief, toolset=tools.INITIALIZER_TOOLS)
+    finally:
+        session.close()
     engine_committed = bool(gitops.commit_all(root, "harness: commit what the initializer left",
                                               trailers={"Harness-Operation": ctx.operation_id}))
     sha = gitops.head(root)
@@ -89,6 +141,7 @@ class ValidateInput:
     workspace: str
     commit: str
     check_timeout_seconds: float = 60.0
+    require_isolation: str = "none"
 
 
 class Validation(TypedDict):
@@ -98,7 +151,7 @@ class Validation(TypedDict):
     vacuous: list[str]
 
 
-@activity("harness_validate", retry=CHECK_RETRY, lease_seconds=SESSION_LEASE_SECONDS)
+@activity("harness_validate", retry=CHECK_RETRY, lease_seconds=SESSION_LEASE)
 def harness_validate(ctx: ActivityContext, input: ValidateInput) -> Validation:
     """Schema of features.json at the scaffold commit, then every check run on it: a check that
     already passes on the scaffold proves nothing and is flagged (vacuous)."""
@@ -108,9 +161,12 @@ def harness_validate(ctx: ActivityContext, input: ValidateInput) -> Validation:
         raise InvalidInput(f"The scaffold commit {input.commit[:12]} has no features.json.")
     features = checks_mod.validate_features(raw, check_exists=lambda path: bool(
         gitops.git(root, "cat-file", "-t", f"{input.commit}:{path}", check=False) == "blob"))
-    results = checks_mod.run_checks(root, input.commit, features, where="worktree",
-                                    timeout_seconds=input.check_timeout_seconds, scratch=_scratch(ctx),
-                                    on_result=lambda r: _note_check(ctx, "scaffold", r))
+    with keep_alive(ctx, "checks on the scaffold"):
+        results = checks_mod.run_checks(root, input.commit, features, where="worktree",
+                                        timeout_seconds=input.check_timeout_seconds, scratch=_scratch(ctx),
+                                        require_isolation=input.require_isolation)
+    for result in results:
+        _note_check(ctx, "scaffold", result)
     vacuous = [r["feature"] for r in results if r["passed"]]
     return {"features": features, "contract_hash": checks_mod.contract_hash(root, input.commit),
             "results": results, "vacuous": vacuous}
@@ -131,6 +187,7 @@ class ChecksInput:
     purpose: str  # verify, regression, verify_all
     where: str = "worktree"  # or clone
     check_timeout_seconds: float = 60.0
+    require_isolation: str = "none"
 
 
 class ChecksReport(TypedDict):
@@ -140,13 +197,16 @@ class ChecksReport(TypedDict):
     head: str
 
 
-@activity("harness_run_checks", retry=CHECK_RETRY, lease_seconds=SESSION_LEASE_SECONDS)
+@activity("harness_run_checks", retry=CHECK_RETRY, lease_seconds=SESSION_LEASE)
 def harness_run_checks(ctx: ActivityContext, input: ChecksInput) -> ChecksReport:
     """Run checks on one commit in a checkout of their own; each result is an event with its evidence."""
     root = Path(input.workspace)
-    results = checks_mod.run_checks(root, input.commit, list(input.features), where=input.where,
-                                    timeout_seconds=input.check_timeout_seconds, scratch=_scratch(ctx),
-                                    on_result=lambda r: _note_check(ctx, input.purpose, r))
+    with keep_alive(ctx, f"{input.purpose} checks"):
+        results = checks_mod.run_checks(root, input.commit, list(input.features), where=input.where,
+                                        timeout_seconds=input.check_timeout_seconds, scratch=_scratch(ctx),
+                                        require_isolation=input.require_isolation)
+    for result in results:
+        _note_check(ctx, input.purpose, result)
     return {"commit": input.commit, "results": results, "clean_tree": not gitops.dirty(root),
             "head": gitops.head(root)}
 
@@ -158,22 +218,87 @@ class PrepareInput:
     workspace: str
     expected_head: str
     wip_name: str  # the feature/attempt of the session whose leftovers would be found
+    smoke: bool = True  # run init.sh and the smoke check after the reset
+    check_timeout_seconds: float = 60.0
+    require_isolation: str = "none"
+
+
+class Smoke(TypedDict):
+    ran: bool
+    passed: bool
+    command: str
+    exit_code: int
+    output_tail: str
+    isolation: str
 
 
 class Prepared(TypedDict):
     base_sha: str
     wip: Any  # {"ref", "commit", "files", "head_moved"} or None
+    smoke: Smoke | None
 
 
-@activity("harness_prepare", retry=CHECK_RETRY)
+@activity("harness_prepare", retry=CHECK_RETRY, lease_seconds=SESSION_LEASE)
 def harness_prepare(ctx: ActivityContext, input: PrepareInput) -> Prepared:
-    """Record the session's base commit; half-work found in the workspace goes to a wip/ ref first."""
+    """Record the session's base commit; half-work found in the workspace goes to a wip/ ref first;
+    services a dead attempt left are stopped; then the engine runs init.sh and the smoke check."""
     root = Path(input.workspace)
     ctx.fence("restore the workspace to the last recorded commit")
+    stopped = tools.stop_leftover_services(service_dir(ctx.workflow_id))
+    if stopped:
+        ctx.note("harness.services_stopped", groups=stopped, why="left by an attempt that died")
     wip = gitops.save_wip_and_reset(root, base_sha=input.expected_head, name=input.wip_name)
     if wip is not None:
         ctx.note("harness.wip_saved", ref=wip.ref, commit=wip.commit, files=wip.files, base_sha=input.expected_head)
-    return {"base_sha": gitops.head(root), "wip": None if wip is None else wip.__dict__}
+    smoke = None
+    if input.smoke:
+        with keep_alive(ctx, "init.sh and the smoke check"):
+            smoke = _smoke(root, input.check_timeout_seconds, input.require_isolation)
+        ctx.note("harness.smoke_ran", base_sha=gitops.head(root), **{k: v for k, v in smoke.items()
+                                                                      if k != "output_tail"},
+                 output_tail=smoke["output_tail"][-500:])
+    return {"base_sha": gitops.head(root), "wip": None if wip is None else wip.__dict__, "smoke": smoke}
+
+
+def _smoke(root: Path, timeout: float, require_isolation: str) -> Smoke:
+    """``sh init.sh`` then ``sh checks/smoke.sh`` in the workspace, sandboxed; whatever they write is
+    cleaned away after (the session starts from a clean tree). Without the required isolation
+    nothing runs and the smoke did not run (``ran`` false)."""
+    output, exit_code, isolation, ran = "", 0, "", False
+    for command in (INIT_COMMAND, SMOKE_COMMAND):
+        if not (root / command.split()[1]).is_file():
+            continue
+        try:
+            if require_isolation == "bwrap" and sandbox.isolation() != "bwrap":
+                output += f"$ {command}: not run: this worker has no bubblewrap, which the workflow requires\n"
+                break
+            ran = True
+            done = sandbox.run(command.split(), workspace=root, timeout_seconds=timeout, max_output_bytes=8000)
+            exit_code, isolation = (done.exit_code if not done.timed_out else 124), done.isolation
+            output += f"$ {command} -> exit {exit_code}\n{done.output}\n"
+        except FileNotFoundError as exc:
+            exit_code, output = -1, output + f"$ {command}: could not run: {exc}\n"
+        if exit_code != 0:
+            break
+    gitops.git(root, "checkout", "-q", "--", ".", check=False)
+    gitops.git(root, "clean", "-fdq")
+    return {"ran": ran, "passed": ran and exit_code == 0, "command": f"{INIT_COMMAND} && {SMOKE_COMMAND}",
+            "exit_code": exit_code, "output_tail": sandbox.redacted_tail(output, checks_mod.OUTPUT_TAIL_CHARS),
+            "isolation": isolation}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A session's budgets: the tool call's (time), the session's (turns, tokens, wall time), and
+    the loop breaker inside a session (identical tool calls)."""
+
+    max_turns: int = MAX_TURNS
+    max_tokens: int = 400_000
+    max_seconds: float = 1800.0
+    command_timeout_seconds: int = 120
+    idle_seconds: int = 30
+    repeat_limit: int = 3
+    require_isolation: str = "none"
 
 
 @dataclass(frozen=True)
@@ -189,6 +314,11 @@ class SessionInput:
     last_output: str = ""
     wip: Any = None
     progress: list[str] = field(default_factory=list)
+    limits: Limits = field(default_factory=Limits)
+    memory: list[dict[str, Any]] = field(default_factory=list)  # the last progress rows
+    repair: str = ""  # the red smoke's output when this is a "repair main" session
+    budget_note: str = ""  # what is left of the feature's and the workflow's budgets
+    patterns: list[str] = field(default_factory=list)  # learnings of earlier sessions (bounded)
 
 
 class SessionResult(TypedDict):
@@ -202,74 +332,293 @@ class SessionResult(TypedDict):
     tamper: list[str]
     wip: Any
     turns: int
+    outcome: str  # request_pass, end_session, timeout, budget_turns, budget_tokens, repeated_call, no_answer
+    crashed_attempts: int  # attempts of this session that died before this one
+    tokens: int
+    cost_usd: str
+    seconds: float
+    diff_sha: str  # SHA-256 of the session's diff from base_sha ("" when it changed nothing)
+    files: list[str]
+    proposal: Any
+    services_stopped: list[str]
+    tree: str  # the tree the session left (the same tree twice: the same diff)
 
 
 SESSION_SYSTEM = (
     "<task>harness_session</task>\nYou are one coding session of a long project. Work only on the feature you were "
-    "given. Read progress.md and the git log, implement the feature, test it as a user would, git_commit, then "
-    "call request_pass with the feature's id: the engine runs the feature's check on your commit in a clean "
-    "checkout and decides. features.json and checks/ are read-only. If you cannot finish, call end_session "
-    "with what you learned.")
+    "given. Read the progress rows and the git log, implement the feature, test it as a user would, git_commit, "
+    "then call request_pass with the feature's id: the engine runs the feature's check on your commit in a clean "
+    "checkout and decides. features.json and checks/ are read-only: propose_feature_change asks a person for a "
+    "change. Finish before the deadline. If you cannot finish, call end_session with what you learned.")
 
 
-def briefing(input: SessionInput, wip: Any) -> str:
-    """The engine-built briefing: the leased feature, its check, the board, recent progress, WIP."""
+def briefing(input: SessionInput, wip: Any, *, deadline: str, git_log: str) -> str:
+    """The engine-built briefing, each part bounded: the leased feature, its check, the board, the
+    deadline and budgets, the git log, the last progress rows, WIP and a red smoke's output."""
     f = input.feature
-    parts = [f"<goal>{input.goal}</goal>", f"<feature>{f['id']}</feature>", f"<attempt>{input.attempt}</attempt>",
-             f"<session>{input.session}</session>", f"<base_sha>{input.base_sha}</base_sha>",
-             f"<description>{f['description']}</description>",
+    parts = [f"<goal>{input.goal[:2000]}</goal>", f"<feature>{f['id']}</feature>",
+             f"<attempt>{input.attempt}</attempt>", f"<session>{input.session}</session>",
+             f"<base_sha>{input.base_sha}</base_sha>", f"<description>{f['description']}</description>",
              "<steps>" + "; ".join(f.get("steps", [])) + "</steps>", f"<check>{f['check']}</check>",
-             "<board>" + ", ".join(f"{row['id']}:{row['status']}" for row in input.board) + "</board>"]
+             "<board>" + ", ".join(f"{row['id']}:{row['status']}" for row in input.board) + "</board>",
+             f"<deadline>{deadline} (in {input.limits.max_seconds:g} s; at most {input.limits.max_turns} turns and "
+             f"{input.limits.max_tokens} tokens)</deadline>"]
+    if input.budget_note:
+        parts.append(f"<budget>{input.budget_note[:300]}</budget>")
+    if input.repair:
+        parts.append("<repair>The smoke check (init.sh, checks/smoke.sh) fails on main at the start of this "
+                     "session: repair main before any feature work, then request_pass REPAIR.\n"
+                     f"{input.repair[-1500:]}</repair>")
     if input.last_output:
         parts.append(f"<last_check_output>{input.last_output[-1500:]}</last_check_output>")
     if wip:
         parts.append(f"<wip>Half-work of an interrupted session was saved to {wip['ref']} ({wip['commit'][:12]}; "
                      f"files: {', '.join(wip['files'][:10])}); the workspace was reset to {input.base_sha[:12]}."
                      "</wip>")
-    if input.progress:
-        parts.append("<progress>" + " | ".join(input.progress[-5:]) + "</progress>")
-    return "\n".join(parts)[:8000]
+    if input.patterns:
+        parts.append("<patterns>\n" + "\n".join(f"- {p}" for p in input.patterns[-breakers.PATTERNS:])
+                     + "\n</patterns>")
+    if git_log:
+        parts.append(f"<git_log>{git_log[:2000]}</git_log>")
+    rows = [breakers.render_row(r) for r in input.memory[-5:]] or input.progress[-5:]
+    if rows:
+        parts.append("<progress>\n" + "\n".join(rows) + "\n</progress>")
+    return "\n".join(parts)[:10_000]
 
 
-@activity("harness_session", retry=SESSION_RETRY, lease_seconds=SESSION_LEASE_SECONDS)
+@activity("harness_session", retry=SESSION_RETRY, lease_seconds=SESSION_LEASE)
 def harness_session(ctx: ActivityContext, input: SessionInput) -> SessionResult:
-    """One coding session on one leased feature.
+    """One coding session on one leased feature (or on repairing main).
 
     Starts from ``base_sha``: a retry after a killed attempt first saves the killed attempt's
     half-work to ``wip/<feature>/<attempt>`` and says so in its briefing. Ends on request_pass,
-    end_session or the turn limit; harness-owned files a session changed are then reverted in a
-    commit of the engine's and recorded.
+    end_session, a session budget (turns, tokens, the deadline: recorded as ``timeout``, the
+    work kept) or repeated identical tool calls; services still running are stopped; harness-owned
+    files a session changed are then reverted in a commit of the engine's and recorded.
     """
     root = Path(input.workspace)
     feature = input.feature["id"]
     ctx.fence("restore the workspace to the session's base commit")
+    services = service_dir(ctx.workflow_id)
+    tools.stop_leftover_services(services)
     found = gitops.save_wip_and_reset(root, base_sha=input.base_sha, name=f"{feature}/{input.attempt}")
     wip = input.wip
     if found is not None:
         wip = found.__dict__
         ctx.note("harness.wip_saved", ref=found.ref, commit=found.commit, files=found.files,
                  base_sha=input.base_sha, feature=feature, feature_attempt=input.attempt)
-    session = tools.Session(root=root, operation_id=ctx.operation_id, feature=feature)
-    turns = _loop(ctx, session, system=SESSION_SYSTEM, brief=briefing(input, wip), toolset=tools.TOOLS,
-                  fault_context={"feature": feature, "feature_attempt": input.attempt})
+    limits = input.limits
+    session = tools.Session(root=root, operation_id=ctx.operation_id, feature=feature,
+                            require_isolation=limits.require_isolation,
+                            command_timeout_seconds=limits.command_timeout_seconds,
+                            idle_seconds=limits.idle_seconds, service_dir=services)
+    started = time.monotonic()
+    deadline = (clock.now() + timedelta(seconds=limits.max_seconds)).isoformat(timespec="seconds")
+    git_log = gitops.git(root, "log", "--oneline", "-n", str(GIT_LOG_LINES), check=False)
+    run = _Run(ctx, session, limits, started)
+    try:
+        turns = _loop(ctx, session, system=SESSION_SYSTEM, brief=briefing(input, wip, deadline=deadline,
+                                                                            git_log=git_log),
+                      toolset=tools.TOOLS, fault_context={"feature": feature, "feature_attempt": input.attempt},
+                      run=run)
+    finally:
+        stopped = session.close()
+    if stopped:
+        ctx.note("harness.services_stopped", names=stopped, why="the session ended")
     changed = gitops.tampered(root, protected_sha=input.protected_sha)
     if changed:
         ctx.fence("revert changes to the approved feature list and checks")
         sha = gitops.revert_tamper(root, protected_sha=input.protected_sha, operation_id=ctx.operation_id)
         ctx.note("harness.tamper_reverted", feature=feature, paths=changed[:20], commit=sha)
-    return {"head": gitops.head(root), "base_sha": input.base_sha, "ended": session.ended or "turns",
+    head = gitops.head(root)
+    diff = gitops.git(root, "diff", input.base_sha, head, "--", ".", ":(exclude)features.json", ":(exclude)checks")
+    files = gitops.git(root, "diff", "--name-only", input.base_sha, head).splitlines()
+    outcome = run.outcome or session.ended or "no_answer"
+    ctx.note("harness.session_ended", feature=feature, feature_attempt=input.attempt, outcome=outcome, turns=turns,
+             tokens=run.tokens, cost_usd=str(run.cost), seconds=round(time.monotonic() - started, 2),
+             crashed_attempts=ctx.attempt - 1, files=files[:20])
+    return {"head": head, "base_sha": input.base_sha, "ended": session.ended or "turns",
             "pass_requested": session.ended == "request_pass", "report": session.report,
-            "commits": session.commits, "refused": session.refused, "tamper": changed, "wip": wip, "turns": turns}
+            "commits": session.commits, "refused": session.refused, "tamper": changed, "wip": wip, "turns": turns,
+            "outcome": outcome, "crashed_attempts": ctx.attempt - 1, "tokens": run.tokens,
+            "cost_usd": str(run.cost), "seconds": round(time.monotonic() - started, 2),
+            "diff_sha": hashlib.sha256(diff.encode()).hexdigest() if diff else "", "files": files[:50],
+            "proposal": session.proposal, "services_stopped": stopped,
+            "tree": gitops.git(root, "rev-parse", "HEAD^{tree}", check=False)}
+
+
+# --- ASSESS: budgets and loop breakers ------------------------------------------------------
+
+@dataclass(frozen=True)
+class AssessInput:
+    feature: Feature
+    session: dict[str, Any]
+    passed: bool
+    evidence: Any
+    sessions_since_pass: int
+    limits: dict[str, Any]
+
+
+@activity("harness_assess", retry=CHECK_RETRY)
+def harness_assess(ctx: ActivityContext, input: AssessInput) -> breakers.Verdict:
+    """The breakers and budgets after a session (``breakers.assess``); each that fired is an event."""
+    verdict = breakers.assess(feature=dict(input.feature), session=input.session, passed=input.passed,
+                              evidence=input.evidence, sessions_since_pass=input.sessions_since_pass,
+                              limits=breakers.Limits(**input.limits))  # type: ignore[typeddict-item]
+    for event in verdict["events"]:
+        ctx.note(event["kind"], **{k: v for k, v in event.items() if k != "kind"})
+    return verdict
+
+
+# --- propose_feature_change -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProposalInput:
+    workspace: str
+    head: str
+    proposal: dict[str, Any]
+    session: int
+    check_timeout_seconds: float = 60.0
+    require_isolation: str = "none"
+
+
+class Staged(TypedDict):
+    valid: bool
+    error: str
+    commit: str
+    ref: str
+    contract_hash: str
+    features: list[Feature]
+    results: list[CheckResult]
+    reason: str
+
+
+@activity("harness_stage_proposal", retry=CHECK_RETRY, lease_seconds=SESSION_LEASE)
+def harness_stage_proposal(ctx: ActivityContext, input: ProposalInput) -> Staged:
+    """Commit a session's proposed feature list and checks on a ref of their own (``proposal/<session>``,
+    on top of the session's head), validate it and run its checks there, for a person to approve.
+    The workspace is not touched."""
+    root = Path(input.workspace)
+    scratch = _scratch(ctx)
+    checkout = scratch / "proposal"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    gitops.git(root, "worktree", "prune")
+    gitops.git(root, "worktree", "add", "-q", "--detach", str(checkout), input.head)
+    try:
+        (checkout / "features.json").write_text(input.proposal["features_json"], encoding="utf-8")
+        for path, content in input.proposal.get("checks", {}).items():
+            target = tools.confined(checkout, path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(content, encoding="utf-8")
+        commit = gitops.commit_all(checkout, f"Proposed feature list change (session {input.session})",
+                                   trailers={"Harness-Operation": ctx.operation_id}) or input.head
+    finally:
+        gitops.git(root, "worktree", "remove", "--force", str(checkout), check=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+    ref = f"proposal/{input.session}"
+    gitops.git(root, "update-ref", f"refs/heads/{ref}", commit)
+    staged: Staged = {"valid": False, "error": "", "commit": commit, "ref": ref, "contract_hash": "",
+                      "features": [], "results": [], "reason": str(input.proposal.get("reason", ""))}
+    try:
+        staged["features"] = checks_mod.validate_features(input.proposal["features_json"], check_exists=lambda path: (
+            gitops.git(root, "cat-file", "-t", f"{commit}:{path}", check=False) == "blob"))
+    except InvalidInput as exc:
+        staged["error"] = str(exc)
+    else:
+        staged["valid"] = True
+        staged["contract_hash"] = checks_mod.contract_hash(root, commit)
+        with keep_alive(ctx, "checks of the proposal"):
+            staged["results"] = checks_mod.run_checks(root, commit, staged["features"], where="worktree",
+                                                      timeout_seconds=input.check_timeout_seconds,
+                                                      scratch=_scratch(ctx),
+                                                      require_isolation=input.require_isolation)
+    ctx.note("harness.proposal_staged", ref=ref, commit=commit, valid=staged["valid"], error=staged["error"][:300],
+             contract_hash=staged["contract_hash"], reason=staged["reason"][:300])
+    return staged
+
+
+@dataclass(frozen=True)
+class AdoptInput:
+    workspace: str
+    commit: str
+
+
+class Adopted(TypedDict):
+    head: str  # the new contract commit
+
+
+@activity("harness_adopt_proposal", retry=CHECK_RETRY)
+def harness_adopt_proposal(ctx: ActivityContext, input: AdoptInput) -> Adopted:
+    """Fast-forward the workspace to an approved proposal (idempotent: already there, nothing moves)."""
+    root = Path(input.workspace)
+    if gitops.head(root) != input.commit:
+        ctx.fence("adopt the approved feature list")
+        gitops.git(root, "merge", "-q", "--ff-only", input.commit)
+    return {"head": gitops.head(root)}
+
+
+class _Run:
+    """A coding session's budgets as it goes: turns, tokens, cost, the deadline, identical calls."""
+
+    def __init__(self, ctx: ActivityContext, session: tools.Session, limits: Limits, started: float) -> None:
+        self.ctx, self.session, self.limits, self.started = ctx, session, limits, started
+        self.tokens, self.cost, self.outcome, self.warned = 0, Decimal(0), "", False
+        self.calls: dict[str, int] = {}
+        self.model = provider_for(ctx).model
+
+    def left_seconds(self) -> float:
+        return self.limits.max_seconds - (time.monotonic() - self.started)
+
+    def exhausted(self, turn: int) -> bool:
+        """Whether a session budget ran out before the next model call (recorded once)."""
+        what = ("timeout" if self.left_seconds() <= 0 else "budget_turns" if turn >= self.limits.max_turns
+                else "budget_tokens" if self.tokens >= self.limits.max_tokens else "")
+        if what:
+            self.outcome = what
+            self.ctx.note("harness.budget_exhausted", level="session", what=what.removeprefix("budget_"),
+                          feature=self.session.feature, turns=turn, tokens=self.tokens,
+                          seconds=round(time.monotonic() - self.started, 1), consequence="session ended")
+        return bool(what)
+
+    def charged(self, usage: Any) -> None:
+        self.tokens += usage.input_tokens + usage.output_tokens
+        self.cost += cost_usd(self.model, usage)
+
+    def repeated(self, name: str, args: dict[str, Any]) -> bool:
+        """Whether this exact call was made ``repeat_limit`` times in this session (recorded once)."""
+        key = json.dumps([name, args], sort_keys=True, default=str)
+        self.calls[key] = self.calls.get(key, 0) + 1
+        if self.calls[key] < self.limits.repeat_limit:
+            return False
+        self.outcome = "repeated_call"
+        self.ctx.note("harness.loop_breaker", breaker="repeated_tool_call", feature=self.session.feature, tool=name,
+                      count=self.calls[key], input=key[:300], consequence="session ended")
+        return True
+
+    def warning(self) -> str:
+        """A note near the deadline (a quarter of the session's time left), once."""
+        left = self.left_seconds()
+        if self.warned or left > self.limits.max_seconds / 4:
+            return ""
+        self.warned = True
+        return (f"[engine] {max(0, round(left))} s left before this session's deadline: commit what works and "
+                "request_pass or end_session now; after the deadline the session is stopped (your commits stay).")
 
 
 def _loop(ctx: ActivityContext, session: tools.Session, *, system: str, brief: str,
-          toolset: list[dict[str, Any]], fault_context: dict[str, Any] | None = None) -> int:
+          toolset: list[dict[str, Any]], fault_context: dict[str, Any] | None = None,
+          run: _Run | None = None) -> int:
     """The tool-use loop shared by the initializer and coding sessions; returns the turns taken."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": brief}]
     allowed = {t["name"] for t in toolset}
-    for turn in range(MAX_TURNS):
+    for turn in range(MAX_TURNS if run is None else run.limits.max_turns + 1):
+        if run is not None and run.exhausted(turn):
+            return turn
         response = metered_complete(ctx, call=turn, system=system, messages=messages, max_tokens=4000,
                                     tools=toolset)
+        if run is not None:
+            run.charged(response.usage)
         if not response.tool_calls:
             if response.stop_reason in ("max_tokens", "pause_turn"):
                 messages += [response.assistant_turn(), {"role": "user", "content": "Go on, one tool call at a time."}]
@@ -278,25 +627,33 @@ def _loop(ctx: ActivityContext, session: tools.Session, *, system: str, brief: s
             session.report = session.report or {"summary": response.text[:2000], "all_done": False}
             return turn + 1
         messages.append(response.assistant_turn())
-        results = []
+        results: list[dict[str, Any]] = []
         for call in response.tool_calls:
             name, args = call["name"], call.get("input") or {}
+            asked = args  # what the model asked for: the repeat breaker compares these
             ctx.fence(f"tool {name}")
-            if name in allowed:
-                ok, output = tools.call(session, name, args)
-            else:
+            if name not in allowed:
                 ok, output = False, f"tool {name!r} is not available in this session"
+            else:
+                if run is not None and name == "run_command":
+                    # The deadline caps every command too.
+                    args = {**args, "timeout_seconds": max(1, min(int(args.get("timeout_seconds") or 30),
+                                                                 int(run.left_seconds())))}
+                with keep_alive(ctx, f"tool {name}"):
+                    ok, output = tools.call(session, name, args)
             ctx.note("tool.called", tool=name, input=json.dumps(_short(args), default=str)[:300], ok=ok,
                      output=output[:300], **({"isolation": session.isolation} if name == "run_command" else {}))
             if output.startswith("refused:"):
                 ctx.note("harness.tool_refused", tool=name, feature=session.feature, reason=output[:500])
             ctx.faultpoint("harness.after_tool", tool=name, turn=turn, **(fault_context or {}))
             results.append({"type": "tool_result", "tool_use_id": call["id"], "content": output, "is_error": not ok})
-            if session.ended:
+            if session.ended or (run is not None and run.repeated(name, asked)):
                 break
-        if session.ended:
+        if session.ended or (run is not None and run.outcome):
             return turn + 1
-        messages.append({"role": "user", "content": results})
+        warning = run.warning() if run is not None else ""
+        messages.append({"role": "user", "content": results + ([{"type": "text", "text": warning}] if warning
+                                                               else [])})
         ctx.heartbeat(f"{session.feature or 'initializer'} turn {turn + 1}")
     return MAX_TURNS
 

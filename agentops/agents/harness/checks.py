@@ -109,9 +109,11 @@ def contract_hash(repo: Path, commit: str) -> str:
 
 
 def run_checks(repo: Path, commit: str, features: list[Feature], *, where: str, timeout_seconds: float,
-               scratch: Path, on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+               scratch: Path, require_isolation: str = "none") -> list[CheckResult]:
     """Run the checks of ``features`` on ``commit`` in a checkout of their own (``where``: worktree
-    or clone) under ``scratch``, which is emptied first and removed after; results in list order."""
+    or clone) under ``scratch``, which is emptied first and removed after; results in list order.
+    With ``require_isolation="bwrap"`` on a worker without bubblewrap, no check runs: each is
+    unverified (exit code -1), never passing."""
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.parent.mkdir(parents=True, exist_ok=True)
     git(repo, "worktree", "prune")
@@ -125,14 +127,9 @@ def run_checks(repo: Path, commit: str, features: list[Feature], *, where: str, 
             git(repo, "worktree", "add", "-q", "--detach", str(checkout), commit)
         workers = max(1, int(settings.AGENTOPS_HARNESS_CHECK_PARALLELISM))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_run_one, checkout, commit, f, where, timeout_seconds) for f in features]
-            results = []
-            for future in futures:
-                result = future.result()
-                if on_result is not None:
-                    on_result(result)
-                results.append(result)
-        return results
+            futures = [pool.submit(_run_one, checkout, commit, f, where, timeout_seconds, require_isolation)
+                       for f in features]
+            return [future.result() for future in futures]
     finally:
         if where != "clone":
             git(repo, "worktree", "remove", "--force", str(checkout), check=False)
@@ -140,10 +137,13 @@ def run_checks(repo: Path, commit: str, features: list[Feature], *, where: str, 
         git(repo, "worktree", "prune", check=False)
 
 
-def _run_one(checkout: Path, commit: str, feature: Feature, where: str, timeout_seconds: float) -> CheckResult:
+def _run_one(checkout: Path, commit: str, feature: Feature, where: str, timeout_seconds: float,
+             require_isolation: str) -> CheckResult:
     command = feature["check"]
     started = time.monotonic()
     try:
+        if require_isolation == "bwrap" and sandbox.isolation() != "bwrap":
+            raise FileNotFoundError("this worker cannot run it under bubblewrap, which the workflow requires")
         done = sandbox.run(shlex.split(command), workspace=checkout, timeout_seconds=timeout_seconds,
                            max_output_bytes=4 * OUTPUT_TAIL_CHARS)
         exit_code, output, timed_out, isolation = done.exit_code, done.output, done.timed_out, done.isolation

@@ -4,66 +4,118 @@ from __future__ import annotations
 import os
 from typing import Any, TypedDict, cast
 
+from agentops.agents.harness import breakers
 from agentops.agents.harness.activities import (
+    AdoptInput,
+    AssessInput,
     ChecksInput,
     ChecksReport,
     InitInput,
     InitResult,
+    Limits,
     Prepared,
     PrepareInput,
+    Probe,
+    ProbeInput,
+    ProposalInput,
     SessionInput,
     SessionResult,
+    Staged,
     ValidateInput,
     Validation,
+    harness_adopt_proposal,
+    harness_assess,
     harness_initialize,
     harness_prepare,
+    harness_probe,
     harness_run_checks,
     harness_session,
+    harness_stage_proposal,
     harness_validate,
 )
 from agentops.agents.harness.checks import CheckResult, Feature
 from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
 from workflows.models import Wait
-from workflows.presentation import CandidateView
+from workflows.presentation import AdminPanel, CandidateView
 from workflows.registry import register_definition
 
-DEFAULTS = {"max_sessions": 40, "max_attempts": 3, "check_timeout_seconds": 60.0,
-            "approver_role": "harness-approvers", "approval_expiry_hours": 72.0}
-PARAMS = ("workspace", *DEFAULTS)
+# name: (default, low, high, type)
+NUMBERS: dict[str, tuple[float, float, float, type]] = {
+    "max_sessions": (40, 1, 1000, int),
+    "max_attempts": (3, 1, 50, int),
+    "feature_budget_usd": (0.0, 0, 100_000, float),
+    "session_max_turns": (40, 1, 200, int),
+    "session_max_tokens": (400_000, 1000, 10_000_000, int),
+    "session_max_seconds": (1800.0, 5, 86_400, float),
+    "command_timeout_seconds": (120, 1, 600, int),
+    "command_idle_seconds": (30, 1, 600, int),
+    "repeat_limit": (3, 2, 50, int),
+    "same_error_limit": (3, 2, 50, int),
+    "same_diff_limit": (3, 2, 50, int),
+    "stagnation_sessions": (8, 2, 1000, int),
+    "check_timeout_seconds": (60.0, 1, 600, float),
+    "approval_expiry_hours": (72.0, 0.01, 8760, float),
+}
+ISOLATION_LEVELS = ("bwrap", "none")
+PARAMS = ("workspace", "approver_role", "isolation", *NUMBERS)
+REPAIR = "REPAIR"  # the lease of a "repair main" session
+REPAIR_FEATURE: Feature = {"id": REPAIR, "description": "Repair main: the smoke check (init.sh, checks/smoke.sh) "
+                           "fails on the last recorded commit", "steps": ["make sh checks/smoke.sh pass again"],
+                           "priority": 0, "check": "sh checks/smoke.sh"}
+PROGRESS_LINES = 20
 
 
-class Lease(TypedDict):
+class Lease(TypedDict, total=False):
     feature: str
     attempt: int
     session: int
+    repair: bool
+
+
+class PausedFor(TypedDict, total=False):
+    kind: str  # isolation, feature_budget, blocked_only, max_sessions, stagnation, repair
+    feature: str
+    reason: str
 
 
 class State(TypedDict, total=False):
     workspace: str
+    isolation: Probe
     scaffold_sha: str
+    contract_sha: str  # the commit of the approved features.json and checks/ (the scaffold, or a proposal)
     contract_hash: str
     features: list[Feature]
     vacuous: list[str]
     approved_by: str
     head: str  # the last commit a session left (or the scaffold)
     sessions: int
+    session_limit: int
+    sessions_since_pass: int
     lease: Lease
     previous_lease: Lease | None
     prepared: Prepared
-    session: SessionResult
+    smoke_seen_green: bool
+    repair_attempts: int
+    session: SessionResult | None
     progress: list[str]  # one line per session, newest last (bounded)
+    memory: list[dict[str, Any]]  # progress rows (breakers.memory_row), newest last (bounded)
+    patterns: list[str]  # learnings kept for every briefing (breakers.patterns_with)
     last_verify: ChecksReport
+    paused_for: PausedFor | None
+    proposal: Staged | None
+    proposals: list[dict[str, Any]]
 
 
 Ctx = NodeContext[State]
 
 
-def _number(params: dict[str, Any], name: str, low: float, high: float, kind: type) -> Any:
+def _number(params: dict[str, Any], name: str) -> Any:
+    default, low, high, kind = NUMBERS[name]
     try:
-        value = kind(params.get(name, DEFAULTS[name]))
+        value = kind(params.get(name, default))
     except (TypeError, ValueError):
-        raise InvalidInput(f"Parameter {name} must be a number: --param {name}={DEFAULTS[name]}.") from None
+        raise InvalidInput(f"Parameter {name} must be a number: --param {name}={kind(default)}.") from None
     if not low <= value <= high:
         raise InvalidInput(f"Parameter {name}={value} must be between {low:g} and {high:g}.")
     return value
@@ -91,6 +143,29 @@ def _board(features: list[Feature]) -> list[dict[str, str]]:
     return [{"id": f["id"], "status": f.get("status", "failing")} for f in features]
 
 
+def _lines(ctx: Ctx, line: str) -> list[str]:
+    return [*ctx.state.get("progress", []), line][-PROGRESS_LINES:]
+
+
+def _unblocked(feature: Feature, extra_attempts: int) -> Feature:
+    """A fresh allotment for a blocked feature: more attempts, a zero spend, loop breakers reset."""
+    return cast(Feature, {**feature, "status": "failing", "reason": "", "spent_usd": "0", "error_streak": 0,
+                          "diff_streak": 0, "attempt_limit": feature.get("attempts", 0) + extra_attempts})
+
+
+def _summary(session: SessionResult | None) -> dict[str, Any]:
+    """What the breakers read of a session (a crashed one: nothing but its outcome)."""
+    if session is None:
+        return {"outcome": "crashed", "cost_usd": "0", "tree": ""}
+    return {k: session[k] for k in ("outcome", "cost_usd", "tree")}  # type: ignore[literal-required]
+
+
+def _pause_text(ctx: Ctx, why: str, then: str) -> str:
+    wf = ctx.snapshot.workflow_id
+    return (f"Paused for a person: {why}. `manage.py agent resume {wf}` {then}; `manage.py agent cancel {wf}` "
+            "gives up. Recorded work is kept.")
+
+
 @register_definition
 class Harness(WorkflowDefinition):
     kind = "harness"
@@ -99,7 +174,8 @@ class Harness(WorkflowDefinition):
     revalidate_node = "INITIALIZE"
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        """The workspace (absolute; absent, an empty directory or a git repository) and the limits."""
+        """The workspace (absolute; absent, an empty directory or a git repository), the isolation
+        required, the budgets and the loop breakers' thresholds."""
         unknown = sorted(set(params) - set(PARAMS))
         if unknown:
             raise InvalidInput(f"Unknown parameter(s) {', '.join(unknown)} for kind 'harness'; allowed: "
@@ -114,28 +190,45 @@ class Harness(WorkflowDefinition):
                                                   or os.path.isdir(os.path.join(workspace, ".git")))):
                 raise InvalidInput(f"Parameter workspace={workspace!r} exists and is neither an empty directory nor "
                                    "a git repository; pass a new path.")
-        role = str(params.get("approver_role", DEFAULTS["approver_role"])).strip() or str(DEFAULTS["approver_role"])
+        role = str(params.get("approver_role", "harness-approvers")).strip() or "harness-approvers"
         if len(role) > (Wait._meta.get_field("required_role").max_length or 0):
             raise InvalidInput(f"Parameter approver_role={role[:40]!r}… is too long for a group name.")
-        return {
-            "workspace": workspace,
-            "max_sessions": _number(params, "max_sessions", 1, 1000, int),
-            "max_attempts": _number(params, "max_attempts", 1, 50, int),
-            "check_timeout_seconds": _number(params, "check_timeout_seconds", 1, 600, float),
-            "approver_role": role,
-            "approval_expiry_hours": _number(params, "approval_expiry_hours", 0.01, 8760, float),
-        }
+        isolation = str(params.get("isolation", "bwrap")).strip()
+        if isolation not in ISOLATION_LEVELS:
+            raise InvalidInput(f"Parameter isolation={isolation[:40]!r} must be bwrap (commands run under bubblewrap, "
+                               "network off; the workflow pauses where that is unavailable) or none (explicitly "
+                               "allow running without isolation).")
+        return {"workspace": workspace, "approver_role": role, "isolation": isolation,
+                **{name: _number(params, name) for name in NUMBERS}}
+
+    def _limits(self, ctx: Ctx) -> Limits:
+        p = ctx.params
+        return Limits(max_turns=p["session_max_turns"], max_tokens=p["session_max_tokens"],
+                      max_seconds=p["session_max_seconds"], command_timeout_seconds=p["command_timeout_seconds"],
+                      idle_seconds=p["command_idle_seconds"], repeat_limit=p["repeat_limit"],
+                      require_isolation=p["isolation"])
 
     @node("INITIALIZE")
     def initialize(self, ctx: Ctx) -> Decision:
-        """Session 0: the model writes the feature list, checks, init.sh, progress.md, a stub; first commit."""
+        """Probe the isolation first (below the required level: pause); then session 0, the model
+        writes the feature list, checks, init.sh, progress.md, a stub; first commit."""
+        probe: Probe = ctx.activity(harness_probe, ProbeInput(required=ctx.params["isolation"]))
+        if not probe["enough"]:
+            return Goto("INITIALIZE", {"isolation": probe, "paused_for": {"kind": "isolation"}}, pause=_pause_text(
+                ctx, f"commands must run under bubblewrap (isolation=bwrap) and this worker has {probe['level']} "
+                     f"({probe['detail']})", "probes again after bubblewrap is installed (apt-get install "
+                     "bubblewrap; AGENTOPS_SANDBOX=auto or bwrap); to run without isolation, launch again with "
+                     "--param isolation=none"))
         try:
-            init: InitResult = ctx.activity(harness_initialize, InitInput(goal=ctx.goal,
-                                                                         workspace=ctx.params["workspace"]))
+            init: InitResult = ctx.activity(harness_initialize, InitInput(
+                goal=ctx.goal, workspace=ctx.params["workspace"], require_isolation=ctx.params["isolation"]))
         except ActivityFailed as exc:
             return Fail(f"The initializer session failed: {exc.error}")
-        return Goto("VALIDATE_FEATURE_LIST", {"workspace": init["workspace"], "scaffold_sha": init["scaffold_sha"],
-                                              "head": init["scaffold_sha"], "sessions": 0, "progress": []})
+        return Goto("VALIDATE_FEATURE_LIST", {
+            "isolation": probe, "paused_for": None, "workspace": init["workspace"],
+            "scaffold_sha": init["scaffold_sha"], "contract_sha": init["scaffold_sha"], "head": init["scaffold_sha"],
+            "sessions": 0, "session_limit": ctx.params["max_sessions"], "sessions_since_pass": 0, "progress": [],
+            "memory": [], "repair_attempts": 0, "smoke_seen_green": False})
 
     @node("VALIDATE_FEATURE_LIST")
     def validate_feature_list(self, ctx: Ctx) -> Decision:
@@ -143,10 +236,12 @@ class Harness(WorkflowDefinition):
         try:
             report: Validation = ctx.activity(harness_validate, ValidateInput(
                 workspace=ctx.state["workspace"], commit=ctx.state["scaffold_sha"],
-                check_timeout_seconds=ctx.params["check_timeout_seconds"]))
+                check_timeout_seconds=ctx.params["check_timeout_seconds"],
+                require_isolation=ctx.params["isolation"]))
         except ActivityFailed as exc:
             return Fail(f"The feature list at {ctx.state['scaffold_sha'][:12]} cannot be used: {exc.error}")
-        features = [cast(Feature, {**f, "status": "failing", "attempts": 0}) for f in report["features"]]
+        features = [cast(Feature, {**f, "status": "failing", "attempts": 0,
+                                   "attempt_limit": ctx.params["max_attempts"]}) for f in report["features"]]
         features = _apply(features, report["results"])
         if report["vacuous"]:
             return Fail(f"The checks of {', '.join(report['vacuous'])} already pass on the scaffold commit "
@@ -177,19 +272,24 @@ class Harness(WorkflowDefinition):
 
     @node("SELECT_FEATURE")
     def select_feature(self, ctx: Ctx) -> Decision:
-        """The engine picks the feature: the highest-priority failing one that is not blocked."""
+        """The engine picks the feature: the highest-priority failing one that is not blocked. Only
+        blocked ones left, or the sessions' budget used: a person decides."""
         features = ctx.state["features"]
         failing = [f for f in features if f.get("status") == "failing"]
         if not failing:
-            blocked = [f["id"] for f in features if f.get("status") == "blocked"]
-            if blocked:
-                return Fail(f"Features {', '.join(blocked)} are blocked after {ctx.params['max_attempts']} attempts "
-                            "each; the list is not done.")
-            return Goto("VERIFY_ALL")
+            blocked = [f for f in features if f.get("status") == "blocked"]
+            if not blocked:
+                return Goto("VERIFY_ALL")
+            why = "; ".join(f"{f['id']}: {f.get('reason', 'blocked')}" for f in blocked)
+            return Goto("DECIDE", {"paused_for": {"kind": "blocked_only", "reason": why[:1000]}}, pause=_pause_text(
+                ctx, f"only blocked features are left ({why[:600]})", "gives each of them "
+                     f"{ctx.params['max_attempts']} more attempts with its loop breakers reset"))
         sessions = ctx.state.get("sessions", 0)
-        if sessions >= ctx.params["max_sessions"]:
-            return Fail(f"{sessions} coding sessions used (max_sessions); still failing: "
-                        f"{', '.join(f['id'] for f in failing)}.")
+        limit = ctx.state.get("session_limit", ctx.params["max_sessions"])
+        if sessions >= limit:
+            return Goto("DECIDE", {"paused_for": {"kind": "max_sessions"}}, pause=_pause_text(
+                ctx, f"{sessions} coding sessions used (the workflow's budget, max_sessions); still failing: "
+                     f"{', '.join(f['id'] for f in failing)}", f"allows {ctx.params['max_sessions']} more sessions"))
         chosen = min(failing, key=lambda f: (f["priority"], features.index(f)))
         lease: Lease = {"feature": chosen["id"], "attempt": chosen.get("attempts", 0) + 1, "session": sessions + 1}
         return Goto("PREPARE_SESSION", {"lease": lease, "previous_lease": ctx.state.get("lease"),
@@ -198,77 +298,225 @@ class Harness(WorkflowDefinition):
 
     @node("PREPARE_SESSION")
     def prepare_session(self, ctx: Ctx) -> Decision:
-        """Record the base commit; leftovers of an earlier session go to a wip/ ref first."""
+        """Record the base commit (leftovers of an earlier session go to a wip/ ref first), run init.sh
+        and the smoke check: red after it was once green, and the session repairs main instead."""
         previous = ctx.state.get("previous_lease")
         # Leftovers belong to the session before this one (or to someone outside the harness).
         wip_name = f"{previous['feature']}/{previous['attempt']}" if previous else "before-first-session"
         prepared: Prepared = ctx.activity(harness_prepare, PrepareInput(
-            workspace=ctx.state["workspace"], expected_head=ctx.state["head"], wip_name=wip_name))
-        return Goto("CODING_SESSION", {"prepared": prepared})
+            workspace=ctx.state["workspace"], expected_head=ctx.state["head"], wip_name=wip_name,
+            check_timeout_seconds=ctx.params["check_timeout_seconds"],
+            require_isolation=ctx.params["isolation"]))
+        smoke = prepared["smoke"]
+        updates: dict[str, Any] = {"prepared": prepared}
+        if smoke and smoke["passed"]:
+            updates["smoke_seen_green"] = True
+        elif smoke and smoke["ran"] and ctx.state.get("smoke_seen_green"):
+            lease = ctx.state["lease"]
+            repairs = ctx.state.get("repair_attempts", 0) + 1
+            fid = lease["feature"]
+            updates.update(
+                lease={"feature": REPAIR, "attempt": repairs, "session": lease["session"], "repair": True},
+                repair_attempts=repairs,
+                features=_with(ctx.state["features"], fid, attempts=lease["attempt"] - 1))
+        return Goto("CODING_SESSION", updates)
 
     @node("CODING_SESSION")
     def coding_session(self, ctx: Ctx) -> Decision:
         lease = ctx.state["lease"]
-        feature = next(f for f in ctx.state["features"] if f["id"] == lease["feature"])
+        repair = bool(lease.get("repair"))
+        smoke: dict[str, Any] = {}
+        if repair:
+            feature: Feature = REPAIR_FEATURE
+            smoke = dict(ctx.state["prepared"]["smoke"] or {})
+            budget = f"repair session {lease['attempt']} of at most {ctx.params['max_attempts']} in a row"
+        else:
+            feature = next(f for f in ctx.state["features"] if f["id"] == lease["feature"])
+            budget = (f"feature attempts {lease['attempt']} of {feature.get('attempt_limit')}; sessions "
+                      f"{lease['session']} of {ctx.state.get('session_limit')}")
         evidence = feature.get("evidence") or {}
         try:
             result: SessionResult = ctx.activity(harness_session, SessionInput(
                 goal=ctx.goal, workspace=ctx.state["workspace"], feature=feature, attempt=lease["attempt"],
                 session=lease["session"], base_sha=ctx.state["prepared"]["base_sha"],
-                protected_sha=ctx.state["scaffold_sha"], board=_board(ctx.state["features"]),
-                last_output=str(evidence.get("output_tail", "")), wip=ctx.state["prepared"]["wip"],
-                progress=ctx.state.get("progress", [])))
+                protected_sha=ctx.state.get("contract_sha", ctx.state["scaffold_sha"]),
+                board=_board(ctx.state["features"]), last_output=str(evidence.get("output_tail", "")),
+                wip=ctx.state["prepared"]["wip"], progress=ctx.state.get("progress", []), limits=self._limits(ctx),
+                memory=ctx.state.get("memory", [])[-5:], repair=str(smoke.get("output_tail", "")),
+                budget_note=budget, patterns=ctx.state.get("patterns", [])))
         except ActivityFailed as exc:
-            line = f"session {lease['session']} {lease['feature']}#{lease['attempt']}: failed ({exc.error[:200]})"
-            return Goto("ASSESS", {"session": None, "progress": [*ctx.state.get("progress", []), line][-20:]})
+            line = f"session {lease['session']} {lease['feature']}#{lease['attempt']}: crashed ({exc.error[:200]})"
+            return Goto("ASSESS", {"session": None, "progress": _lines(ctx, line)})
         return Goto("VERIFY_FEATURE", {"session": result, "head": result["head"]})
 
     @node("VERIFY_FEATURE")
     def verify_feature(self, ctx: Ctx) -> Decision:
-        """Only the leased feature, only on request, only on exit 0 of its check in a clean worktree."""
+        """Only the leased feature, only on request, only on exit 0 of its check in a clean worktree
+        (for a repair: the smoke check)."""
         session, lease = ctx.state["session"], ctx.state["lease"]
         features = ctx.state["features"]
-        if not session["pass_requested"]:
+        if not session or not session["pass_requested"]:
             return Goto("ASSESS")
-        feature = next(f for f in features if f["id"] == lease["feature"])
+        repair = bool(lease.get("repair"))
+        feature = REPAIR_FEATURE if repair else next(f for f in features if f["id"] == lease["feature"])
         report: ChecksReport = ctx.activity(harness_run_checks, ChecksInput(
-            workspace=ctx.state["workspace"], commit=session["head"], features=[feature], purpose="verify",
-            check_timeout_seconds=ctx.params["check_timeout_seconds"]))
+            workspace=ctx.state["workspace"], commit=session["head"], features=[feature],
+            purpose="repair" if repair else "verify", check_timeout_seconds=ctx.params["check_timeout_seconds"],
+            require_isolation=ctx.params["isolation"]))
         return Goto("REGRESSION", {"features": _apply(features, report["results"]), "last_verify": report})
 
     @node("REGRESSION")
     def regression(self, ctx: Ctx) -> Decision:
-        """After a pass, every other passing check runs again on the same commit; regressions flip back."""
+        """After a pass (or a repaired main), every other passing check runs again on the same
+        commit; regressions flip back."""
         lease, features = ctx.state["lease"], ctx.state["features"]
-        leased = next(f for f in features if f["id"] == lease["feature"])
+        if lease.get("repair"):
+            accepted = ctx.state["last_verify"]["results"][0]["passed"]
+        else:
+            accepted = next(f for f in features if f["id"] == lease["feature"]).get("status") == "passing"
         others = [f for f in features if f.get("status") == "passing" and f["id"] != lease["feature"]]
-        if leased.get("status") != "passing" or not others:
+        if not accepted or not others:
             return Goto("ASSESS")
         report: ChecksReport = ctx.activity(harness_run_checks, ChecksInput(
-            workspace=ctx.state["workspace"], commit=ctx.state["session"]["head"], features=others,
-            purpose="regression", check_timeout_seconds=ctx.params["check_timeout_seconds"]))
+            workspace=ctx.state["workspace"], commit=ctx.state["session"]["head"], features=others,  # type: ignore[index]
+            purpose="regression", check_timeout_seconds=ctx.params["check_timeout_seconds"],
+            require_isolation=ctx.params["isolation"]))
         return Goto("ASSESS", {"features": _apply(features, report["results"])})
 
     @node("ASSESS")
     def assess(self, ctx: Ctx) -> Decision:
-        """Record the session's outcome; block a feature out of attempts; a claim of "all done" only
-        triggers VERIFY_ALL."""
+        """Progress row; budgets and loop breakers (``harness_assess``): block the feature, or pause
+        for a person; a proposal goes to review; a claim of "all done" only triggers VERIFY_ALL."""
         lease, features = ctx.state["lease"], ctx.state["features"]
         session = ctx.state.get("session")
+        if lease.get("repair"):
+            return self._assess_repair(ctx, session)
         feature = next(f for f in features if f["id"] == lease["feature"])
-        status = feature.get("status", "failing")
-        line = (f"session {lease['session']} {lease['feature']}#{lease['attempt']}: {status}"
-                + (f"; {session['report'].get('summary', '')[:160]}" if session and session["report"].get("summary")
-                   else ""))
-        updates: dict[str, Any] = {"progress": [*ctx.state.get("progress", []), line][-20:]}
-        if status == "failing" and lease["attempt"] >= ctx.params["max_attempts"]:
-            features = _with(features, lease["feature"], status="blocked",
-                             reason=f"still failing after {lease['attempt']} attempts")
-            updates["features"] = features
+        passed = feature.get("status") == "passing"
+        verdict: breakers.Verdict = ctx.activity(harness_assess, AssessInput(
+            feature=feature, session=_summary(session), passed=passed,
+            evidence=feature.get("evidence") if session and session["pass_requested"] else None,
+            sessions_since_pass=ctx.state.get("sessions_since_pass", 0),
+            limits={"same_error_limit": ctx.params["same_error_limit"],
+                    "same_diff_limit": ctx.params["same_diff_limit"],
+                    "stagnation_sessions": ctx.params["stagnation_sessions"],
+                    "feature_budget_usd": ctx.params["feature_budget_usd"]}))
+        changes = dict(verdict["feature"])
+        if verdict["block"]:
+            changes.update(status="blocked", reason=verdict["block"])
+        features = _with(features, lease["feature"], **{k: v for k, v in changes.items() if k != "id"})
+        status = "blocked" if verdict["block"] else feature.get("status", "failing")
+        outcome = session["outcome"] if session else "crashed"
+        row = breakers.memory_row(lease=dict(lease), status=status, session=dict(session) if session else None,
+                                  outcome=outcome)
+        updates: dict[str, Any] = {
+            "features": features, "sessions_since_pass": verdict["sessions_since_pass"],
+            "memory": [*ctx.state.get("memory", []), row][-breakers.MEMORY_ROWS:],
+            "patterns": breakers.patterns_with(ctx.state.get("patterns", []), row)}
+        if session is not None:
+            updates["progress"] = _lines(ctx, breakers.render_row(row))
+        if verdict["pause"]:
+            updates["paused_for"] = {"kind": verdict["pause_kind"], "feature": lease["feature"],
+                                     "reason": verdict["pause"]}
+            then = (f"gives {lease['feature']} {ctx.params['max_attempts']} more attempts and a fresh spend"
+                    if verdict["pause_kind"] == "feature_budget" else "starts the count of sessions again")
+            return Goto("DECIDE", updates, pause=_pause_text(ctx, verdict["pause"], then))
+        if session and session.get("proposal"):
+            return Goto("REVIEW_PROPOSAL", updates)
         claims_done = bool(session and session["report"].get("all_done"))
         if claims_done or all(f.get("status") == "passing" for f in features):
             return Goto("VERIFY_ALL", updates)
         return Goto("SELECT_FEATURE", updates)
+
+    def _assess_repair(self, ctx: Ctx, session: SessionResult | None) -> Decision:
+        lease = ctx.state["lease"]
+        verify = ctx.state.get("last_verify")
+        repaired = bool(session and session["pass_requested"] and verify and verify["commit"] == session["head"]
+                        and verify["results"][0]["feature"] == REPAIR and verify["results"][0]["passed"])
+        row = breakers.memory_row(lease=dict(lease), status="repaired" if repaired else "main still red",
+                                  session=dict(session) if session else None,
+                                  outcome=session["outcome"] if session else "crashed")
+        updates: dict[str, Any] = {"memory": [*ctx.state.get("memory", []), row][-breakers.MEMORY_ROWS:],
+                                   "patterns": breakers.patterns_with(ctx.state.get("patterns", []), row),
+                                   "progress": _lines(ctx, breakers.render_row(row))}
+        if repaired:
+            return Goto("SELECT_FEATURE", {**updates, "repair_attempts": 0})
+        if lease["attempt"] >= ctx.params["max_attempts"]:
+            updates["paused_for"] = {"kind": "repair", "reason": "main is still broken"}
+            return Goto("DECIDE", updates, pause=_pause_text(
+                ctx, f"the smoke check is still red on main after {lease['attempt']} repair sessions",
+                "tries again with a fresh count of repair sessions"))
+        return Goto("SELECT_FEATURE", updates)
+
+    @node("DECIDE")
+    def decide(self, ctx: Ctx) -> Decision:
+        """A person resumed the workflow: a fresh allotment of what ran out, then on."""
+        paused = ctx.state.get("paused_for") or {}
+        kind = paused.get("kind", "")
+        features = ctx.state["features"]
+        extra = ctx.params["max_attempts"]
+        updates: dict[str, Any] = {"paused_for": None}
+        if kind == "feature_budget":
+            updates["features"] = [_unblocked(f, extra) if f["id"] == paused.get("feature") else f
+                                   for f in features]
+            updates["sessions_since_pass"] = 0
+        elif kind == "blocked_only":
+            updates["features"] = [_unblocked(f, extra) if f.get("status") == "blocked" else f for f in features]
+        elif kind == "max_sessions":
+            updates["session_limit"] = ctx.state.get("session_limit", 0) + ctx.params["max_sessions"]
+        elif kind == "stagnation":
+            updates["sessions_since_pass"] = 0
+        elif kind == "repair":
+            updates["repair_attempts"] = 0
+        updates["progress"] = _lines(ctx, f"resumed by a person after a pause ({kind}): "
+                                          f"{str(paused.get('reason', ''))[:200]}")
+        return Goto("SELECT_FEATURE", updates)
+
+    @node("REVIEW_PROPOSAL")
+    def review_proposal(self, ctx: Ctx) -> Decision:
+        """A session proposed a new feature list or checks: staged on a ref, validated, its checks
+        run, then a new approval bound to the new contract hash. Until approved, the approved list
+        stands; rejected, nothing changes."""
+        session = ctx.state["session"]
+        assert session is not None
+        staged: Staged = ctx.activity(harness_stage_proposal, ProposalInput(
+            workspace=ctx.state["workspace"], head=ctx.state["head"], proposal=session["proposal"],
+            session=ctx.state["lease"]["session"], check_timeout_seconds=ctx.params["check_timeout_seconds"],
+            require_isolation=ctx.params["isolation"]))
+        record = {"session": ctx.state["lease"]["session"], "ref": staged["ref"], "commit": staged["commit"],
+                  "contract_hash": staged["contract_hash"], "reason": staged["reason"][:300]}
+        if not staged["valid"]:
+            return Goto("SELECT_FEATURE", {"proposals": [*ctx.state.get("proposals", []),
+                                                         {**record, "outcome": "invalid",
+                                                          "error": staged["error"][:300]}]})
+        results = {r["feature"]: r for r in staged["results"]}
+        candidate = {"kind": "feature_change", "scaffold_sha": staged["commit"],
+                     "contract_hash": staged["contract_hash"], "workspace": ctx.state["workspace"],
+                     "reason": staged["reason"], "replaces": ctx.state["contract_hash"],
+                     "features": [{k: f[k] for k in ("id", "description", "priority", "check")}  # type: ignore[literal-required]
+                                  for f in staged["features"]],
+                     "scaffold_checks": {fid: r["exit_code"] for fid, r in results.items()}}
+        outcome = ctx.approval(candidate=candidate, candidate_hash=staged["contract_hash"],
+                               role=ctx.params["approver_role"],
+                               expires_in_seconds=ctx.params["approval_expiry_hours"] * 3600,
+                               state_versions={"intent_version": ctx.intent_version, "head": ctx.state["head"],
+                                               "replaces": ctx.state["contract_hash"]})
+        if not outcome.approved:
+            decided = "expired" if outcome.expired else f"rejected by {outcome.decided_by}"
+            return Goto("SELECT_FEATURE", {"proposals": [*ctx.state.get("proposals", []),
+                                                         {**record, "outcome": decided}]})
+        head = ctx.activity(harness_adopt_proposal, AdoptInput(workspace=ctx.state["workspace"],
+                                                               commit=staged["commit"]))["head"]
+        old = {f["id"]: f for f in ctx.state["features"]}
+        features = []
+        for f in staged["features"]:
+            kept = old.get(f["id"], {"attempts": 0, "attempt_limit": ctx.params["max_attempts"]})
+            r = results[f["id"]]
+            features.append(cast(Feature, {**kept, **f, "status": "passing" if r["passed"] else "failing",
+                                           "evidence": r}))
+        return Goto("SELECT_FEATURE", {
+            "features": features, "contract_sha": head, "contract_hash": staged["contract_hash"], "head": head,
+            "proposals": [*ctx.state.get("proposals", []), {**record, "outcome": f"approved by {outcome.decided_by}"}]})
 
     @node("VERIFY_ALL")
     def verify_all(self, ctx: Ctx) -> Decision:
@@ -276,7 +524,8 @@ class Harness(WorkflowDefinition):
         features = ctx.state["features"]
         report: ChecksReport = ctx.activity(harness_run_checks, ChecksInput(
             workspace=ctx.state["workspace"], commit=ctx.state["head"], features=features, purpose="verify_all",
-            where="clone", check_timeout_seconds=ctx.params["check_timeout_seconds"]))
+            where="clone", check_timeout_seconds=ctx.params["check_timeout_seconds"],
+            require_isolation=ctx.params["isolation"]))
         features = _apply(features, report["results"])
         done = all(r["passed"] for r in report["results"]) and report["clean_tree"] \
             and report["head"] == ctx.state["head"]
@@ -288,26 +537,69 @@ class Harness(WorkflowDefinition):
         return Complete({
             "head": ctx.state["head"], "sessions": ctx.state.get("sessions", 0),
             "features_passing": sum(f.get("status") == "passing" for f in features), "features": len(features),
+            "isolation": ctx.state["isolation"]["level"] if ctx.state.get("isolation") else "",
             "evidence": {f["id"]: {k: f["evidence"][k] for k in ("commit", "command", "exit_code", "duration_ms")}
                          for f in features},
         })
 
     def describe_candidate(self, candidate: Any) -> CandidateView:
-        features = candidate.get("features", []) if isinstance(candidate, dict) else []
+        candidate = candidate if isinstance(candidate, dict) else {}
+        features = candidate.get("features", [])
+        contract = str(candidate.get("contract_hash", ""))[:12]
+        if candidate.get("kind") == "feature_change":
+            return CandidateView(
+                title=f"Proposed change of the feature list ({len(features)} features)",
+                summary=(f"A session proposes commit {str(candidate.get('scaffold_sha', ''))[:12]}: "
+                         f"{str(candidate.get('reason', ''))[:300]}. Approving replaces the approved contract "
+                         f"{str(candidate.get('replaces', ''))[:12]} by {contract}; each feature starts from its "
+                         "check's result on that commit (exit codes below)."),
+                facts=[(f["id"], f"{f['description']} ({f['check']}; exit "
+                                 f"{candidate.get('scaffold_checks', {}).get(f['id'])})") for f in features])
         return CandidateView(
             title=f"Feature list of {len(features)} features",
             summary=(f"Scaffold {str(candidate.get('scaffold_sha', ''))[:12]} in {candidate.get('workspace')}; every "
                      "check fails on the scaffold. Approving freezes features.json and checks/ (contract "
-                     f"{str(candidate.get('contract_hash', ''))[:12]})."),
+                     f"{contract})."),
             facts=[(f["id"], f"{f['description']} ({f['check']})") for f in features])
 
+    def admin_panels(self, workflow: Any) -> list[AdminPanel]:
+        from agentops.agents.harness.presentation import harness_panels
+
+        return harness_panels(workflow)
+
     def show_extras(self, workflow: Any) -> dict[str, Any]:
-        """``agent show --json``: the feature board with the engine's evidence."""
+        """``agent show --json``: the feature board with the engine's evidence, budgets and breakers,
+        the isolation, why it is paused, progress rows and proposals."""
         state = workflow.state if isinstance(workflow.state, dict) else {}
+        params = workflow.params if isinstance(workflow.params, dict) else {}
         board = []
         for f in state.get("features", []):
             evidence = f.get("evidence") or {}
             board.append({"id": f.get("id"), "status": f.get("status"), "attempts": f.get("attempts", 0),
+                          "attempt_limit": f.get("attempt_limit", params.get("max_attempts")),
+                          "spent_usd": f.get("spent_usd", "0"), "error_streak": f.get("error_streak", 0),
+                          "diff_streak": f.get("diff_streak", 0),
                           "commit": str(evidence.get("commit", ""))[:12], "exit_code": evidence.get("exit_code"),
                           "duration_ms": evidence.get("duration_ms"), "reason": f.get("reason", "")})
-        return {"features": board, "sessions": state.get("sessions", 0), "harness_progress": state.get("progress", [])}
+        isolation = state.get("isolation") or {}
+        smoke = (state.get("prepared") or {}).get("smoke") or {}
+        lease = state.get("lease") or {}
+        return {
+            "features": board, "sessions": state.get("sessions", 0), "harness_progress": state.get("progress", []),
+            "isolation": {"level": isolation.get("level", ""), "required": params.get("isolation", ""),
+                          "detail": isolation.get("detail", "")},
+            "paused_for": state.get("paused_for"),
+            "lease": {"feature": lease.get("feature", ""), "attempt": lease.get("attempt", 0),
+                      "session": lease.get("session", 0), "repair": bool(lease.get("repair"))},
+            "budgets": {"sessions": state.get("sessions", 0), "session_limit": state.get("session_limit"),
+                        "sessions_since_pass": state.get("sessions_since_pass", 0),
+                        "stagnation_sessions": params.get("stagnation_sessions"),
+                        "repair_attempts": state.get("repair_attempts", 0),
+                        **{k: params.get(k) for k in ("session_max_turns", "session_max_tokens",
+                                                      "session_max_seconds", "command_timeout_seconds",
+                                                      "command_idle_seconds", "feature_budget_usd")}},
+            "smoke": {k: smoke.get(k) for k in ("ran", "passed", "exit_code")} if smoke else None,
+            "memory": state.get("memory", [])[-breakers.MEMORY_ROWS:],
+            "patterns": state.get("patterns", []),
+            "proposals": state.get("proposals", []),
+        }

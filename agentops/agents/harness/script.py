@@ -1,6 +1,7 @@
 """The scripted provider's answers for the harness demo: a schedule of tool calls keyed by (feature, attempt).
 
-The schedule is data (``demo/schedule.json``); file contents come from ``demo/scaffold/`` and from
+The schedule is data (``demo/schedule.json``, or the file AGENTOPS_HARNESS_SCHEDULE_FILE names);
+file contents come from ``demo/scaffold/`` and from
 ``demo/todo.py.in`` rendered with the tags a step names. Each answer is derived from the request
 alone (the briefing's feature and attempt, and how many tool results the conversation holds), so
 a retried or replayed session gets the same answers. A feature or attempt the schedule does not
@@ -14,15 +15,22 @@ import re
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from agentops.providers.base import ModelResponse, Usage
 
 DEMO = Path(__file__).resolve().parent / "demo"
 TAG = re.compile(r"^#<(?P<close>/?)(?P<negate>!?)(?P<tag>[A-Z0-9]+)>$")
 
 
-@functools.cache
 def schedule() -> dict[str, list[dict[str, Any]]]:
-    data: dict[str, list[dict[str, Any]]] = json.loads((DEMO / "schedule.json").read_text())["sessions"]
+    """The sessions of AGENTOPS_HARNESS_SCHEDULE_FILE, or of the todo demo when it is empty."""
+    return _load(settings.AGENTOPS_HARNESS_SCHEDULE_FILE or str(DEMO / "schedule.json"))
+
+
+@functools.cache
+def _load(path: str) -> dict[str, list[dict[str, Any]]]:
+    data: dict[str, list[dict[str, Any]]] = json.loads(Path(path).read_text())["sessions"]
     return data
 
 

@@ -1,4 +1,5 @@
-"""`manage.py demo`: run a release agent end to end with its own worker, beat and deploy target."""
+"""`manage.py demo`: run a release agent (or, with ``--kind harness``, the harness's todo demo) end to
+end with its own worker, beat and deploy target."""
 from __future__ import annotations
 
 import os
@@ -34,11 +35,17 @@ class Command(BaseCommand):
         parser.add_argument("--approve-in-admin", action="store_true",
                             help="do not approve automatically: serve the admin and wait for you to approve there")
         parser.add_argument("--web-port", type=int, default=8000, help="admin port with --approve-in-admin")
+        parser.add_argument("--kind", choices=("release", "harness"), default="release",
+                            help="release (default), or harness: the todo demo of docs/harness.md, its feature "
+                                 "list approved and its pause resumed by the demo approver")
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.console = console_for(self.stdout)
         var = Path(settings.VAR_DIR)
         (var / "demo").mkdir(parents=True, exist_ok=True)
+        if options["kind"] == "harness":
+            self.run_harness(var / "demo", timeout=options["timeout"] or 900.0)
+            return
         repo = demo_repository(var / "demo" / "repo")
         requester, approver = demo_users()
         port = free_port()
@@ -93,8 +100,77 @@ class Command(BaseCommand):
         return Workflow.objects.get(pk=workflow_id)
 
 
+    def run_harness(self, logs: Path, *, timeout: float) -> None:
+        """The harness's todo demo (scripted provider): launch, approve the feature list, resume the
+        pause its feature budget makes, and print the board's progress to ``completed``."""
+        requester, _ = demo_users()
+        approver, _ = User.objects.get_or_create(username="demo-harness-approver")
+        approver.groups.add(Group.objects.get_or_create(name="harness-approvers")[0])
+        workspace = logs / f"harness-{time.strftime('%Y%m%d-%H%M%S')}"
+        children = start_children(logs, free_port(), dict(os.environ))
+        try:
+            self.console.print(f"[bold]agentops harness demo[/]: database {settings.DATABASES['default']['NAME']}, "
+                               f"broker {settings.CELERY_BROKER_URL}, provider {settings.AGENTOPS_MODEL_PROVIDER}, "
+                               f"workspace {workspace}")
+            workflow = services.workflow_launch(kind="harness", goal="Build the todo CLI of the demo", user=requester,
+                                                params={"workspace": str(workspace), "max_attempts": 2})
+            started = time.monotonic()
+            final = self.follow_harness(workflow.pk, approver, deadline=started + timeout)
+        finally:
+            stop_children(children)
+        if final.status != Workflow.Status.COMPLETED:
+            raise CommandError(f"The harness demo ended {final.status}: {final.reason or 'timed out'}. Logs are in "
+                               f"{logs}; `manage.py agent show {final.pk}`.")
+        checks = Event.objects.filter(workflow_id=final.pk, kind="harness.check_ran").count()
+        self.console.print(f"[bold green]Workflow {final.pk} completed[/]: "
+                           f"{(final.result or {}).get('features_passing')}/{(final.result or {}).get('features')} "
+                           f"features passing after {final.state.get('sessions')} sessions and {checks} check runs "
+                           f"in {time.monotonic() - started:.0f} s. Inspect it with `manage.py agent show {final.pk}`.")
+
+    def follow_harness(self, workflow_id: int, approver: User, *, deadline: float) -> Workflow:
+        """One line per change of the board, session or status, and per guard that fired; approve
+        open approvals and resume a pause for a person as the demo approver."""
+        last, seen = "", 0
+        while time.monotonic() < deadline:
+            workflow = Workflow.objects.get(pk=workflow_id)
+            features = workflow.state.get("features", [])
+            lease = workflow.state.get("lease") or {}
+            passing = sum(f.get("status") == "passing" for f in features)
+            line = (f"{passing}/{len(features) or '?'} features passing; session {workflow.state.get('sessions', 0)}"
+                    f" on {lease.get('feature', '-')}#{lease.get('attempt', '-')}; {workflow.status} at "
+                    f"{workflow.current_node}")
+            if line != last:
+                self.console.print(f"  {time.strftime('%H:%M:%S')}  {line}")
+                last = line
+            for event in Event.objects.filter(workflow_id=workflow_id, seq__gt=seen).order_by("seq"):
+                seen = event.seq
+                red_smoke = event.kind == "harness.smoke_ran" and not event.data.get("passed")
+                if event.kind in HARNESS_EVENTS or red_smoke:
+                    self.console.print(f"  {event.created_at:%H:%M:%S}    {event.kind:<26} {describe(event.data)}")
+            if workflow.is_terminal:
+                return workflow
+            wait = workflow.waits.filter(kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN).first()
+            if wait is not None:
+                self.console.print(f"  [bold]Approving[/] the feature list {wait.candidate_hash[:12]}… as "
+                                   f"{approver.username}")
+                services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash,
+                                      comment="approved by the demo")
+            if workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.DEFINITION:
+                self.console.print(f"  [bold]Paused[/]: {workflow.reason}\n  [bold]Resuming[/] as {approver.username}")
+                services.workflow_resume(workflow_id=workflow_id, user=approver)
+            time.sleep(0.5)
+        return Workflow.objects.get(pk=workflow_id)
+
+
+# The guards of the harness demo, printed as they fire.
+HARNESS_EVENTS = ("harness.tamper_reverted", "harness.tool_refused", "harness.wip_saved", "harness.loop_breaker",
+                  "harness.budget_exhausted", "harness.services_stopped", "harness.isolation_probed",
+                  "workflow.paused", "workflow.woken")
+
+
 def describe(data: dict[str, Any]) -> str:
-    keys = ("node", "name", "operation_id", "attempt", "by", "reason", "candidate_hash")
+    keys = ("node", "name", "operation_id", "attempt", "by", "reason", "candidate_hash", "feature", "breaker",
+            "level", "what", "ref", "paths", "names", "cause", "consequence")
     return " ".join(f"{k}={str(data[k])[:40]}" for k in keys if data.get(k) not in (None, ""))
 
 

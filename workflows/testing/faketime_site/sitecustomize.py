@@ -1,4 +1,4 @@
-"""Imported by every Python process started under ``tests.process.faketime.faketime_env``.
+"""Imported by every Python process started under ``workflows.testing.faketime.faketime_env``.
 
 libfaketime 0.9.10 (Debian's) with FAKETIME_DONT_FAKE_MONOTONIC=1 turns Python 3.11's
 ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)`` into EINVAL, so ``time.sleep`` raises

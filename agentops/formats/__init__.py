@@ -1,0 +1,1 @@
+"""Django format modules (``FORMAT_MODULE_PATH``): how the admin writes dates and times."""

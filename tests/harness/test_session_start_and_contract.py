@@ -1,0 +1,141 @@
+"""H5 (init.sh and the smoke check at session start, "repair main"), H7 (isolation probed, fail
+closed) and H2 (propose_feature_change → a new approval) on the two-feature project."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.harness.conftest import (
+    APP_BOTH,
+    APP_GREET,
+    CHECK_TEMPLATE,
+    MINI_FEATURES,
+    approve_feature_list,
+    commit,
+    drive_all,
+    events,
+    launch_approved,
+    request_pass,
+    solve,
+    write,
+)
+from workflows import services
+from workflows.models import Activity, Wait
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
+
+
+def test_a_red_smoke_at_session_start_sends_the_session_to_repair_main(harness_approver, mini_schedule):
+    """F02's first session breaks greet and leaves; the next session's smoke is red (it was green
+    before), so that session's lease is REPAIR; its fix is verified by the smoke in a clean
+    worktree, then F02 goes on and F01's count is untouched."""
+    mini_schedule({
+        "F01/1": solve("F01", APP_GREET),
+        "F02/1": [write("app.py", "print('bye')\n"), commit("F02: start over"),
+                  {"tool": "end_session", "input": {"summary": "rewrote app.py"}}],
+        "REPAIR/1": [{"tool": "read_file", "input": {"path": "checks/smoke.sh"}}, write("app.py", APP_GREET),
+                     commit("Repair main"), request_pass("REPAIR")],
+        "F02/2": solve("F02", APP_BOTH),
+    })
+    workflow = launch_approved(harness_approver)
+    assert workflow.status == "completed", workflow.reason
+    smokes = [(s["passed"], s["exit_code"] != 0) for s in events(workflow.pk, "harness.smoke_ran")]
+    assert smokes == [(False, True), (True, False), (False, True), (True, False)]
+    sessions = [e.input["feature"]["id"] for e in Activity.objects.filter(
+        workflow_id=workflow.pk, name="harness_session").order_by("pk")]
+    assert sessions == ["F01", "F02", "REPAIR", "F02"]
+    repair = [e for e in events(workflow.pk, "harness.check_ran") if e["purpose"] == "repair"]
+    assert [(r["command"], r["passed"], r["where"]) for r in repair] == [("sh checks/smoke.sh", True, "worktree")]
+    board = {f["id"]: f for f in workflow.state["features"]}
+    assert (board["F01"]["attempts"], board["F02"]["attempts"]) == (1, 2)
+    assert any(row["feature"] == "REPAIR" and row["status"] == "repaired" for row in workflow.state["memory"])
+
+
+def test_without_the_required_isolation_the_workflow_pauses_before_anything_runs(
+        harness_approver, mini_schedule, settings):
+    """isolation=bwrap (the default) on a worker without it: paused at INITIALIZE with the reason,
+    no initializer, no workspace; once bubblewrap is there, resume probes again and goes on."""
+    mini_schedule({})
+    settings.AGENTOPS_SANDBOX = "none"
+    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={})
+    workflow = drive_all(wf.pk)
+    assert (workflow.status, workflow.pause_cause, workflow.current_node) == ("paused", "definition", "INITIALIZE")
+    assert "must run under bubblewrap" in workflow.reason and "--param isolation=none" in workflow.reason
+    assert workflow.state["isolation"]["level"] == "none"
+    assert not Activity.objects.filter(workflow_id=wf.pk, name="harness_initialize").exists()
+    assert [e["level"] for e in events(wf.pk, "harness.isolation_probed")] == ["none"]
+
+    settings.AGENTOPS_SANDBOX = "auto"
+    services.workflow_resume(workflow_id=wf.pk, user=harness_approver)
+    workflow = drive_all(wf.pk)
+    assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
+    assert workflow.state["isolation"]["level"] == "bwrap"
+
+
+def test_weaker_isolation_runs_only_when_the_launch_allows_it_and_is_recorded(harness_approver, mini_schedule,
+                                                                             settings):
+    mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
+    settings.AGENTOPS_SANDBOX = "none"
+    workflow = launch_approved(harness_approver, isolation="none")
+    assert workflow.status == "completed"
+    assert (workflow.state["isolation"]["level"], workflow.result["isolation"]) == ("none", "none")
+
+
+def test_a_proposed_feature_change_waits_for_a_new_approval_bound_to_the_new_contract(
+        harness_approver, mini_schedule):
+    """F01's session proposes a third feature with its check: staged on proposal/1, its checks run,
+    a new approval bound to the new contract hash; the workspace keeps the approved list until a
+    person approves, then F03 is on the board and worked on."""
+    proposed = [*MINI_FEATURES, {"id": "F03", "description": "app.py wave prints o/", "steps": ["wave"],
+                                 "priority": 3, "check": "python checks/check_f03.py", "passes": False}]
+    app_all = APP_BOTH + "if sys.argv[1] == 'wave':\n    print('o/')\n"
+    mini_schedule({
+        "F01/1": [write("app.py", APP_GREET), commit("F01"),
+                  {"tool": "propose_feature_change", "input": {
+                      "features_json": json.dumps(proposed), "reason": "waving was forgotten",
+                      "checks": {"checks/check_f03.py": CHECK_TEMPLATE.format(cmd="wave", want="o/")}}},
+                  request_pass("F01")],
+        "F02/1": solve("F02", APP_BOTH),
+        "F03/1": solve("F03", app_all),
+    })
+    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={})
+    drive_all(wf.pk)
+    first = Wait.objects.get(workflow_id=wf.pk, kind=Wait.Kind.APPROVAL)
+    approve_feature_list(wf.pk, harness_approver)
+    workflow = drive_all(wf.pk)
+    assert (workflow.status, workflow.current_node) == ("waiting", "REVIEW_PROPOSAL")
+    second = Wait.objects.get(workflow_id=wf.pk, kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN)
+    staged = events(wf.pk, "harness.proposal_staged")[0]
+    assert second.candidate_hash == staged["contract_hash"] != first.candidate_hash
+    assert second.candidate["scaffold_checks"] == {"F01": 0, "F02": 1, "F03": 1}
+    root = Path(workflow.state["workspace"])
+    assert len(json.loads((root / "features.json").read_text())) == 2  # the approved list stands
+    assert not (root / "checks" / "check_f03.py").exists()
+
+    services.wait_approve(wait_id=second.pk, user=harness_approver, candidate_hash=second.candidate_hash)
+    workflow = drive_all(wf.pk)
+    assert workflow.status == "completed", workflow.reason
+    assert [f["id"] for f in workflow.state["features"]] == ["F01", "F02", "F03"]
+    assert workflow.state["contract_hash"] == staged["contract_hash"]
+    assert workflow.state["proposals"][0]["outcome"] == "approved by hana"
+
+
+def test_a_rejected_proposal_changes_nothing(harness_approver, mini_schedule):
+    mini_schedule({
+        "F01/1": [write("app.py", APP_GREET), commit("F01"),
+                  {"tool": "propose_feature_change", "input": {"features_json": json.dumps(MINI_FEATURES[:1]),
+                                                               "reason": "drop F02"}},
+                  request_pass("F01")],
+        "F02/1": solve("F02", APP_BOTH),
+    })
+    workflow = launch_approved(harness_approver)
+    contract = workflow.state["contract_hash"]
+    wait = Wait.objects.get(workflow_id=workflow.pk, kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN)
+    services.wait_reject(wait_id=wait.pk, user=harness_approver, comment="F02 stays")
+    workflow = drive_all(workflow.pk)
+    assert workflow.status == "completed"
+    assert [f["id"] for f in workflow.state["features"]] == ["F01", "F02"]
+    assert workflow.state["contract_hash"] == contract
+    assert workflow.state["proposals"][0]["outcome"] == "rejected by hana"
