@@ -39,6 +39,8 @@ def mark_worker_process(**_: Any) -> None:
 def announce_release(**_: Any) -> None:
     """Say which behavioral release this worker runs, so launches from a shell or the admin record
     it instead of their own settings (``workflows.services.common.release_current``)."""
+    from django.db import connection
+
     from workflows import clock
     from workflows.services.common import release_announce
 
@@ -47,4 +49,8 @@ def announce_release(**_: Any) -> None:
     except Exception:  # a worker that cannot reach the database yet still starts; launches fall back
         logging.getLogger("agentops.celery").warning("release.announce.failed", exc_info=True)
         return
+    finally:
+        # The main process runs no task that would close it: it would keep the connection idle
+        # for good, and on a threads worker hold one of AGENTOPS_DB_POOL_SIZE's for good.
+        connection.close()
     logging.getLogger("agentops.celery").info("release.announced", extra={"release": str(release)})

@@ -13,6 +13,7 @@ from pathlib import Path
 import dj_database_url
 from celery.schedules import schedule
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("AGENTOPS_VAR_DIR", BASE_DIR / "var"))
@@ -129,6 +130,23 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {**SQLITE_OPTIONS, **DATABASES["default"].get("OPTIONS", {})}
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-agentops.sqlite3")}
+# A pool of at most this many PostgreSQL connections per process (psycopg_pool through Django),
+# instead of one kept connection per thread: a threads-pool worker runs hundreds of activities
+# at once, and each gives its connection back while it waits for a model or a tool
+# (workflows/connections.py), so a few connections serve them all. 0: no pool. A thread that
+# finds every connection taken waits up to AGENTOPS_DB_POOL_TIMEOUT_SECONDS, then its task fails
+# and is retried like any database error.
+AGENTOPS_DB_POOL_SIZE = env_int("AGENTOPS_DB_POOL_SIZE", 0)
+AGENTOPS_DB_POOL_TIMEOUT_SECONDS = env_float("AGENTOPS_DB_POOL_TIMEOUT_SECONDS", 30.0)
+if AGENTOPS_DB_POOL_SIZE:
+    if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql" or AGENTOPS_DB_POOL_SIZE < 1:
+        raise ImproperlyConfigured(f"AGENTOPS_DB_POOL_SIZE={AGENTOPS_DB_POOL_SIZE} needs PostgreSQL and a size of "
+                                   "at least 1 (0 turns the pool off).")
+    # The pool keeps the connections open; Django refuses CONN_MAX_AGE beside it.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1, "max_size": AGENTOPS_DB_POOL_SIZE, "timeout": AGENTOPS_DB_POOL_TIMEOUT_SECONDS,
+    }
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
@@ -182,6 +200,16 @@ else:
         "socket_connect_timeout": 5,
         "health_check_interval": 25,
     }
+# Two queues. The default one carries short work (advances, beat sweeps, most activities) for
+# prefork workers, one process per core; AGENTOPS_IO_QUEUE carries the activities declared
+# ``io_bound`` (those that wait for a model or a tool), for a threads-pool worker that keeps
+# hundreds of them in flight (README, "Workers for model-heavy agents"). A worker started without
+# -Q consumes both.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+AGENTOPS_IO_QUEUE = env_str("AGENTOPS_IO_QUEUE", "agentops.io")
+# Each queue bound under its own name: without a routing key Celery binds both under "celery",
+# and Redis's direct exchange would then deliver every message to both queues.
+CELERY_TASK_QUEUES = [Queue(name, routing_key=name) for name in (CELERY_TASK_DEFAULT_QUEUE, AGENTOPS_IO_QUEUE)]
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True

@@ -26,12 +26,23 @@ class Sizes:
     rss_activities: tuple[int, int] = (1000, 10_000)
     ablations: bool = True
     profile_seconds: float = 20.0
+    latency_runs: int = 5
+    # Agents in flight (7): agents launched at once, the fake API's answer time, tool calls per task.
+    inflight_agents: tuple[int, ...] = (10, 100, 500)
+    inflight_latency_s: float = 5.0
+    inflight_tool_turns: int = 3
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(throughput_workflows=20, warmup_workflows=4, parked=2000, sweep_repeats=10, timers=50,
                    timer_window_s=10.0, recovery_runs=3, growth_concurrency=(5, 20, 50),
-                   rss_activities=(100, 500), ablations=False, profile_seconds=3.0)
+                   rss_activities=(100, 500), ablations=False, profile_seconds=3.0, latency_runs=3,
+                   inflight_agents=(10, 100), inflight_tool_turns=1)
+
+    @classmethod
+    def full(cls) -> Sizes:
+        """The default sizes, and 1,000 agents in flight too (a few minutes more)."""
+        return cls(inflight_agents=(10, 100, 500, 1000))
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""One DBOS Transact process of the DBOS baseline: ``--workflows`` workflows of ``--steps`` no-op steps at once.
+"""One DBOS Transact process of the DBOS baseline: ``--workflows`` workflows of ``--steps`` no-op steps at once
+(or, with ``--sequential``, one after another: the latency of one workflow).
 
 Run by ``bench.throughput`` twice side by side (one process per core). It launches DBOS on the
 given system database, warms up, prints ``ready``, waits for the go file, starts every workflow
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--executor", default="bench-0")
     parser.add_argument("--go-file", required=True)
+    parser.add_argument("--sequential", action="store_true",
+                        help="run the workflows one after another and report each one's duration (latency)")
     args = parser.parse_args(argv)
 
     from dbos import DBOS, DBOSConfig
@@ -53,12 +56,20 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         time.sleep(0.01)
     started = time.time()
-    handles = [DBOS.start_workflow(steps_workflow, args.steps) for _ in range(args.workflows)]
-    results = [h.get_result() for h in handles]
+    durations = []
+    if args.sequential:
+        results = []
+        for _ in range(args.workflows):
+            began = time.time()
+            results.append(DBOS.start_workflow(steps_workflow, args.steps).get_result())
+            durations.append(time.time() - began)
+    else:
+        handles = [DBOS.start_workflow(steps_workflow, args.steps) for _ in range(args.workflows)]
+        results = [h.get_result() for h in handles]
     finished = time.time()
     assert results == [args.steps] * args.workflows, results[:5]
     print(json.dumps({"started": started, "finished": finished, "workflows": args.workflows,
-                      "steps": args.steps}), flush=True)
+                      "steps": args.steps, "durations": durations}), flush=True)
     DBOS.destroy(workflow_completion_timeout_sec=0)
     return 0
 

@@ -25,6 +25,14 @@ def _throughput(r: dict[str, Any]) -> list[Row]:
                   _met(r["ratio_vs_dbos"] >= 1.0))]
     else:
         rows.append(("1 throughput", "DBOS", "skipped", ">= 1.0x", d.get("skipped", "")))
+    lat = r.get("latency", {})
+    if "median_s" in lat.get("agentops", {}):
+        a_lat, d_lat = lat["agentops"], lat["dbos"]
+        rows.append(("1 latency", f"one {a_lat['steps']}-step workflow at a time, launch -> completed, median "
+                     f"of {a_lat['runs']}", f"{a_lat['median_s'] * 1000:.0f} ms", "", ""))
+        if "median_s" in d_lat:
+            rows += [("1 latency", "DBOS, the same", f"{d_lat['median_s'] * 1000:.0f} ms", "", ""),
+                     ("1 latency", "agentops / DBOS", f"{lat['ratio_vs_dbos']:.2f}x", "", "")]
     rows += [
         ("2 cost", "PostgreSQL commits per activity", f"{a['commits_per_activity']:.2f}", "<= 3",
          _met(a["commits_per_activity"] <= 3)),
@@ -110,8 +118,35 @@ def _ablations(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
-SECTIONS = {"throughput": _throughput, "ablations": _ablations, "growth": _growth, "parked": _parked, "timers": _timers,
-            "recovery": _recovery, "profile": _profile}
+def _inflight(r: dict[str, Any]) -> list[Row]:
+    t = r["targets"]
+    rows: list[Row] = [("7 in flight", f"workers: {r['io_workers']} {r['io_pool']} x {r['io_threads_each']} "
+                        f"(I/O queue, pool of {r['db_pool_size_each']} connections each) + "
+                        f"{r['prefork_workers']} prefork", "", "", "")]
+    for row in r["rows"]:
+        n = row["agents"]
+        head = f"{n} agents x {row['calls_per_agent']} calls, {row['latency_s']:g} s each"
+        rows += [
+            ("7 in flight", f"{head}: model calls in flight at the peak", str(row["peak_in_flight"]),
+             f">= {t['peak_in_flight']}" if n >= t["peak_in_flight"] else "",
+             _met(row["peak_in_flight"] >= t["peak_in_flight"]) if n >= t["peak_in_flight"] else ""),
+            ("7 in flight", f"  calls/s vs ideal N / latency ({row['ideal_calls_per_s']:g})",
+             f"{row['calls_per_s']} ({row['ratio_vs_ideal']:.2f}x)", ">= 0.8x" if n == 500 else "",
+             _met(row["ratio_vs_ideal"] >= t["ratio_vs_ideal_at_500"]) if n == 500 else ""),
+            ("7 in flight", "  CPU per call: workers / PostgreSQL backends",
+             f"{row['cpu_ms_per_call']['workers']:.1f} / {row['cpu_ms_per_call']['postgres']:.1f} ms", "", ""),
+            ("7 in flight", "  due -> sent p50 / p99",
+             f"{row['due_to_sent_p50_s']:.2f} / {row['due_to_sent_p99_s']:.2f} s", "", ""),
+            ("7 in flight", "  worker memory (RSS of every worker process)", f"{row['max_worker_rss_mb']:.0f} MB",
+             f"<= {t['worker_rss_mb']} MB", _met(row["max_worker_rss_mb"] <= t["worker_rss_mb"])),
+            ("7 in flight", "  PostgreSQL connections of the bench database", str(row["max_db_connections"]),
+             f"<= {r['connection_bound']} (bound)", _met(row["max_db_connections"] <= r["connection_bound"])),
+        ]
+    return rows
+
+
+SECTIONS = {"throughput": _throughput, "inflight": _inflight, "ablations": _ablations, "growth": _growth,
+            "parked": _parked, "timers": _timers, "recovery": _recovery, "profile": _profile}
 
 
 def table(results: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ times. The suite creates its own databases (dropped at the end) and flushes its 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -24,7 +25,7 @@ from typing import Any
 from bench.context import Bench, Sizes
 from bench.infra import REPO_ROOT, Broker, Cluster, Postgres, pytest_running, wait_while_pytest_runs
 
-BENCHMARKS = ("throughput", "parked", "timers", "recovery", "profile", "growth")
+BENCHMARKS = ("throughput", "parked", "timers", "recovery", "profile", "growth", "inflight")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -32,7 +33,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Benchmarks: " + ", ".join(BENCHMARKS) + ". See bench/README.md for what each measures.")
     parser.add_argument("--quick", action="store_true",
-                        help="shrink every benchmark (about 2 minutes in all): checks the suite, not the figures")
+                        help="shrink every benchmark (about 3 minutes in all): checks the suite, not the figures")
+    parser.add_argument("--full", action="store_true", help="also run 1,000 agents in flight (a few minutes more)")
+    parser.add_argument("--agents", type=int, action="append", metavar="N",
+                        help="agents in flight: run with N agents (repeatable) instead of the mode's sizes")
     parser.add_argument("--only", action="append", choices=(*BENCHMARKS, "ablations"), metavar="NAME",
                         help="run only this benchmark (repeatable): " + ", ".join(BENCHMARKS))
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL",
@@ -71,7 +75,9 @@ def _setup_django(database_url: str, broker_url: str, run_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sizes = Sizes.quick() if args.quick else Sizes()
+    sizes = Sizes.quick() if args.quick else Sizes.full() if args.full else Sizes()
+    if args.agents:
+        sizes = dataclasses.replace(sizes, inflight_agents=tuple(args.agents))
     selected = [b for b in BENCHMARKS if not args.only or b in args.only]
     out_dir = args.out.parent
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -146,6 +152,9 @@ def _runner(name: str, bench: Bench) -> Callable[[Bench], dict[str, Any]]:
     if name == "timers":
         from bench.timers import bench_timers
         return bench_timers
+    if name == "inflight":
+        from bench.inflight import bench_inflight
+        return bench_inflight
     from bench.recovery import bench_recovery
     return bench_recovery
 

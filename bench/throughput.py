@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -149,8 +150,10 @@ def run_chain(bench: Bench, *, chains: int, steps: int = 10, label: str = "celer
             "steps_per_s": round(activities / elapsed, 1), **_costs(c1 - c0, deltas, activities)}
 
 
-def run_dbos(bench: Bench, *, workflows: int, steps: int = 10, processes: int = 2) -> dict[str, Any]:
-    """DBOS Transact: ``processes`` processes, each starting its share of the workflows at once."""
+def run_dbos(bench: Bench, *, workflows: int, steps: int = 10, processes: int = 2,
+             sequential: bool = False) -> dict[str, Any]:
+    """DBOS Transact: ``processes`` processes, each starting its share of the workflows at once
+    (``sequential``: one after another, each one's duration reported)."""
     try:
         import dbos  # noqa: F401
     except ImportError as exc:
@@ -165,7 +168,8 @@ def run_dbos(bench: Bench, *, workflows: int, steps: int = 10, processes: int = 
         log = open(bench.out_dir / f"dbos-{i}.log", "w+b")  # noqa: SIM115 - closed below
         procs.append((subprocess.Popen(
             [sys.executable, "-m", "bench.dbos_runner", "--database-url", url, "--workflows", str(n),
-             "--steps", str(steps), "--executor", f"bench-{i}", "--go-file", str(go)],
+             "--steps", str(steps), "--executor", f"bench-{i}", "--go-file", str(go),
+             *(["--sequential"] if sequential else [])],
             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=log, text=True), log))
     try:
         for proc, log in procs:
@@ -174,7 +178,7 @@ def run_dbos(bench: Bench, *, workflows: int, steps: int = 10, processes: int = 
                 proc.wait(30)
                 log.seek(0)
                 raise BenchError(f"DBOS process did not start: {line!r}\n{log.read().decode()[-3000:]}")
-        c0 = _counters(bench, bench.dbos_db_name)[0]
+        c0 = 0 if sequential else _counters(bench, bench.dbos_db_name)[0]
         go.touch()
         reports = []
         for proc, log in procs:
@@ -183,7 +187,7 @@ def run_dbos(bench: Bench, *, workflows: int, steps: int = 10, processes: int = 
                 log.seek(0)
                 raise BenchError(f"DBOS process exited with {proc.returncode}\n{log.read().decode()[-3000:]}")
             reports.append(json.loads(out.strip().splitlines()[-1]))
-        c1 = _counters(bench, bench.dbos_db_name)[0]
+        c1 = 0 if sequential else _counters(bench, bench.dbos_db_name)[0]
     finally:
         for proc, log in procs:
             if proc.poll() is None:
@@ -193,11 +197,36 @@ def run_dbos(bench: Bench, *, workflows: int, steps: int = 10, processes: int = 
         go.unlink(missing_ok=True)
     elapsed = max(r["finished"] for r in reports) - min(r["started"] for r in reports)
     activities = workflows * steps
+    if sequential:
+        durations = [d for r in reports for d in r["durations"]]
+        return {"label": "dbos, one workflow at a time", "runs": len(durations), "steps": steps,
+                "median_s": round(statistics.median(durations), 4), "samples_s": [round(d, 4) for d in durations]}
     return {"label": f"dbos ({processes} processes)", "workflows": workflows, "steps": steps,
             "activities": activities, "processes": processes, "elapsed_s": round(elapsed, 3),
             "steps_per_s": round(activities / elapsed, 1), "commits": c1 - c0,
             "commits_per_activity": round((c1 - c0) / activities, 3),
             "note": "commits include DBOS's own background queries during the run"}
+
+
+def run_latency(bench: Bench, *, runs: int, steps: int = 10) -> dict[str, Any]:
+    """One workflow of ``steps`` no-op activities at a time, ``runs`` times: launch -> completed
+    (``updated_at``), what one interactive agent feels."""
+    from workflows import services
+    from workflows.models import Workflow
+
+    samples = []
+    for n in range(runs):
+        t0 = time.time()
+        wf = services.workflow_launch(kind="bench_steps", goal=f"latency {n}", params={"steps": steps}).pk
+        status, at = wait_for(
+            lambda wf=wf: Workflow.objects.filter(pk=wf, status__in=Workflow.TERMINAL).values_list(
+                "status", "updated_at").first(), timeout=60, what=f"workflow {wf}", interval=0.01,
+            dump=bench.cluster.logs)
+        if status != Workflow.Status.COMPLETED:
+            raise BenchError(f"latency run {n}: workflow {wf} ended {status}\n{bench.cluster.logs()}")
+        samples.append(at.timestamp() - t0)
+    return {"label": "agentops, one workflow at a time", "runs": runs, "steps": steps,
+            "median_s": round(statistics.median(samples), 4), "samples_s": [round(s, 4) for s in samples]}
 
 
 def warm_up(bench: Bench) -> None:
@@ -215,17 +244,23 @@ def bench_throughput(bench: Bench) -> dict[str, Any]:
     agentops = run_agentops(bench, workflows=n, steps=steps)
     bench.log(f"  {agentops['steps_per_s']} steps/s; chain {n} x {steps}")
     chain = run_chain(bench, chains=n, steps=steps)
-    bench.log(f"  {chain['steps_per_s']} steps/s; DBOS {n} x {steps} in 2 processes")
+    bench.log(f"  {chain['steps_per_s']} steps/s; one {steps}-step workflow at a time")
+    latency = run_latency(bench, runs=bench.sizes.latency_runs, steps=steps)
+    bench.log(f"  {latency['median_s']} s; DBOS {n} x {steps} in 2 processes")
     bench.cluster.stop(bench.cluster.workers())  # DBOS gets the machine to itself, as the workers did
     dbos = run_dbos(bench, workflows=n, steps=steps)
-    bench.log(f"  {dbos.get('steps_per_s', dbos.get('skipped'))}")
+    bench.log(f"  {dbos.get('steps_per_s', dbos.get('skipped'))}; DBOS one workflow at a time")
+    dbos_latency = run_dbos(bench, workflows=bench.sizes.latency_runs, steps=steps, processes=1, sequential=True)
     from bench.trace import trace_happy_path
 
     out: dict[str, Any] = {"agentops": agentops, "celery_chain": chain, "dbos": dbos,
+                           "latency": {"agentops": latency, "dbos": dbos_latency},
                            "trace": trace_happy_path(bench),
                            "ratio_vs_chain": round(agentops["steps_per_s"] / chain["steps_per_s"], 3)}
     if "steps_per_s" in dbos:
         out["ratio_vs_dbos"] = round(agentops["steps_per_s"] / dbos["steps_per_s"], 3)
+    if "median_s" in dbos_latency:
+        out["latency"]["ratio_vs_dbos"] = round(latency["median_s"] / dbos_latency["median_s"], 2)
     if bench.sizes.ablations:
         out["ablations"] = ablations(bench, n, steps)
     return out

@@ -92,7 +92,7 @@ def trace_happy_path(bench: Bench, steps: int = 3) -> dict[str, Any]:
     rung: list[tuple[str, dict[str, Any]]] = []
     per_task: list[tuple[str, list[str], list[str]]] = []
 
-    def publish(task_name: str, **kwargs: Any) -> None:
+    def publish(task_name: str, queue: str | None = None, **kwargs: Any) -> None:
         rung.append((task_name, kwargs))
 
     def run(label: str, fn: Any, **kwargs: Any) -> None:

@@ -58,7 +58,8 @@ def one_activity_per_task(settings: Any) -> None:
 def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """Doorbells rung by the services, recorded instead of published (service tests that commit)."""
     calls: list[tuple[str, int]] = []
-    monkeypatch.setattr(doorbells, "activity_run", lambda *, activity_id: calls.append(("activity", activity_id)))
+    monkeypatch.setattr(doorbells, "activity_run",
+                        lambda *, activity_id, name: calls.append(("activity", activity_id)))
     monkeypatch.setattr(doorbells, "workflow_advance",
                         lambda *, workflow_id: calls.append(("workflow", workflow_id)))
     return calls

@@ -14,12 +14,12 @@ from django.db import transaction
 logger = logging.getLogger("agentops.doorbells")
 
 
-def _publish_on_commit(task_name: str, **kwargs: Any) -> None:
+def _publish_on_commit(task_name: str, queue: str | None = None, **kwargs: Any) -> None:
     def publish() -> None:
         from agentops.celery import app
 
         try:
-            app.send_task(task_name, kwargs=kwargs)
+            app.send_task(task_name, kwargs=kwargs, queue=queue)
         except Exception:
             # The row is committed; the beat sweep re-rings it once the broker is back.
             logger.warning("doorbell.publish_failed", extra={"task": task_name, **kwargs}, exc_info=True)
@@ -27,8 +27,26 @@ def _publish_on_commit(task_name: str, **kwargs: Any) -> None:
     transaction.on_commit(publish)
 
 
-def activity_run(*, activity_id: int) -> None:
-    _publish_on_commit("agentops.activity.run", activity_id=activity_id)
+def activity_run(*, activity_id: int, name: str) -> None:
+    """Ring an attempt of activity ``name``: an I/O-bound one (``@activity(io_bound=True)``) on
+    the I/O queue, for the threads-pool workers that keep many waits in flight; others on the
+    default queue (prefork workers, one process per core)."""
+    _publish_on_commit("agentops.activity.run", queue=activity_queue(name), activity_id=activity_id)
+
+
+def activity_queue(name: str) -> str:
+    """The queue of activity ``name``'s doorbells (an unknown name, e.g. a kind this host does not
+    run, goes to the default queue, whose workers record why they cannot run it)."""
+    from django.conf import settings
+
+    from workflows import registry
+    from workflows.errors import InvalidInput
+
+    try:
+        io_bound = registry.activity_type(name).io_bound
+    except InvalidInput:
+        io_bound = False
+    return settings.AGENTOPS_IO_QUEUE if io_bound else settings.CELERY_TASK_DEFAULT_QUEUE
 
 
 def workflow_advance(*, workflow_id: int) -> None:

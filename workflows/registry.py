@@ -65,7 +65,7 @@ class ActivityType(Generic[I, O]):
         self, fn: Callable[[ActivityContext, I], O], *, name: str, retry: RetryPolicy,
         lease_seconds: int | str | None,
         reconcile: Callable[[ActivityContext, I], O | None] | None, commitment: str,
-        compensation: ActivityType[Any, Any] | str, records_progress: bool,
+        compensation: ActivityType[Any, Any] | str, records_progress: bool, io_bound: bool = False,
     ) -> None:
         self.fn = fn
         self.name = name
@@ -75,6 +75,7 @@ class ActivityType(Generic[I, O]):
         self.commitment = commitment
         self._compensation = compensation
         self.records_progress = records_progress
+        self.io_bound = io_bound
         update_wrapper(self, fn)
 
     def __call__(self, ctx: ActivityContext, input: I) -> O:
@@ -233,14 +234,14 @@ def activity(fn: Callable[[ActivityContext, I], O], /) -> ActivityType[I, O]: ..
 def activity(
     name: str | None = None, /, *, retry: RetryPolicy | None = None, lease_seconds: int | str | None = None,
     reconcile: Callable[[ActivityContext, Any], Any] | None = None, commitment: str = "",
-    compensation: ActivityType[Any, Any] | str = "", records_progress: bool = False,
+    compensation: ActivityType[Any, Any] | str = "", records_progress: bool = False, io_bound: bool = False,
 ) -> Callable[[Callable[[ActivityContext, I], O]], ActivityType[I, O]]: ...
 
 
 def activity(
     fn_or_name: Any = None, /, *, retry: RetryPolicy | None = None, lease_seconds: int | str | None = None,
     reconcile: Callable[[ActivityContext, Any], Any] | None = None, commitment: str = "",
-    compensation: ActivityType[Any, Any] | str = "", records_progress: bool = False,
+    compensation: ActivityType[Any, Any] | str = "", records_progress: bool = False, io_bound: bool = False,
 ) -> Any:
     """Register an activity: ``fn(ctx, input) -> result``, one input object and one result.
 
@@ -249,7 +250,9 @@ def activity(
     input)`` asks the outside world whether a lost attempt took effect; ``commitment`` with
     ``compensation`` makes each success an obligation that a cancel undoes; ``records_progress``
     stores the result's ``progress`` object as a progress sample. ``lease_seconds`` is a number
-    or the name of a setting (read when each lease is granted).
+    or the name of a setting (read when each lease is granted). ``io_bound`` says the activity
+    spends its time waiting (a model's answer, a tool, a remote system): its doorbells go to the
+    I/O queue (AGENTOPS_IO_QUEUE), which a threads-pool worker keeps hundreds of in flight.
     """
 
     def register(fn: Callable[[ActivityContext, I], O]) -> ActivityType[I, O]:
@@ -258,7 +261,7 @@ def activity(
             raise DefinitionError(f"Activity name {name!r} must be 1–{NAME_MAX_LENGTH} characters.")
         spec = ActivityType(fn, name=name, retry=retry or RetryPolicy(), lease_seconds=lease_seconds,
                             reconcile=reconcile, commitment=commitment, compensation=compensation,
-                            records_progress=records_progress)
+                            records_progress=records_progress, io_bound=io_bound)
         register_activity(spec)
         return spec
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from agentops.providers import provider_for
 from agentops.providers.base import ModelResponse, Usage
 from workflows.activity_context import ActivityContext
+from workflows.connections import connection_release_while_waiting
 from workflows.errors import AgentOpsError, Permanent
 from workflows.leases import LeaseLost
 
@@ -112,6 +113,7 @@ def metered_complete(
     of a failed call).
     """
     ctx.fence(f"model call {call}")
+    connection_release_while_waiting()  # the token count is a request to the provider too
     provider = provider_for(ctx)
     input_tokens = provider.count_tokens(system=system, messages=messages, tools=tools)
     if input_tokens is None:
@@ -181,6 +183,7 @@ class LedgerMeter:
         budget_reserve_ensure(workflow_id=self.ctx.workflow_id, key=key, operation_id=self.ctx.operation_id,
                               attempt=self.ctx.attempt, provider=self.provider, model=self.model,
                               estimate_usd=self.estimate)
+        connection_release_while_waiting()  # the request goes out now; the answer takes seconds
         self._open[n] = key
         self.sent += 1
         return {USAGE_KEY_HEADER: key}
@@ -241,7 +244,8 @@ class keep_alive:  # noqa: N801 - used as a context manager, like contextlib's
     wait for its answer, a tool), every third of the activity's lease, so a short lease holds
     through a slow answer and only a dead worker lets it run out.
 
-    The thread uses its own database connection (closed when it stops). A beat that finds the
+    The thread uses its own database connection (closed when it stops; with the pool, given back
+    between beats, as the caller's is while it waits). A beat that finds the
     attempt fenced off (taken over, or its work voided) stops beating; ``raise_if_lost`` then
     raises LeaseLost in the caller, which must not go on with effects.
     """
@@ -253,6 +257,7 @@ class keep_alive:  # noqa: N801 - used as a context manager, like contextlib's
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{ctx.operation_id}", daemon=True)
 
     def __enter__(self) -> keep_alive:
+        connection_release_while_waiting()
         self._thread.start()
         return self
 
@@ -278,6 +283,7 @@ class keep_alive:  # noqa: N801 - used as a context manager, like contextlib's
                 except Exception:  # a database blip: the next beat tries again, the lease has slack
                     log.warning("activity.heartbeat.failed", extra={"operation_id": self.ctx.operation_id},
                                 exc_info=True)
+                connection_release_while_waiting()
         finally:
             connections.close_all()
 

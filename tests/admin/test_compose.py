@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-PROJECT_SERVICES = {"migrate", "web", "worker", "beat", "flower", "deploy-target"}
+PROJECT_SERVICES = {"migrate", "web", "worker", "worker-io", "beat", "flower", "deploy-target"}
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +98,22 @@ def test_every_service_command_is_one_the_project_has(compose, service):
     check_command(argv_of(compose["services"][service]["command"]))
 
 
-def test_the_worker_health_check_pings_its_own_worker(compose):
-    test = compose["services"]["worker"]["healthcheck"]["test"]
+@pytest.mark.parametrize(("service", "name"), [("worker", "worker"), ("worker-io", "io")])
+def test_each_worker_health_check_pings_its_own_worker(compose, service, name):
+    test = compose["services"][service]["healthcheck"]["test"]
     assert test[0] == "CMD-SHELL"
     # $$ is compose's escape for a literal $, expanded by the container's shell.
     check_celery(shlex.split(test[1].replace("$$HOSTNAME", "worker-host")))
-    assert "-d worker@$$HOSTNAME" in test[1] and "-n worker@%h" in " ".join(compose["services"]["worker"]["command"])
+    assert f"-d {name}@$$HOSTNAME" in test[1] and f"-n {name}@%h" in " ".join(compose["services"][service]["command"])
+
+
+def test_the_workers_consume_the_two_queues_the_settings_name(compose, settings):
+    """Short work on prefork, the I/O queue on a threads pool with a bounded database pool."""
+    short, io = (compose["services"][name] for name in ("worker", "worker-io"))
+    assert short["command"][short["command"].index("-Q") + 1] == settings.CELERY_TASK_DEFAULT_QUEUE
+    assert io["command"][io["command"].index("-Q") + 1] == settings.AGENTOPS_IO_QUEUE
+    assert io["command"][io["command"].index("-P") + 1] == "threads"
+    assert int(io["environment"]["AGENTOPS_DB_POOL_SIZE"]) > 0
 
 
 def test_the_checks_catch_a_command_the_project_does_not_have():

@@ -144,3 +144,61 @@ def test_a_worker_that_dies_after_a_chained_claim_leaves_a_lease_for_the_sweep(
     assert workflow.status == Workflow.Status.COMPLETED
     attempts = list(second.attempts.order_by("number").values_list("number", "status", "worker"))
     assert attempts == [(1, ActivityAttempt.Status.LOST, "w1"), (2, ActivityAttempt.Status.SUCCEEDED, "w2")]
+
+
+WAIT = "test_chain_wait"
+MIXED_KIND = "test-chain-mixed"
+
+
+@activity(WAIT, io_bound=True)
+def chain_wait(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"i": input["i"]}
+
+
+# A short step, two steps that wait (the I/O queue), a short step.
+class Mixed(engine.WorkflowDefinition):
+    kind = MIXED_KIND
+    start_node = "STEPS"
+    revalidate_node = "STEPS"
+
+    def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        return params
+
+    @engine.node("STEPS")
+    def steps(self, ctx: engine.NodeContext) -> engine.Decision:
+        for i, step in enumerate((chain_step, chain_wait, chain_wait, chain_step)):
+            ctx.activity(step, {"i": i, "sleep": 0, "fail_first": False})
+        return engine.Complete()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_chain_stays_on_its_queue(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result chains the next activity only when both are on the same queue; the others get a
+    doorbell on their own queue: an I/O-bound one on AGENTOPS_IO_QUEUE, a short one on the default."""
+    from workflows import doorbells
+
+    settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS = 60
+    rung: list[tuple[int, str]] = []
+    monkeypatch.setattr(doorbells, "activity_run",
+                        lambda *, activity_id, name: rung.append((activity_id, doorbells.activity_queue(name))))
+    with registered(Mixed, chain_wait):
+        workflow = services.workflow_launch(kind=MIXED_KIND, goal="Mix", params={})
+        for expected in range(1, 4):
+            activity_id, _ = rung[-1]
+            services.activity_run_if_runnable(activity_id=activity_id, worker="w1", task_id=f"task-{expected}")
+        workflow.refresh_from_db()
+
+    names = list(Activity.objects.filter(workflow=workflow).order_by("pk").values_list("pk", "name"))
+    assert workflow.status == Workflow.Status.COMPLETED
+    assert rung == [(names[0][0], settings.CELERY_TASK_DEFAULT_QUEUE), (names[1][0], settings.AGENTOPS_IO_QUEUE),
+                    (names[3][0], settings.CELERY_TASK_DEFAULT_QUEUE)]
+    workers = list(ActivityAttempt.objects.filter(activity__workflow=workflow).order_by("activity_id").values_list(
+        "task_id", flat=True))
+    assert workers == ["task-1", "task-2", "task-2", "task-3"]  # the second wait rode on the first's task
+
+
+def test_an_unknown_activity_rings_the_default_queue(settings: Any) -> None:
+    """A doorbell for an activity this host does not know goes where its workers report why."""
+    from workflows import doorbells
+
+    assert doorbells.activity_queue("no_such_activity") == settings.CELERY_TASK_DEFAULT_QUEUE

@@ -84,7 +84,8 @@ def _attempt_run(claim: Claim, *, worker: str, task_id: str, chain_until: float)
         logger.info("activity.attempt.failed", extra={"operation_id": claim.operation_id, "attempt": claim.attempt})
         return activity_failure_record_if_current(claim=claim, error=exc), None
     ctx.faultpoint("activity.before_writeback")
-    chain = ChainSlot(worker=worker, task_id=task_id) if time.monotonic() < chain_until else None
+    chain = (ChainSlot(worker=worker, task_id=task_id, io_bound=spec.io_bound)
+             if time.monotonic() < chain_until else None)
     outcome = activity_result_record_if_current(claim=claim, result=result, reconciled=ctx.reconciled, chain=chain)
     return outcome, chain.claim if chain is not None else None
 
@@ -355,7 +356,7 @@ def activity_lease_expire_if_due(*, activity_id: int) -> bool:
         event_record(workflow=workflow, kind="activity.lease_expired", at=now, operation_id=activity.operation_id,
                      attempt=activity.attempt, next=status)
         if status == Activity.Status.SCHEDULED:
-            doorbells.activity_run(activity_id=activity_id)
+            doorbells.activity_run(activity_id=activity_id, name=activity.name)
         else:
             advance_locked(workflow)
     return True

@@ -115,6 +115,6 @@ def compensations_retry(workflow: Workflow, *, now: datetime) -> int:
             dispatched_at=now, completed_at=None,
         )
         event_record(workflow=workflow, kind="compensation.retried", at=now, operation_id=compensation.operation_id)
-        doorbells.activity_run(activity_id=compensation.pk)
+        doorbells.activity_run(activity_id=compensation.pk, name=compensation.name)
         retried += 1
     return retried

@@ -71,10 +71,13 @@ class Result:
 @dataclass
 class ChainSlot:
     """Room for the next activity a result schedules, to be run at once by the worker that
-    recorded the result: claimed in the result's own transaction, so no doorbell is sent."""
+    recorded the result: claimed in the result's own transaction, so no doorbell is sent.
+    Only an activity of the same queue as the one that finished (``io_bound`` alike) takes it:
+    a prefork process must not sit through a model call, nor a threads worker run CPU work."""
 
     worker: str
     task_id: str
+    io_bound: bool = False
     claim: Claim | None = None
 
 
@@ -113,7 +116,7 @@ def activity_schedule(
         max_attempts=spec.retry.max_attempts, next_attempt_at=now, dispatched_at=now, created_at=now,
         operation_id=command.operation_id,
     )
-    slot = chain if chain is not None and chain.claim is None else None
+    slot = chain if chain is not None and chain.claim is None and chain.io_bound == spec.io_bound else None
     if slot is not None:
         activity.status, activity.attempt, activity.heartbeat_at = Activity.Status.RUNNING, 1, now
         activity.lease_token, activity.lease_expires_at = uuid.uuid4().hex, lease_expiry(spec, now)
@@ -123,7 +126,7 @@ def activity_schedule(
     if slot is not None:
         slot.claim = attempt_start(workflow, activity, worker=slot.worker, task_id=slot.task_id, now=now)
     else:
-        doorbells.activity_run(activity_id=activity.pk)
+        doorbells.activity_run(activity_id=activity.pk, name=activity.name)
     return activity
 
 
@@ -396,10 +399,10 @@ def wake_locked(workflow: Workflow, *, now: datetime, cause: str) -> None:
     workflow_save(workflow, "status", at=now)
     doorbells.workflow_advance(workflow_id=workflow.pk)
     # Work parked while the workflow was paused has no doorbell in flight.
-    for pk in workflow.activities.filter(status=Activity.Status.SCHEDULED, next_attempt_at__lte=now).values_list(
-        "pk", flat=True
-    ):
-        doorbells.activity_run(activity_id=pk)
+    for pk, name in workflow.activities.filter(
+        status=Activity.Status.SCHEDULED, next_attempt_at__lte=now
+    ).values_list("pk", "name"):
+        doorbells.activity_run(activity_id=pk, name=name)
     current = release_current(at=now)
     if current.pk == workflow.release_id:
         return

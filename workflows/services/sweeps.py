@@ -62,21 +62,22 @@ def activities_redrive_due() -> int:
     ).filter(Q(dispatched_at__isnull=True) | Q(ring_again_at__lte=now)).exclude(
         workflow__status=Workflow.Status.PAUSED
     )
-    rows = dict(due.values_list("pk", "dispatched_at")[: _batch()])
+    rows = {pk: (dispatched_at, name) for pk, dispatched_at, name in
+            due.values_list("pk", "dispatched_at", "name")[: _batch()]}
     return sum(
-        row_isolated("redrive_activities", pk, lambda pk: _activity_ring_if_undispatched(pk, rows[pk], now=now),
+        row_isolated("redrive_activities", pk, lambda pk: _activity_ring_if_undispatched(pk, *rows[pk], now=now),
                      workflow_id=_workflow_of(Activity))
         for pk in rows
     )
 
 
-def _activity_ring_if_undispatched(pk: int, dispatched_at: datetime | None, *, now: datetime) -> bool:
+def _activity_ring_if_undispatched(pk: int, dispatched_at: datetime | None, name: str, *, now: datetime) -> bool:
     claim = Activity.objects.filter(pk=pk, status=Activity.Status.SCHEDULED)
     claim = claim.filter(dispatched_at__isnull=True) if dispatched_at is None else claim.filter(
         dispatched_at=dispatched_at)
     if not claim.update(dispatched_at=now):
         return False
-    doorbells.activity_run(activity_id=pk)
+    doorbells.activity_run(activity_id=pk, name=name)
     return True
 
 

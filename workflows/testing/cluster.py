@@ -286,6 +286,20 @@ class Proc:
             pass
         return out
 
+    def total_rss_bytes(self) -> int:
+        """Resident memory of the main process and all its descendants (pool processes, commands)."""
+        total = 0
+        try:
+            leader = psutil.Process(self.pid)
+            for p in [leader, *leader.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            return 0
+        return total
+
     def pause(self, *, pool_only: bool = False) -> None:
         """SIGSTOP the whole group, or only the pool processes (the main process keeps its broker link)."""
         if pool_only:
@@ -437,15 +451,19 @@ class Cluster:
     def start_worker(
         self, name: str, *, faults: list[dict[str, Any]] | None = None,
         extra_env: dict[str, str] | None = None, ready: bool = True, prefix: tuple[str, ...] = (),
+        pool: str = "prefork", concurrency: int = 1, queues: tuple[str, ...] = (),
     ) -> Proc:
-        """A prefork worker with one pool process, named ``<name>@<host>``; ``faults`` are its fault rules.
+        """A worker named ``<name>@<host>``: prefork with one pool process unless ``pool`` and
+        ``concurrency`` say otherwise, consuming ``queues`` (all of them when empty); ``faults``
+        are its fault rules. A threads worker needs ``AGENTOPS_DB_POOL_SIZE`` in ``extra_env``.
 
         ``prefix`` runs it through a command that then execs Python in the same process, such as
         ``("ip", "netns", "exec", "<namespace>")``, so that its pid still leads its group.
         """
         proc = self._spawn(name, "worker", [
-            "-A", self.worker_app, "worker", "-P", "prefork", "-c", "1", "--without-gossip", "--without-mingle",
-            "-n", f"{name}@%h", "-l", self.worker_log_level,
+            "-A", self.worker_app, "worker", "-P", pool, "-c", str(concurrency), "--without-gossip",
+            "--without-mingle", "-n", f"{name}@%h", "-l", self.worker_log_level,
+            *(["-Q", ",".join(queues)] if queues else []),
         ], self.env(faults=faults, extra_env=extra_env), prefix)
         if ready:
             self.wait_ready(proc)

@@ -26,7 +26,8 @@ MAX_OUTPUT_CHARS = 4000
 COMMAND_TIMEOUT_SECONDS = 60
 TASK_RETRY = RetryPolicy(max_attempts=3, initial_interval_seconds=2.0, backoff=2.0)
 # Model-calling activities hold a short lease (agentops.budgets.MODEL_CALL_LEASE): metered_complete
-# and the tool calls below heartbeat it from a background thread while they wait.
+# and the tool calls below heartbeat it from a background thread while they wait. They are
+# io_bound: they go to the I/O queue, where a threads-pool worker keeps hundreds in flight.
 
 TOOLS: list[dict[str, Any]] = [
     {"name": "list_files", "description": "List files under a directory of the workspace.",
@@ -134,7 +135,7 @@ def _plan(data: dict[str, Any]) -> Plan:
 
 
 @activity("plan_tasks", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0),
-          lease_seconds=MODEL_CALL_LEASE)
+          lease_seconds=MODEL_CALL_LEASE, io_bound=True)
 def plan_tasks(ctx: ActivityContext, input: PlanInput) -> Plan:
     plan, _ = ask_structured(ctx, system=PLAN_SYSTEM, prompt=f"<goal>{input.goal}</goal>", tool=PLAN_TOOL,
                              validate=_plan, max_tokens=1500, what="plan")
@@ -145,7 +146,7 @@ EXECUTE_SYSTEM = ("<task>execute_task</task>\nYou carry out one task inside a wo
                   "When the task is done, answer with a one-paragraph summary of what you did.")
 
 
-@activity("execute_task", retry=TASK_RETRY, lease_seconds=MODEL_CALL_LEASE)
+@activity("execute_task", retry=TASK_RETRY, lease_seconds=MODEL_CALL_LEASE, io_bound=True)
 def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
     """A tool-use loop: the model asks for tools, we run them in the workspace and send results back.
 
@@ -326,7 +327,7 @@ def validate_verdict(data: dict[str, Any]) -> Verdict:
 
 
 @activity("verify_goal", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0), records_progress=True,
-          lease_seconds=MODEL_CALL_LEASE)
+          lease_seconds=MODEL_CALL_LEASE, io_bound=True)
 def verify_goal(ctx: ActivityContext, input: VerifyInput) -> Verdict:
     root = workspace(ctx)
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())[:200]
@@ -344,7 +345,7 @@ REPLAN_SYSTEM = ("<task>replan</task>\nSome tasks failed or the goal is not met.
 
 
 @activity("replan", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0),
-          lease_seconds=MODEL_CALL_LEASE)
+          lease_seconds=MODEL_CALL_LEASE, io_bound=True)
 def replan(ctx: ActivityContext, input: ReplanInput) -> Plan:
     lines = [f"- [{t['status']}] {t['title']}: {t.get('summary') or t.get('reason') or ''}"[:400]
              for t in input.tasks]

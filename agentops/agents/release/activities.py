@@ -125,7 +125,7 @@ PROPOSE_SYSTEM = (
 
 
 @activity("propose_change", retry=RetryPolicy(max_attempts=4, initial_interval_seconds=2.0),
-          lease_seconds=MODEL_CALL_LEASE)
+          lease_seconds=MODEL_CALL_LEASE, io_bound=True)
 def propose_change(ctx: ActivityContext, input: ProposalInput) -> Proposal:
     evidence = input.evidence
     provider = providers.provider_for(ctx)

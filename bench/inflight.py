@@ -1,0 +1,262 @@
+"""Agents in flight (7): N autonomous agents launched at once, each model call answered after a fixed latency.
+
+The fake Messages API (``tests/fakes/anthropic_api.py``, a real HTTP server on loopback, in a
+process of its own: ``bench/fake_api.py``) plays Claude for the ``autonomous`` kind; the workers reach it through
+the real ``anthropic`` SDK, so the whole model-call path is measured: lease and heartbeats, the
+fence, the budget reservation under the workflow's row lock, the charge, the ``model.called``
+event, the turn's checkpoint. The workers are the README's shape for model-heavy agents: threads
+pools on the I/O queue (``AGENTOPS_DB_POOL_SIZE`` connections each) and one prefork worker on the
+default queue.
+
+The agents are launched while the workers are stopped (SIGSTOP), and continue together: every
+first call falls due at that instant, so the launches' own cost (reported apart) does not spread
+the agents out. Measured on the server's clock: calls in flight (answers being waited for), when
+each call arrived and when its answer left. A call is *due* when the answer before it in the same
+agent left (its first call: when the workers continued); due -> sent is what the engine adds
+between two calls (record the answer, charge it, checkpoint, run the tool, advance, claim, reserve).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]
+import psycopg
+
+from bench.context import Bench
+from bench.infra import REPO_ROOT, BenchError, percentile, with_database
+
+MODEL = "claude-sonnet-5-5"
+# Threads-pool workers on the I/O queue: how many processes, threads each, database connections each.
+IO_PROCESSES = int(os.environ.get("BENCH_IO_PROCESSES", "2"))
+IO_THREADS = int(os.environ.get("BENCH_IO_THREADS", "500"))
+# BENCH_IO_POOL=prefork measures the shape before the I/O queue had threads workers (BENCH_IO_THREADS
+# prefork processes, one connection each): what `celery -A agentops worker` gives on this host.
+IO_POOL = os.environ.get("BENCH_IO_POOL", "threads")
+DB_POOL_SIZE = int(os.environ.get("BENCH_DB_POOL_SIZE", "10"))
+SAMPLE_SECONDS = 0.5
+LAUNCHERS = 4  # threads of the bench that launch the agents, each on a connection of its own
+WORKFLOW_ID = re.compile(r"^wf-(\d+)/")
+
+
+class FakeAPI:
+    """``bench.fake_api`` in a process of its own, driven over its stdin and stdout."""
+
+    def __init__(self, bench: Bench) -> None:
+        self.log = open(bench.out_dir / "fake-api.log", "wb")  # noqa: SIM115 - closed by stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.fake_api"], cwd=REPO_ROOT, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.url = str(self._answer()["url"])
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise BenchError(f"the fake API exited with {self.proc.wait(10)}; see {self.log.name}")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._answer()
+
+    def stop(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+class Sampler(threading.Thread):
+    """Every half second: the bench database's connections, all workers' memory."""
+
+    def __init__(self, bench: Bench) -> None:
+        super().__init__(daemon=True)
+        self.bench = bench
+        self.halt = threading.Event()
+        self.max_connections = 0
+        self.max_rss = 0
+        self.rss_by_worker: dict[str, int] = {}
+
+    def cpu_seconds(self) -> dict[str, dict[int, float]]:
+        """CPU time so far of every worker process and of every PostgreSQL backend of the bench database."""
+        out: dict[str, dict[int, float]] = {"workers": {}, "postgres": {}}
+        procs = [q for p in self.bench.cluster.workers() for q in (psutil.Process(p.pid), *psutil.Process(
+            p.pid).children(recursive=True))]
+        backends = [p for p in psutil.process_iter(["cmdline"])
+                    if f" {self.bench.db_name} " in " ".join(p.info["cmdline"] or [])]
+        for kind, group in (("workers", procs), ("postgres", backends)):
+            for proc in group:
+                try:
+                    times = proc.cpu_times()
+                    out[kind][proc.pid] = times.user + times.system
+                except psutil.Error:
+                    continue
+        return out
+
+    def run(self) -> None:
+        url = with_database(self.bench.pg.server_url, "postgres")
+        with psycopg.connect(url, autocommit=True) as conn:
+            while not self.halt.wait(SAMPLE_SECONDS):
+                row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
+                                   [self.bench.db_name]).fetchone()
+                self.max_connections = max(self.max_connections, int(row[0]) if row else 0)
+                rss = {p.name: p.total_rss_bytes() for p in self.bench.cluster.workers()}
+                if sum(rss.values()) > self.max_rss:
+                    self.max_rss, self.rss_by_worker = sum(rss.values()), rss
+
+
+def start_workers(bench: Bench, api: FakeAPI) -> dict[str, Any]:
+    """The README's workers for model-heavy agents, pointed at the fake API."""
+    from django.conf import settings
+
+    bench.cluster.stop(bench.cluster.workers())
+    env = {"AGENTOPS_MODEL_PROVIDER": "anthropic", "ANTHROPIC_API_KEY": "sk-ant-bench-0000",
+           "ANTHROPIC_BASE_URL": api.url, "AGENTOPS_MODEL": MODEL}
+    pooled = {"AGENTOPS_DB_POOL_SIZE": str(DB_POOL_SIZE)} if IO_POOL == "threads" else {}
+    procs = [bench.cluster.start_worker(f"io{i + 1}", pool=IO_POOL, concurrency=IO_THREADS,
+                                        queues=(settings.AGENTOPS_IO_QUEUE,), ready=False, extra_env={**env, **pooled})
+             for i in range(IO_PROCESSES)]
+    procs.append(bench.cluster.start_worker("short", queues=(settings.CELERY_TASK_DEFAULT_QUEUE,), ready=False,
+                                            extra_env=env))
+    bench.cluster.wait_ready(*procs)
+    return {"io_pool": IO_POOL, "io_workers": IO_PROCESSES, "io_threads_each": IO_THREADS,
+            "db_pool_size_each": DB_POOL_SIZE,
+            "prefork_workers": 1, "connection_bound": IO_PROCESSES * (DB_POOL_SIZE if IO_POOL == "threads" else
+                                                                      IO_THREADS) + 1 + LAUNCHERS,
+            "connection_bound_how": (f"{IO_PROCESSES} threads workers x AGENTOPS_DB_POOL_SIZE={DB_POOL_SIZE}"
+                                     if IO_POOL == "threads" else f"{IO_PROCESSES * IO_THREADS} prefork processes")
+                                    + f", 1 prefork process, {LAUNCHERS} of the bench's launching threads"}
+
+
+def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_turns: int) -> dict[str, Any]:
+    """Launch ``agents`` autonomous workflows at once and wait for all to complete."""
+    from workflows import services
+    from workflows.models import Workflow
+
+    api.ask(f"play {latency} {tool_turns}")
+    api.ask("reset")
+    calls_per_agent = tool_turns + 3  # plan, the task's turns, verify
+    sampler = Sampler(bench)
+    sampler.start()
+    cpu_before = sampler.cpu_seconds()
+    launched: dict[int, float] = {}
+
+    def launch(share: range) -> None:
+        from django.db import connection
+
+        for n in share:
+            wf = services.workflow_launch(kind="autonomous", goal=f"Prepare onboarding notes {n}",
+                                          params={"max_rounds": 1}).pk
+            launched[wf] = time.time()
+        connection.close()
+
+    # Launched at once: with the workers stopped (SIGSTOP) while the bench writes the workflows, so
+    # every agent's first call falls due when they continue, whatever the launches cost.
+    workers = bench.cluster.workers()
+    for proc in workers:
+        proc.pause()
+    t0 = time.time()
+    try:
+        with ThreadPoolExecutor(LAUNCHERS) as pool:
+            list(pool.map(launch, [range(i, agents, LAUNCHERS) for i in range(LAUNCHERS)]))
+    finally:
+        launch_s = time.time() - t0
+        due = time.time()
+        for proc in workers:
+            proc.resume()
+    launched = dict.fromkeys(launched, due)
+    deadline = time.monotonic() + 120 + 3 * calls_per_agent * latency + agents * 0.2
+    try:
+        while Workflow.objects.filter(pk__in=launched, status__in=Workflow.TERMINAL).count() < agents:
+            if time.monotonic() > deadline:
+                done = Workflow.objects.filter(pk__in=launched, status__in=Workflow.TERMINAL).count()
+                raise BenchError(f"only {done} of {agents} agents finished in time\n{bench.cluster.logs()}")
+            time.sleep(1.0)
+    finally:
+        sampler.halt.set()
+        sampler.join()
+    statuses = dict(Workflow.objects.filter(pk__in=launched).values_list("pk", "status"))
+    failed = sorted(pk for pk, status in statuses.items() if status != Workflow.Status.COMPLETED)
+    if failed:
+        raise BenchError(f"{len(failed)} of {agents} agents did not complete (e.g. {failed[:5]})\n"
+                         f"{bench.cluster.logs()}")
+    cpu_after = sampler.cpu_seconds()
+    cpu = {kind: sum(t - cpu_before[kind].get(pid, 0.0) for pid, t in cpu_after[kind].items())
+           for kind in cpu_after}
+    report = api.ask("report")
+    if report["unexpected"]:
+        raise BenchError(f"the fake API had nothing to answer: {report['unexpected']}")
+    return {"agents": agents, "calls_per_agent": calls_per_agent, "launch_s": round(launch_s, 2),
+            **_timings(report["calls"], launched, latency=latency, expected_calls=agents * calls_per_agent),
+            "peak_in_flight": report["peak_in_flight"], "max_db_connections": sampler.max_connections,
+            "cpu_ms_per_call": {kind: round(1000 * t / (agents * calls_per_agent), 1) for kind, t in cpu.items()},
+            "max_worker_rss_mb": round(sampler.max_rss / 2**20, 1),
+            "worker_rss_mb": {k: round(v / 2**20, 1) for k, v in sampler.rss_by_worker.items()}}
+
+
+def _timings(calls: list[dict[str, Any]], launched: dict[int, float], *, latency: float,
+             expected_calls: int) -> dict[str, Any]:
+    """Due -> sent of every call; and the pace: each agent's calls over its own time from launch to
+    its last answer, summed over the agents (the rate N agents keep up together), against N / latency."""
+    by_agent: dict[int, list[tuple[float, float]]] = {}
+    for call in calls:
+        match = WORKFLOW_ID.match(call["key"])
+        if match is None or call["answered_at"] is None:
+            continue
+        by_agent.setdefault(int(match.group(1)), []).append((call["at"], call["answered_at"]))
+    due_to_sent: list[float] = []
+    pace = 0.0
+    for wf, timed in by_agent.items():
+        timed.sort()
+        due = launched[wf]
+        for sent, answered in timed:
+            due_to_sent.append(sent - due)
+            due = answered
+        pace += len(timed) / (timed[-1][1] - launched[wf])
+    answered_all = [a for timed in by_agent.values() for _, a in timed]
+    makespan = max(answered_all) - min(launched.values())
+    ideal = len(launched) / latency
+    return {"calls": len(answered_all), "expected_calls": expected_calls, "latency_s": latency,
+            "calls_per_s": round(pace, 2), "ideal_calls_per_s": round(ideal, 2),
+            "ratio_vs_ideal": round(pace / ideal, 3),
+            "makespan_s": round(makespan, 1), "calls_per_s_over_makespan": round(len(answered_all) / makespan, 2),
+            "due_to_sent_p50_s": round(statistics.median(due_to_sent), 3),
+            "due_to_sent_p99_s": round(percentile(due_to_sent, 99), 3),
+            "due_to_sent_max_s": round(max(due_to_sent), 3)}
+
+
+def bench_inflight(bench: Bench) -> dict[str, Any]:
+    latency, tool_turns = bench.sizes.inflight_latency_s, bench.sizes.inflight_tool_turns
+    api = FakeAPI(bench)
+    try:
+        setup = start_workers(bench, api)
+        bench.log("in flight: warm-up, 4 agents")
+        run_agents(bench, api, agents=4, latency=0.5, tool_turns=1)
+        rows = []
+        for n in bench.sizes.inflight_agents:
+            bench.log(f"in flight: {n} agents, {tool_turns + 3} calls each, {latency:g} s per call")
+            row = run_agents(bench, api, agents=n, latency=latency, tool_turns=tool_turns)
+            bench.log(f"  peak {row['peak_in_flight']} in flight, {row['calls_per_s']} calls/s "
+                      f"({row['ratio_vs_ideal']:.2f}x ideal), due->sent p99 {row['due_to_sent_p99_s']} s, "
+                      f"{row['max_worker_rss_mb']} MB, {row['max_db_connections']} connections")
+            rows.append(row)
+    finally:
+        bench.cluster.stop(bench.cluster.workers())
+        api.stop()
+    return {**setup, "rows": rows, "targets": {"peak_in_flight": 500, "ratio_vs_ideal_at_500": 0.8,
+                                               "worker_rss_mb": 1024}}
