@@ -33,6 +33,7 @@ import psycopg
 
 from bench.context import Bench
 from bench.infra import REPO_ROOT, BenchError, percentile, with_database
+from bench.timers import ensure_beat
 
 MODEL = "claude-sonnet-5-5"
 # Threads-pool workers on the I/O queue: how many processes, threads each, database connections each.
@@ -240,6 +241,54 @@ def _timings(calls: list[dict[str, Any]], launched: dict[int, float], *, latency
             "due_to_sent_max_s": round(max(due_to_sent), 3)}
 
 
+# Issue 15.6: a worker SIGKILLed while its threads wait for answers; calls slower than the model-call
+# lease (20 s), so only the heartbeats kept the attempts, and a first heartbeat has been written.
+KILL_AGENTS = 8
+KILL_LATENCY_S = 25.0
+RECOVERY_TARGET_S = 30.0
+
+
+def kill_during_model_calls(bench: Bench, api: FakeAPI) -> dict[str, Any]:
+    """SIGKILL the I/O worker holding model calls in flight: the seconds from the kill to each
+    call's next attempt (on the other I/O worker), and how many tool calls ran twice."""
+    from workflows import services
+    from workflows.models import ActivityAttempt, Event, Workflow
+
+    ensure_beat(bench)  # its lease sweep notices the dead worker's attempts
+    api.ask(f"play {KILL_LATENCY_S} 1")
+    api.ask("reset")
+    ids = [services.workflow_launch(kind="autonomous", goal=f"Recovery notes {n}", params={"max_rounds": 1}).pk
+           for n in range(KILL_AGENTS)]
+    held = ActivityAttempt.objects.filter(activity__workflow_id__in=ids, status="running",
+                                          activity__heartbeat_detail__startswith="waiting for model call")
+    deadline = time.monotonic() + 120
+    while not held.exists():
+        if time.monotonic() > deadline:
+            raise BenchError(f"no model call was in flight within 120 s\n{bench.cluster.logs()}")
+        time.sleep(0.2)
+    time.sleep(2.0)  # the other agents' calls reach the worker too
+    holder = held.first()
+    assert holder is not None
+    victim = next(p for p in bench.cluster.workers() if p.name == holder.worker.split("@")[0])
+    lost = list(held.filter(worker=holder.worker).values_list("activity_id", "number"))
+    killed_at = time.time()
+    victim.kill_group()
+    deadline = time.monotonic() + 180 + 6 * KILL_LATENCY_S
+    while Workflow.objects.filter(pk__in=ids, status__in=Workflow.TERMINAL).count() < len(ids):
+        if time.monotonic() > deadline:
+            raise BenchError(f"the agents did not finish after the kill\n{bench.cluster.logs()}")
+        time.sleep(1.0)
+    failed = Workflow.objects.filter(pk__in=ids).exclude(status=Workflow.Status.COMPLETED).count()
+    recovery = [ActivityAttempt.objects.get(activity_id=activity, number=number + 1).started_at.timestamp()
+                - killed_at for activity, number in lost]
+    tools = list(Event.objects.filter(workflow_id__in=ids, kind="tool.called").values_list(
+        "workflow_id", "data__operation_id", "data__tool", "data__input"))
+    return {"agents": KILL_AGENTS, "latency_s": KILL_LATENCY_S, "calls_killed": len(lost),
+            "recovery_s_max": round(max(recovery), 2), "recovery_s_median": round(statistics.median(recovery), 2),
+            "tool_calls": len(tools), "tool_calls_redone": len(tools) - len(set(tools)), "not_completed": failed,
+            "target_s": RECOVERY_TARGET_S}
+
+
 def bench_inflight(bench: Bench) -> dict[str, Any]:
     latency, tool_turns = bench.sizes.inflight_latency_s, bench.sizes.inflight_tool_turns
     api = FakeAPI(bench)
@@ -255,8 +304,12 @@ def bench_inflight(bench: Bench) -> dict[str, Any]:
                       f"({row['ratio_vs_ideal']:.2f}x ideal), due->sent p99 {row['due_to_sent_p99_s']} s, "
                       f"{row['max_worker_rss_mb']} MB, {row['max_db_connections']} connections")
             rows.append(row)
+        bench.log(f"in flight: SIGKILL of a worker holding {KILL_AGENTS} agents' model calls ({KILL_LATENCY_S:g} s)")
+        killed = kill_during_model_calls(bench, api)
+        bench.log(f"  next attempts after {killed['recovery_s_median']} s (median), {killed['recovery_s_max']} s "
+                  f"(max); {killed['tool_calls_redone']} tool calls redone")
     finally:
         bench.cluster.stop(bench.cluster.workers())
         api.stop()
-    return {**setup, "rows": rows, "targets": {"peak_in_flight": 500, "ratio_vs_ideal_at_500": 0.8,
-                                               "worker_rss_mb": 1024}}
+    targets = {"peak_in_flight": 500, "ratio_vs_ideal_at_500": 0.8, "worker_rss_mb": 1024}
+    return {**setup, "rows": rows, "kill_during_model_calls": killed, "targets": targets}

@@ -142,6 +142,15 @@ def _inflight(r: dict[str, Any]) -> list[Row]:
             ("7 in flight", "  PostgreSQL connections of the bench database", str(row["max_db_connections"]),
              f"<= {r['connection_bound']} (bound)", _met(row["max_db_connections"] <= r["connection_bound"])),
         ]
+    k = r["kill_during_model_calls"]
+    rows += [
+        ("7 in flight", f"SIGKILL of a worker waiting on {k['calls_killed']} model calls ({k['latency_s']:g} s each): "
+                        "kill -> next attempt, median / max",
+         f"{k['recovery_s_median']:.1f} / {k['recovery_s_max']:.1f} s",
+         f"<= {k['target_s']:g} s", _met(k["recovery_s_max"] <= k["target_s"] and not k["not_completed"])),
+        ("7 in flight", "  tool calls redone after it", f"{k['tool_calls_redone']} of {k['tool_calls']}", "0",
+         _met(k["tool_calls_redone"] == 0)),
+    ]
     return rows
 
 
