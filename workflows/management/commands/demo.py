@@ -2,6 +2,7 @@
 end with its own worker, beat and deploy target."""
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -23,6 +24,9 @@ from workflows.selectors import workflow_detail
 
 GIT = ["git", "-c", "user.name=agentops demo", "-c", "user.email=demo@agentops.local"]
 
+
+DEMO_HARNESS_KILL = [{"point": "harness.after_tool", "action": "sigkill_self",
+                      "when": {"tool": "write_file", "feature": "F03", "feature_attempt": 2, "attempt": 1}}]
 
 class Command(BaseCommand):
     help = ("Start a worker, beat and the deploy target, launch a release agent on a demo repository, "
@@ -107,11 +111,18 @@ class Command(BaseCommand):
         approver, _ = User.objects.get_or_create(username="demo-harness-approver")
         approver.groups.add(Group.objects.get_or_create(name="harness-approvers")[0])
         workspace = logs / f"harness-{time.strftime('%Y%m%d-%H%M%S')}"
-        children = start_children(logs, free_port(), dict(os.environ))
+        # The schedule's crash: the worker's pool process SIGKILLs itself in F03's second session,
+        # after a write (a fault point armed for the demo only); a short session lease lets the
+        # next attempt take over within seconds and save the half-work to wip/F03/2.
+        env = {**os.environ, "AGENTOPS_TESTING_FAULTS": json.dumps(DEMO_HARNESS_KILL),
+               "AGENTOPS_FAULT_LOG": str(logs / "faults.log"), "AGENTOPS_HARNESS_SESSION_LEASE_SECONDS": "15"}
+        children = start_children(logs, free_port(), env)
         try:
             self.console.print(f"[bold]agentops harness demo[/]: database {settings.DATABASES['default']['NAME']}, "
                                f"broker {settings.CELERY_BROKER_URL}, provider {settings.AGENTOPS_MODEL_PROVIDER}, "
                                f"workspace {workspace}")
+            self.console.print("The worker's pool process will SIGKILL itself once, in F03's second session: "
+                               "watch the next attempt save its half-work to wip/F03/2.")
             workflow = services.workflow_launch(kind="harness", goal="Build the todo CLI of the demo", user=requester,
                                                 params={"workspace": str(workspace), "max_attempts": 2})
             started = time.monotonic()
