@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 
 from agentops.deploytarget.server import DeployTargetServer
+from tests.fakes.anthropic_api import FakeAnthropicAPI
 from tests.process.harness import REPO_ROOT, Broker, Cluster, db_report, redis_ping, subprocess_database_url
 from workflows.testing.cluster import RedisServer, free_port, publishing_to
 
@@ -46,6 +47,15 @@ def figures() -> Callable[..., None]:
         print(f"\n[figures] {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items()))
 
     return record
+
+
+@pytest.fixture
+def claude_api() -> Iterator[FakeAnthropicAPI]:
+    """The fake Messages API on loopback, for workers pointed at it with ANTHROPIC_BASE_URL."""
+    api = FakeAnthropicAPI().start()
+    yield api
+    api.stop()
+    assert not api.unexpected, api.unexpected
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,13 @@ def pool_kills_reported(cluster: Cluster) -> set[int]:
     """Pool-process pids whose SIGKILL a worker of ``cluster`` reported (WorkerLostError)."""
     pattern = re.compile(r"pid:(\d+) exited with 'signal 9 \(SIGKILL\)'")
     return {int(pid) for p in cluster.procs if p.role == "worker" for pid in pattern.findall(p.log())}
+
+
+def billed_usd(model: str, recorded: Any) -> Decimal:
+    """What the fake API's usage says one of its requests (``Recorded``) costs: nothing for a
+    request it answered with an error or did not answer."""
+    from agentops.budgets import cost_usd
+    from agentops.providers.base import Usage
+
+    usage = recorded.usage or {}
+    return cost_usd(model, Usage(**{k: usage.get(k, 0) for k in Usage.__dataclass_fields__}))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
@@ -21,12 +20,12 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from agentops.budgets import USAGE_KEY_HEADER, cost_usd, usage_fields
+from agentops.budgets import USAGE_KEY_HEADER, usage_fields
 from agentops.providers.base import Usage
 from tests.fakes import anthropic_api as fake
-from tests.fakes.anthropic_api import Answer, FakeAnthropicAPI, Recorded
+from tests.fakes.anthropic_api import Answer, FakeAnthropicAPI
 from tests.fakes.claude_agent import TASKS, ClaudeForAutonomous, first_text, structured, task_of, tool_results
-from tests.process.harness import assert_event_seqs_contiguous, wait_until_status
+from tests.process.harness import assert_event_seqs_contiguous, billed_usd, wait_until_status
 from workflows import services
 from workflows.models import Activity, Event, UsageEntry, Workflow
 from workflows.selectors import spent_usd
@@ -67,19 +66,6 @@ class HoldsSecondCall(ClaudeForAutonomous):
                     answer.delay_seconds = HELD_SECONDS
             return answer
         return fake.text("Wrote notes/note.md and checked it.")
-
-
-@pytest.fixture
-def claude_api() -> Iterator[FakeAnthropicAPI]:
-    api = FakeAnthropicAPI().start()
-    yield api
-    api.stop()
-    assert not api.unexpected, api.unexpected
-
-
-def billed(recorded: Recorded) -> Decimal:
-    usage = recorded.usage or {}
-    return cost_usd(MODEL, Usage(**{k: usage.get(k, 0) for k in Usage.__dataclass_fields__}))
 
 
 def connections_now() -> int:
@@ -149,12 +135,12 @@ def test_a_threads_worker_killed_with_many_model_calls_in_flight_loses_nothing_a
     assert set(entries) == set(by_key) and len(by_key) == len(claude_api.requests)
     killed = {f"{a.operation_id}#1@1.0" for a in held}  # calls count from 0: the task's second
     assert {k for k, e in entries.items() if e.status == "uncertain"} == killed
-    assert all(e.status == "charged" and e.cost_usd == billed(by_key[k]) for k, e in entries.items()
+    assert all(e.status == "charged" and e.cost_usd == billed_usd(MODEL, by_key[k]) for k, e in entries.items()
                if k not in killed)
-    bill = sum((billed(r) for r in claude_api.requests), Decimal(0))
+    bill = sum((billed_usd(MODEL, r) for r in claude_api.requests), Decimal(0))
     for key in killed:
         usage = Usage(**{k: (by_key[key].usage or {}).get(k, 0) for k in Usage.__dataclass_fields__})
-        assert services.budget_charge_once(key=key, cost_usd=billed(by_key[key]), usage=usage_fields(usage))
+        assert services.budget_charge_once(key=key, cost_usd=billed_usd(MODEL, by_key[key]), usage=usage_fields(usage))
     assert sum((spent_usd(w) for w in Workflow.objects.filter(pk__in=ids)), Decimal(0)) == bill
     assert_event_seqs_contiguous(ids)
     assert peak_connections <= CONNECTION_BOUND, peak_connections

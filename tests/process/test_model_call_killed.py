@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from agentops.budgets import USAGE_KEY_HEADER, cost_usd, usage_fields
+from agentops.budgets import USAGE_KEY_HEADER, usage_fields
 from agentops.providers.base import Usage
-from tests.fakes.anthropic_api import Answer, FakeAnthropicAPI, Recorded
+from tests.fakes.anthropic_api import Answer, FakeAnthropicAPI
 from tests.fakes.claude_agent import TASKS, ClaudeForAutonomous, first_text, seed_workspace, task_of, tool_results
-from tests.process.harness import assert_event_seqs_contiguous, wait_until_status
+from tests.process.harness import assert_event_seqs_contiguous, billed_usd, wait_until_status
 from workflows import services
 from workflows.models import Activity, ActivityAttempt, Event, UsageEntry, Workflow
 from workflows.selectors import spent_usd
@@ -48,19 +47,6 @@ class SlowOnceAfterFirstTool(ClaudeForAutonomous):
             self.slowed.set()
             answer.delay_seconds = SLOW_ANSWER_SECONDS
         return answer
-
-
-@pytest.fixture
-def claude_api() -> Iterator[FakeAnthropicAPI]:
-    api = FakeAnthropicAPI().start()
-    yield api
-    api.stop()
-    assert not api.unexpected, api.unexpected
-
-
-def billed(recorded: Recorded) -> Decimal:
-    usage = recorded.usage or {}
-    return cost_usd(MODEL, Usage(**{k: usage.get(k, 0) for k in Usage.__dataclass_fields__}))
 
 
 def test_a_worker_killed_during_a_slow_model_call_is_replaced_within_seconds(
@@ -119,15 +105,16 @@ def test_a_worker_killed_during_a_slow_model_call_is_replaced_within_seconds(
     by_key = {r.headers[USAGE_KEY_HEADER]: r for r in claude_api.requests}
     assert set(entries) == set(by_key) and len(by_key) == len(claude_api.requests)
     killed_key = f"{op}#1@1.0"
-    assert entries[killed_key].status == "uncertain" and entries[killed_key].reserved_usd >= billed(by_key[killed_key])
+    assert entries[killed_key].status == "uncertain"
+    assert entries[killed_key].reserved_usd >= billed_usd(MODEL, by_key[killed_key])
     assert {e.status for k, e in entries.items() if k != killed_key} == {"charged"}
-    assert all(e.cost_usd == billed(by_key[k]) for k, e in entries.items() if k != killed_key)
-    bill = sum((billed(r) for r in claude_api.requests), Decimal(0))
+    assert all(e.cost_usd == billed_usd(MODEL, by_key[k]) for k, e in entries.items() if k != killed_key)
+    bill = sum((billed_usd(MODEL, r) for r in claude_api.requests), Decimal(0))
     charged = sum((e.cost_usd for e in entries.values() if e.status == "charged"), Decimal(0))
     uncertain = entries[killed_key].reserved_usd
     assert spent_usd(Workflow.objects.get(pk=wf)) == charged + uncertain >= bill
     usage = Usage(**{k: (by_key[killed_key].usage or {}).get(k, 0) for k in Usage.__dataclass_fields__})
-    assert services.budget_charge_once(key=killed_key, cost_usd=billed(by_key[killed_key]),
+    assert services.budget_charge_once(key=killed_key, cost_usd=billed_usd(MODEL, by_key[killed_key]),
                                        usage=usage_fields(usage))
     settled = spent_usd(Workflow.objects.get(pk=wf))
     assert settled == bill
