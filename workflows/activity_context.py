@@ -48,10 +48,10 @@ class ActivityContext:
         return self.claim.release
 
     @property
-    def release_announced(self) -> bool:
-        """False when the release was recorded from the settings of a process that launched before
-        any worker announced one (a shell), and no worker has run it since."""
-        return self.claim.release_announced
+    def release_provisional(self) -> bool:
+        """True when the release was recorded from the settings of a process that launched before
+        any worker announced one (a shell), and no worker has run its own since."""
+        return self.claim.release_provisional
 
     @property
     def release_policy(self) -> str:

@@ -34,9 +34,9 @@ class Claim:
     # (agentops.providers.provider_for). None (the test kit): the current release.
     release: dict[str, Any] | None = None
     release_policy: str = "revalidate"
-    # False when the release was recorded from the settings of a process that launched before any
-    # worker announced one (a shell), and no worker has moved the workflow to its own since.
-    release_announced: bool = True
+    # Workflow.release_provisional: the release was recorded from the settings of a process that
+    # launched before any worker announced one (a shell), and no worker has moved it to its own since.
+    release_provisional: bool = False
     # The workflow's fallback model ("" for none) and how many attempts before this one in a row
     # were throttled (429/529): provider_for moves the calls to the fallback on sustained overload.
     fallback_model: str = ""

@@ -64,7 +64,7 @@ def provider_for(ctx: ActivityContext) -> ModelProvider:
             return _provider_of(fallback, ctx)
         if release_fingerprint(recorded) == release_fingerprint(current):
             return get_provider()
-        if ctx.release_announced or ctx.release_policy == "pin":
+        if not ctx.release_provisional or ctx.release_policy == "pin":
             return _provider_of(recorded, ctx)
         ctx.adopt_release(current, why="worker")
         return get_provider()

@@ -172,7 +172,7 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
         attempt=activity.attempt, lease_token=activity.lease_token, input=activity.input,
         previous_attempt_lost=previous_lost, checkpoint=activity.checkpoint,
         definition_version=workflow.definition_version, release=workflow.release.spec(),
-        release_policy=workflow.release_policy, release_announced=not workflow.release_provisional,
+        release_policy=workflow.release_policy, release_provisional=workflow.release_provisional,
         fallback_model=workflow.fallback_model,
         # Only a workflow with a fallback needs the streak: one query less on the hot path.
         throttled_in_a_row=throttled_streak(activity.pk, before=activity.attempt) if workflow.fallback_model else 0,
