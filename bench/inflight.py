@@ -85,22 +85,24 @@ class FakeAPI:
 class Sampler(threading.Thread):
     """Every half second: the bench database's connections, all workers' memory."""
 
-    def __init__(self, bench: Bench) -> None:
+    def __init__(self, bench: Bench, api: FakeAPI) -> None:
         super().__init__(daemon=True)
-        self.bench = bench
+        self.bench, self.api = bench, api
         self.halt = threading.Event()
         self.max_connections = 0
         self.max_rss = 0
         self.rss_by_worker: dict[str, int] = {}
 
     def cpu_seconds(self) -> dict[str, dict[int, float]]:
-        """CPU time so far of every worker process and of every PostgreSQL backend of the bench database."""
-        out: dict[str, dict[int, float]] = {"workers": {}, "postgres": {}}
+        """CPU time so far of every worker process, of every PostgreSQL backend of the bench
+        database and of the fake API (on this host too, unlike the real one)."""
+        out: dict[str, dict[int, float]] = {"workers": {}, "postgres": {}, "fake_api": {}}
         procs = [q for p in self.bench.cluster.workers() for q in (psutil.Process(p.pid), *psutil.Process(
             p.pid).children(recursive=True))]
         backends = [p for p in psutil.process_iter(["cmdline"])
                     if f" {self.bench.db_name} " in " ".join(p.info["cmdline"] or [])]
-        for kind, group in (("workers", procs), ("postgres", backends)):
+        api = [psutil.Process(self.api.proc.pid)]
+        for kind, group in (("workers", procs), ("postgres", backends), ("fake_api", api)):
             for proc in group:
                 try:
                     times = proc.cpu_times()
@@ -152,7 +154,7 @@ def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_
     api.ask(f"play {latency} {tool_turns}")
     api.ask("reset")
     calls_per_agent = tool_turns + 3  # plan, the task's turns, verify
-    sampler = Sampler(bench)
+    sampler = Sampler(bench, api)
     sampler.start()
     cpu_before = sampler.cpu_seconds()
     launched: dict[int, float] = {}
@@ -302,7 +304,8 @@ def bench_inflight(bench: Bench) -> dict[str, Any]:
             row = run_agents(bench, api, agents=n, latency=latency, tool_turns=tool_turns)
             bench.log(f"  peak {row['peak_in_flight']} in flight, {row['calls_per_s']} calls/s "
                       f"({row['ratio_vs_ideal']:.2f}x ideal), due->sent p99 {row['due_to_sent_p99_s']} s, "
-                      f"{row['max_worker_rss_mb']} MB, {row['max_db_connections']} connections")
+                      f"{row['max_worker_rss_mb']} MB, {row['max_db_connections']} connections; CPU ms per call "
+                      + ", ".join(f"{kind} {ms}" for kind, ms in row["cpu_ms_per_call"].items()))
             rows.append(row)
         bench.log(f"in flight: SIGKILL of a worker holding {KILL_AGENTS} agents' model calls ({KILL_LATENCY_S:g} s)")
         killed = kill_during_model_calls(bench, api)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,15 +106,23 @@ class ActivityContext:
         on a first attempt or when no attempt saved one."""
         return self.claim.checkpoint
 
-    def checkpoint(self, state: dict[str, Any], detail: str = "", *, force: bool = False) -> bool:
+    def checkpoint(self, state: dict[str, Any], detail: str = "", *, force: bool = False,
+                   notes: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
         """Save ``state`` (JSON, under 1 MB) for a later attempt to resume from, when
         AGENTOPS_CHECKPOINT_SECONDS have passed since this attempt started or last saved (or
         ``force``). Saving also heartbeats. True when saved; raises LeaseLost, as a heartbeat
-        does, when this attempt was taken over or its work is no longer wanted."""
+        does, when this attempt was taken over or its work is no longer wanted.
+
+        ``notes`` are (kind, data) events of what the attempt did since its last checkpoint (the
+        tool calls of a turn, say): saved with the state in one transaction, so the history and
+        the resume point never disagree; when the checkpoint is not due they are noted alone.
+        """
         due = time.monotonic() - self._checkpointed_at >= settings.AGENTOPS_CHECKPOINT_SECONDS
         if not (due or force):
+            for kind, data in notes:
+                self.note(kind, **data)
             return False
-        if not self.lease.checkpoint(self.claim, state, detail):
+        if not self.lease.checkpoint(self.claim, state, detail, notes):
             raise self._lease_lost(LEASE_LOST)
         self._checkpointed_at = time.monotonic()
         return True

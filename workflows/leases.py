@@ -5,6 +5,7 @@ imports nothing of theirs.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,7 +50,8 @@ class Lease(Protocol):
 
     def heartbeat(self, claim: Claim, detail: str) -> bool: ...
 
-    def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str) -> bool: ...
+    def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str,
+                   notes: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool: ...
 
     def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool: ...
 

@@ -6,6 +6,7 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,7 +21,9 @@ from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import (
     event_record,
+    event_seq_take,
     events_batched,
+    events_insert,
     json_checked,
     release_ensure,
     workflow_lock,
@@ -105,8 +108,9 @@ class DatabaseLease:
     def heartbeat(self, claim: Claim, detail: str) -> bool:
         return activity_heartbeat_if_current(claim=claim, detail=detail)
 
-    def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str) -> bool:
-        return activity_checkpoint_if_current(claim=claim, state=state, detail=detail)
+    def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str,
+                   notes: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
+        return activity_checkpoint_if_current(claim=claim, state=state, detail=detail, notes=notes)
 
     def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool:
         return activity_note_if_current(claim=claim, kind=kind, data=data)
@@ -293,25 +297,40 @@ def activity_heartbeat_if_current(*, claim: Claim, detail: str = "") -> bool:
     return _lease_extend_if_current(claim, now=clock.now(), detail=detail)
 
 
-def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detail: str = "") -> bool:
+def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detail: str = "",
+                                   notes: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
     """Save a running attempt's working state for the next attempt to resume from, and extend
-    its lease as a heartbeat does. False, like a heartbeat, when the attempt is fenced off or cancelled.
+    its lease as a heartbeat does; ``notes`` (kind, data), what the attempt did since its last
+    checkpoint, are recorded in the same transaction, before the ``activity.checkpointed``
+    event, so the history and the resume point never disagree. False, like a heartbeat, when
+    the attempt is fenced off or cancelled (nothing is written).
 
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token); saving again
     replaces the state. Raises InvalidInput (changing nothing) for state that is not a JSON
-    object under 1 MB.
+    object under 1 MB, or a note that is not JSON.
     """
     if not isinstance(state, dict):
         raise InvalidInput(f"A checkpoint of {claim.name} must be a JSON object; got {type(state).__name__}.")
     state = json_checked(state, what=f"The checkpoint of activity {claim.name}")
     now = clock.now()
+    events = [*_checked_notes(claim, notes, at=now),
+              ("activity.checkpointed", now, _attempt_data(claim, detail=detail[:200]))]
     with transaction.atomic():
-        workflow = workflow_lock(claim.workflow_id)
-        saved = _lease_extend_if_current(claim, now=now, detail=detail, checkpoint=state, checkpointed_at=now)
-        if saved:
-            event_record(workflow=workflow, kind="activity.checkpointed", at=now, operation_id=claim.operation_id,
-                         attempt=claim.attempt, detail=detail[:200])
-    return saved
+        first_seq = event_seq_take(claim.workflow_id, len(events))
+        if not _lease_extend_if_current(claim, now=now, detail=detail, checkpoint=state, checkpointed_at=now):
+            transaction.set_rollback(True)
+            return False
+        events_insert(claim.workflow_id, first_seq, events)
+    return True
+
+
+def _attempt_data(claim: Claim, **data: Any) -> dict[str, Any]:
+    return {"operation_id": claim.operation_id, "attempt": claim.attempt, **data}
+
+
+def _checked_notes(claim: Claim, notes: Sequence[tuple[str, dict[str, Any]]], *,
+                   at: datetime) -> list[tuple[str, datetime, dict[str, Any]]]:
+    return [(kind, at, _attempt_data(claim, **json_checked(data, what=f"The {kind} note"))) for kind, data in notes]
 
 
 def _lease_extend_if_current(claim: Claim, *, now: datetime, detail: str, **fields: Any) -> bool:
@@ -367,12 +386,13 @@ def activity_note_if_current(*, claim: Claim, kind: str, data: dict[str, Any]) -
 
     Not idempotent: a retried attempt notes its own calls again, under its attempt number.
     """
+    events = _checked_notes(claim, [(kind, data)], at=clock.now())
     with transaction.atomic():
-        workflow = workflow_lock(claim.workflow_id)
+        first_seq = event_seq_take(claim.workflow_id, len(events))
         if not _fenced(claim).exists():
+            transaction.set_rollback(True)
             return False
-        event_record(workflow=workflow, kind=kind, at=clock.now(), operation_id=claim.operation_id,
-                     attempt=claim.attempt, **json_checked(data, what=f"The {kind} note"))
+        events_insert(claim.workflow_id, first_seq, events)
     return True
 
 

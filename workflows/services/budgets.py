@@ -43,7 +43,7 @@ def budget_reserve_ensure(
     budget. Raises BudgetExhausted over the total, BudgetDeferred (with the time the hourly
     window frees up) over the hourly limit unless the workflow's priority is 9 or more.
     """
-    workflow = workflow_lock(workflow_id)
+    workflow = _budget_lock(workflow_id)
     existing = UsageEntry.objects.filter(key=key).first()
     if existing is not None:
         return existing
@@ -55,6 +55,15 @@ def budget_reserve_ensure(
         workflow=workflow, key=key, operation_id=operation_id, attempt=attempt, provider=provider, model=model,
         reserved_usd=estimate_usd, created_at=now,
     )
+
+
+def _budget_lock(workflow_id: int) -> Workflow:
+    """``workflow_lock`` for a reservation, which reads only the budget fields of the row."""
+    try:
+        return Workflow.objects.select_for_update().only("budget_total_usd", "budget_hourly_usd", "priority").get(
+            pk=workflow_id)
+    except Workflow.DoesNotExist:
+        return workflow_lock(workflow_id)  # raises NotFound, with its message
 
 
 def _check_total(workflow: Workflow, estimate: Decimal) -> None:

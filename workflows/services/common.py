@@ -8,7 +8,7 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from agentops import providers
 from workflows.errors import InvalidInput, NotFound
@@ -26,6 +26,30 @@ def workflow_lock(workflow_id: int) -> Workflow:
             f"Workflow {workflow_id} does not exist; `manage.py agent list` shows the existing ones.",
             workflow_id=workflow_id,
         ) from None
+
+
+def event_seq_take(workflow_id: int, count: int) -> int:
+    """Lock the workflow's row, as ``workflow_lock`` does, and take the next ``count`` sequence
+    numbers of its history; returns the first. For writers that record events and need nothing
+    else of the row (an attempt's notes and checkpoints): one statement instead of reading the
+    whole row. The caller inserts exactly those events (``events_insert``) in the same
+    transaction, or rolls it back.
+    """
+    table = Workflow._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f'UPDATE "{table}" SET "event_seq" = "event_seq" + %s WHERE "id" = %s RETURNING "event_seq"',
+                       [count, workflow_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise NotFound(f"Workflow {workflow_id} does not exist; `manage.py agent list` shows the existing ones.",
+                       workflow_id=workflow_id)
+    return int(row[0]) - count + 1
+
+
+def events_insert(workflow_id: int, first_seq: int, events: list[tuple[str, datetime, dict[str, Any]]]) -> None:
+    """Insert ``events`` (kind, time, data) with the sequence numbers ``event_seq_take`` gave, in one INSERT."""
+    Event.objects.bulk_create(Event(workflow_id=workflow_id, seq=first_seq + n, kind=kind, data=data, created_at=at)
+                              for n, (kind, at, data) in enumerate(events))
 
 
 def workflow_save(workflow: Workflow, *fields: str, at: datetime) -> None:

@@ -16,7 +16,7 @@ real services and processes: ``workflows.testing.cluster`` runs real workers and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -88,9 +88,11 @@ class FakeLease:
         self.heartbeats.append(detail)
         return True
 
-    def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str) -> bool:
+    def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str,
+                   notes: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
         if self.cancelled:
             return False
+        self.notes.extend((kind, json.loads(json.dumps(data))) for kind, data in notes)
         self.checkpoints.append(json.loads(json.dumps(state)))  # stored as JSON, as the database would
         return True
 

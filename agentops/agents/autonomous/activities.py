@@ -179,18 +179,20 @@ def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
             return {"summary": response.text[:2000] or "done", "turns": turn + 1}
         messages.append(response.assistant_turn())
         results = []
+        tool_notes: list[tuple[str, dict[str, Any]]] = []  # recorded with the turn's checkpoint
         for call in response.tool_calls:
             # A taken-over or unwanted attempt must not touch the workspace the current one uses.
             ctx.fence(f"tool {call['name']}")
             with keep_alive(ctx, f"task {task['id']} turn {turn + 1}: tool {call['name']}") as beat:
                 ok, output, isolation = run_tool_isolated(root, call["name"], call.get("input") or {})
             beat.raise_if_lost()
-            ctx.note("tool.called", tool=call["name"], input=sandbox.redact(_short(call.get("input"))), ok=ok,
-                     output=output[:300], **({"isolation": isolation} if isolation else {}))
+            tool_notes.append(("tool.called", {
+                "tool": call["name"], "input": sandbox.redact(_short(call.get("input"))), "ok": ok,
+                "output": output[:300], **({"isolation": isolation} if isolation else {})}))
             results.append({"type": "tool_result", "tool_use_id": call["id"], "content": output, "is_error": not ok})
         messages.append({"role": "user", "content": results})
         progress = f"task {task['id']} turn {turn + 1}"
-        if not ctx.checkpoint({"messages": messages, "turn": turn + 1}, progress):
+        if not ctx.checkpoint({"messages": messages, "turn": turn + 1}, progress, notes=tool_notes):
             ctx.heartbeat(progress)
     if stopped in UNFINISHED:
         raise Retryable(f"Task {task['id']} ({task['title']}) was still unfinished after {MAX_TURNS} model turns, the "
