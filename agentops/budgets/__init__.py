@@ -5,6 +5,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from decimal import ROUND_UP, Decimal
 from typing import Any
@@ -102,20 +103,24 @@ def metered_complete(
     row, ``<operation_id>#<call>@<attempt>.<n>`` (``LedgerMeter``): reserved before it leaves the
     process at an upper estimate (the provider's token count of the input, else one token per
     four characters, all of it priced as a cache write of ``prefix_cache_ttl``, plus every
-    allowed output token), checked against the budget (raising BudgetDeferred or BudgetExhausted at the
+    allowed output token; a later turn of the same conversation, whose messages extend the
+    previous call's, adds that call's reported input and output to an estimate of what was
+    added, and asks the provider nothing), checked against the budget (raising BudgetDeferred or BudgetExhausted at the
     limits), then charged with the reported usage, released when it was answered with an error
     or never sent, or left uncertain at its estimate when no answer was seen. While the call
     waits for the answer a background thread heartbeats the lease (``keep_alive``), so the
-    lease can be short and a dead worker's attempt is taken over in seconds. The call is fenced:
-    an attempt whose work is no longer wanted raises LeaseLost instead (after recording what an
-    answer that came back cost). Each call that reached the provider is recorded as a
+    lease can be short and a dead worker's attempt is taken over in seconds. Each request is
+    fenced (``ctx.fence``) in its reservation's transaction: an attempt whose work is no longer
+    wanted raises LeaseLost instead of sending it (or, when the answer came back meanwhile,
+    after recording what it cost). Each call that reached the provider is recorded as a
     ``model.called`` event (request id, model, latency, tokens, stop reason, cost; or the error
     of a failed call).
     """
-    ctx.fence(f"model call {call}")
-    connection_release_while_waiting()  # the token count is a request to the provider too
     provider = provider_for(ctx)
-    input_tokens = provider.count_tokens(system=system, messages=messages, tools=tools)
+    input_tokens = _continued_conversation_tokens(ctx, system=system, messages=messages, tools=tools)
+    if input_tokens is None:
+        connection_release_while_waiting()  # the token count is a request to the provider too
+        input_tokens = provider.count_tokens(system=system, messages=messages, tools=tools)
     if input_tokens is None:
         input_tokens = estimated_input_tokens(system=system, messages=messages, tools=tools)
     estimate = estimate_usd(provider.model, input_tokens=input_tokens, max_tokens=max_tokens,
@@ -139,12 +144,50 @@ def metered_complete(
     cost = meter.charge(response)
     beat.raise_if_lost()
     usage = response.usage
+    _conversation_remember(ctx, system=system, messages=messages, tools=tools, usage=usage)
     ctx.note("model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
              request_id=response.request_id, stop_reason=response.stop_reason, input_tokens=usage.input_tokens,
              output_tokens=usage.output_tokens, cache_read_tokens=usage.cache_read_input_tokens,
              cache_write_tokens=usage.cache_creation_input_tokens,
              cache_write_1h_tokens=usage.cache_creation_1h_input_tokens, cost_usd=str(cost), requests=meter.sent)
     return response
+
+
+@dataclass(frozen=True)
+class _Conversation:
+    """What the last answered call of an attempt sent, and how many tokens it was."""
+
+    system: str
+    tools: list[dict[str, Any]] | None
+    messages: list[dict[str, Any]]  # a shallow copy: the same message objects, in order
+    tokens: int  # the request's input as the provider reported it, plus the answer's output
+
+
+# The last answered call of each running attempt, by id() of its context; an entry goes with its context.
+_conversations: dict[int, _Conversation] = {}
+
+
+def _conversation_remember(ctx: ActivityContext, *, system: str, messages: list[dict[str, Any]],
+                           tools: list[dict[str, Any]] | None, usage: Usage) -> None:
+    tokens = (usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+              + usage.output_tokens)
+    if id(ctx) not in _conversations:
+        weakref.finalize(ctx, _conversations.pop, id(ctx), None)
+    _conversations[id(ctx)] = _Conversation(system, tools, list(messages), tokens)
+
+
+def _continued_conversation_tokens(ctx: ActivityContext, *, system: str, messages: list[dict[str, Any]],
+                                   tools: list[dict[str, Any]] | None) -> int | None:
+    """The input of a request that continues this attempt's last call (the same system prompt
+    and tools, its messages followed by more): that call's reported tokens plus an estimate of
+    the messages added (its answer among them); None for any other request."""
+    last = _conversations.get(id(ctx))
+    if last is None or len(messages) <= len(last.messages) or last.system != system or last.tools != tools:
+        return None
+    if any(sent is not now for sent, now in zip(last.messages, messages, strict=False)):
+        return None
+    added = messages[len(last.messages):]
+    return last.tokens + len(json.dumps(added, default=str)) // CHARS_PER_TOKEN + 1
 
 
 def usage_fields(usage: Usage) -> dict[str, int]:
@@ -182,7 +225,7 @@ class LedgerMeter:
         key = self.key(n)
         budget_reserve_ensure(workflow_id=self.ctx.workflow_id, key=key, operation_id=self.ctx.operation_id,
                               attempt=self.ctx.attempt, provider=self.provider, model=self.model,
-                              estimate_usd=self.estimate)
+                              estimate_usd=self.estimate, fence=lambda: self.ctx.fence(f"model call {self.call}"))
         connection_release_while_waiting()  # the request goes out now; the answer takes seconds
         self._open[n] = key
         self.sent += 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+import itertools
 import json
 import logging
 import math
@@ -50,8 +51,21 @@ COUNT_TOKENS_TIMEOUT_SECONDS = 5.0
 # 429s that are not about request rate: retrying within hours will not help.
 SPEND_LIMIT_CODES = frozenset({"enforced_spend_limit_reached", "contract_spend_limit_reached"})
 
-_shared_clients: dict[tuple[str, str, int, float], anthropic.Anthropic] = {}
+# SDK clients shared by the threads of a process, in shards: httpx's connection pool does work in
+# proportion to its connections on every request, so a threads worker with hundreds of calls in
+# flight spreads them over CLIENT_SHARDS pools, each thread always on the same one.
+CLIENT_SHARDS = 8
+_shared_clients: dict[tuple[str, str, int, float, int], anthropic.Anthropic] = {}
 _shared_clients_lock = threading.Lock()
+_thread_shard = threading.local()
+_shards_given = itertools.count()
+
+
+def _shard_of_this_thread() -> int:
+    shard: int | None = getattr(_thread_shard, "shard", None)
+    if shard is None:
+        shard = _thread_shard.shard = next(_shards_given) % CLIENT_SHARDS
+    return shard
 
 
 class AnthropicProvider:
@@ -154,7 +168,7 @@ class AnthropicProvider:
             if self._http_client is not None:
                 self._client = self._build_client(self._http_client)
             else:
-                key = (self._api_key, self.base_url, self.max_retries, self.timeout_seconds)
+                key = (self._api_key, self.base_url, self.max_retries, self.timeout_seconds, _shard_of_this_thread())
                 with _shared_clients_lock:
                     if key not in _shared_clients:
                         _shared_clients[key] = self._build_client(None)

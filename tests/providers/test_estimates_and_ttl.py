@@ -2,19 +2,27 @@
 1-hour prompt-cache TTL of the stable prefix, against the fake Messages API through the SDK."""
 from __future__ import annotations
 
+import json
 from decimal import ROUND_UP, Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agentops.budgets import cost_usd, estimate_usd, estimated_input_tokens, metered_complete, price_for
+from agentops.budgets import (
+    CHARS_PER_TOKEN,
+    cost_usd,
+    estimate_usd,
+    estimated_input_tokens,
+    metered_complete,
+    price_for,
+)
 from agentops.providers.anthropic import AnthropicProvider
 from tests.fakes import anthropic_api as fake
 from tests.fakes.anthropic_api import FakeAnthropicAPI, rendered_blocks, tokens_of
 from tests.providers.conftest import API_KEY, MODEL
 from workflows.activity_context import ActivityContext
-from workflows.leases import Claim
+from workflows.leases import Claim, LeaseLost
 from workflows.models import UsageEntry
 from workflows.testing import FakeLease
 
@@ -80,6 +88,62 @@ def test_a_request_is_reserved_at_the_counted_tokens_else_the_estimate(
     assert entry.reserved_usd == estimate_usd(MODEL, input_tokens=tokens, max_tokens=300)
     assert entry.status == "charged"
     assert entry.cost_usd == cost_usd(MODEL, response.usage) <= entry.reserved_usd
+
+
+def _context(workflow_id: int) -> ActivityContext:
+    claim = Claim(activity_id=0, workflow_id=workflow_id, operation_id=f"wf-{workflow_id}/EXECUTION.1/i1/0",
+                  name="summarise", attempt=1, lease_token="t", input={}, previous_attempt_lost=False)
+    return ActivityContext(claim=claim, lease=FakeLease())
+
+
+@pytest.mark.django_db
+def test_a_later_turn_of_the_conversation_is_reserved_from_the_last_answer_without_a_count(
+    claude: FakeAnthropicAPI, settings: Any,
+) -> None:
+    """The second turn extends the first call's messages: its reservation is the first request's
+    reported input plus the answer's output plus the added messages by length, and the API is
+    not asked to count; a request that does not extend it is counted again."""
+    from workflows import services
+
+    settings.AGENTOPS_ANTHROPIC_COUNT_TOKENS = True
+    claude.script(fake.text("Three fixes and one new endpoint."), fake.text("The fixes: a, b, c."), fake.text("ok"))
+    workflow = services.workflow_launch(kind="autonomous", goal="Summarise the release")
+    ctx = _context(workflow.pk)
+    messages = list(MESSAGES)
+    first = metered_complete(ctx, call=0, system=LONG_SYSTEM, messages=messages, max_tokens=300)
+    messages += [first.assistant_turn(), {"role": "user", "content": "Now list the fixes, one per line."}]
+    metered_complete(ctx, call=1, system=LONG_SYSTEM, messages=messages, max_tokens=300)
+
+    assert len(claude.counts) == 1
+    _, second = UsageEntry.objects.filter(workflow=workflow).order_by("pk")
+    u = first.usage
+    tokens = (u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens + u.output_tokens
+              + len(json.dumps(messages[1:])) // CHARS_PER_TOKEN + 1)
+    assert second.reserved_usd == estimate_usd(MODEL, input_tokens=tokens, max_tokens=300)
+    served = sum(tokens_of(block) for _, block in rendered_blocks(claude.requests[1].body))
+    assert tokens >= served, "the reservation covers the request the server saw"
+    assert second.status == "charged" and second.cost_usd <= second.reserved_usd
+
+    metered_complete(ctx, call=2, system=LONG_SYSTEM, messages=[{"role": "user", "content": "Other."}], max_tokens=50)
+    assert len(claude.counts) == 2
+
+
+@pytest.mark.django_db
+def test_a_request_of_an_attempt_that_lost_its_lease_is_neither_reserved_nor_sent(
+    claude: FakeAnthropicAPI, settings: Any,
+) -> None:
+    """The fence runs in the reservation's transaction: nothing is written, nothing leaves."""
+    from workflows import services
+
+    claude.script(fake.text("never sent"))
+    workflow = services.workflow_launch(kind="autonomous", goal="Summarise the release")
+    ctx = _context(workflow.pk)
+    ctx.lease.cancel()  # type: ignore[attr-defined]
+
+    with pytest.raises(LeaseLost, match="model call 0 was not made"):
+        metered_complete(ctx, call=0, system="s", messages=MESSAGES, max_tokens=50)
+    assert claude.requests == []
+    assert not UsageEntry.objects.filter(workflow=workflow).exists()
 
 
 def test_the_1h_ttl_marks_the_prefix_and_keeps_the_moving_breakpoint_at_5m(anthropic_api: FakeAnthropicAPI) -> None:

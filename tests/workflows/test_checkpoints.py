@@ -88,3 +88,39 @@ def test_a_checkpoint_tells_the_attempt_to_stop_once_its_workflow_is_cancelled()
     activity.refresh_from_db()
     assert activity.checkpoint is None
     assert not Event.objects.filter(workflow=workflow, kind="activity.checkpointed").exists()
+
+
+def test_notes_saved_with_a_checkpoint_share_its_transaction():
+    """A turn's tool calls and the checkpoint after them: both recorded, in order, under
+    consecutive sequence numbers, or (the attempt fenced off) neither, with no gap left."""
+    workflow, activity, claim = claimed()
+    notes = [("tool.called", {"tool": "write_file", "ok": True}), ("tool.called", {"tool": "read_file", "ok": True})]
+    assert services.activity_checkpoint_if_current(claim=claim, state={"turn": 1}, detail="turn 1", notes=notes)
+
+    events = list(Event.objects.filter(workflow=workflow).order_by("seq"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [(e.kind, e.data.get("tool")) for e in events[-3:]] == [
+        ("tool.called", "write_file"), ("tool.called", "read_file"), ("activity.checkpointed", None)]
+    assert {e.data["attempt"] for e in events[-3:]} == {claim.attempt}
+
+    services.workflow_cancel(workflow_id=workflow.pk, reason="not needed")
+    workflow.refresh_from_db()
+    seq_after_cancel = workflow.event_seq
+    assert services.activity_checkpoint_if_current(claim=claim, state={"turn": 2}, notes=notes) is False
+    workflow.refresh_from_db()
+    assert workflow.event_seq == seq_after_cancel
+    assert Event.objects.filter(workflow=workflow, kind="tool.called").count() == 2
+    activity.refresh_from_db()
+    assert activity.checkpoint == {"turn": 1}
+
+
+def test_a_note_that_is_not_json_refuses_the_checkpoint_and_changes_nothing():
+    workflow, activity, claim = claimed()
+    workflow.refresh_from_db()
+    before = workflow.event_seq
+    with pytest.raises(InvalidInput, match="not JSON-serializable"):
+        services.activity_checkpoint_if_current(claim=claim, state={"turn": 1},
+                                                notes=[("tool.called", {"score": float("nan")})])
+    workflow.refresh_from_db()
+    activity.refresh_from_db()
+    assert (workflow.event_seq, activity.checkpoint) == (before, None)

@@ -3,7 +3,7 @@ charged, released or marked uncertain after it; defer or pause at the limits."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -32,7 +32,7 @@ def usage_key(*, operation_id: str, call: int, attempt: int, request: int) -> st
 @transaction.atomic
 def budget_reserve_ensure(
     *, workflow_id: int, key: str, operation_id: str, provider: str, model: str, estimate_usd: Decimal,
-    attempt: int = 0,
+    attempt: int = 0, fence: Callable[[], None] | None = None,
 ) -> UsageEntry:
     """Hold the estimated cost of one request to a provider before it is sent, or refuse it at the limits.
 
@@ -42,8 +42,12 @@ def budget_reserve_ensure(
     lock serializes workers racing for the last dollars, so reservations never exceed the total
     budget. Raises BudgetExhausted over the total, BudgetDeferred (with the time the hourly
     window frees up) over the hourly limit unless the workflow's priority is 9 or more.
+    ``fence`` (an attempt's ``ctx.fence``) runs under the lock first: the request is reserved
+    only while the attempt may still send it, in one transaction.
     """
     workflow = _budget_lock(workflow_id)
+    if fence is not None:
+        fence()
     existing = UsageEntry.objects.filter(key=key).first()
     if existing is not None:
         return existing
@@ -58,10 +62,11 @@ def budget_reserve_ensure(
 
 
 def _budget_lock(workflow_id: int) -> Workflow:
-    """``workflow_lock`` for a reservation, which reads only the budget fields of the row."""
+    """``workflow_lock`` for a reservation, which reads only the budget fields of the row (and
+    ``status``, which django-fsm reads when the instance is made)."""
     try:
-        return Workflow.objects.select_for_update().only("budget_total_usd", "budget_hourly_usd", "priority").get(
-            pk=workflow_id)
+        return Workflow.objects.select_for_update().only(
+            "status", "budget_total_usd", "budget_hourly_usd", "priority").get(pk=workflow_id)
     except Workflow.DoesNotExist:
         return workflow_lock(workflow_id)  # raises NotFound, with its message
 
