@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import random
 import time
@@ -167,33 +168,36 @@ def _fenced(claim: Claim) -> Any:
 # the ORM spends about four times the statement's own cost building each of these queries
 # (bench/README.md, "7. Agents in flight"). Columns come from the model, values go through each
 # field's own conversion for the database, so they stay what ``_fenced(claim)`` would write.
-_FENCE_WHERE = "WHERE {id} = %s AND {status} = %s AND {attempt} = %s AND {lease_token} = %s"
+@functools.cache
+def _fenced_sql(statement: str, names: tuple[str, ...] = ()) -> str:
+    """``SELECT 1`` or ``UPDATE`` (setting ``names``) of the activity row the claim holds, as SQL
+    for this process's database: made once per shape."""
+    table = connection.ops.quote_name(Activity._meta.db_table)
+    id_, status, attempt, token = (quoted_column(concrete_field(Activity, name))
+                                   for name in ("id", "status", "attempt", "lease_token"))
+    where = f"WHERE {id_} = %s AND {status} = %s AND {attempt} = %s AND {token} = %s"
+    if statement == "select":
+        return f"SELECT 1 FROM {table} {where}"
+    sets = ", ".join(f"{quoted_column(concrete_field(Activity, name))} = %s" for name in names)
+    return f"UPDATE {table} SET {sets} {where}"
 
 
-def _fence_where(claim: Claim) -> tuple[str, list[Any]]:
-    columns = {name: quoted_column(concrete_field(Activity, name))
-               for name in ("id", "status", "attempt", "lease_token")}
-    return (_FENCE_WHERE.format(**columns),
-            [claim.activity_id, Activity.Status.RUNNING.value, claim.attempt, claim.lease_token])
+def _fence_params(claim: Claim) -> list[Any]:
+    return [claim.activity_id, Activity.Status.RUNNING.value, claim.attempt, claim.lease_token]
 
 
 def _fenced_update(claim: Claim, values: dict[str, Any]) -> bool:
     """``_fenced(claim).update(**values)``; True when the claim held the row."""
-    where, where_params = _fence_where(claim)
-    fields = [concrete_field(Activity, name) for name in values]
-    sets = ", ".join(f"{quoted_column(field)} = %s" for field in fields)
-    params = [field.get_db_prep_save(value, connection) for field, value in zip(fields, values.values(), strict=True)]
+    params = [concrete_field(Activity, name).get_db_prep_save(value, connection) for name, value in values.items()]
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {connection.ops.quote_name(Activity._meta.db_table)} SET {sets} {where}",
-                       params + where_params)
+        cursor.execute(_fenced_sql("update", tuple(values)), params + _fence_params(claim))
         return bool(cursor.rowcount)
 
 
 def _fenced_exists(claim: Claim) -> bool:
     """``_fenced(claim).exists()``."""
-    where, params = _fence_where(claim)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT 1 FROM {connection.ops.quote_name(Activity._meta.db_table)} {where}", params)
+        cursor.execute(_fenced_sql("select"), _fence_params(claim))
         return cursor.fetchone() is not None
 
 
