@@ -37,15 +37,22 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 # The process tests (real workers and beat: mostly waiting on leases and timers) run beside the
-# in-process ones, each pytest with its own test database and Redis DB; their output follows.
+# in-process ones in two lanes of about five minutes each: these files, and every other process
+# test. Each pytest has its own test database and each process-test run its own Redis server;
+# their output follows the in-process tests'.
+PROCESS_LANE_B := tests/process/test_soak.py tests/process/test_clock_skew.py tests/process/test_model_call_killed.py \
+  tests/process/test_partitions.py tests/process/test_harness_demo.py tests/process/test_plugin_kind.py
 test: lint chromium bubblewrap faketime
 	@mkdir -p var
 	@export DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL); \
-	  $(BIN)/pytest -m process $(PYTEST_ARGS) > var/test-process.log 2>&1 & process=$$!; \
+	  $(BIN)/pytest -m process $(addprefix --ignore=,$(PROCESS_LANE_B)) $(PYTEST_ARGS) \
+	    > var/test-process-a.log 2>&1 & lane_a=$$!; \
+	  $(BIN)/pytest -m process $(PROCESS_LANE_B) $(PYTEST_ARGS) > var/test-process-b.log 2>&1 & lane_b=$$!; \
 	  $(BIN)/pytest -m "not process" $(PYTEST_ARGS); others=$$?; \
-	  wait $$process; processes=$$?; \
-	  echo; echo "===== the process tests (var/test-process.log) ====="; cat var/test-process.log; \
-	  exit $$(( others || processes ))
+	  wait $$lane_a; a=$$?; wait $$lane_b; b=$$?; \
+	  for lane in a b; do echo; echo "===== process tests, lane $$lane (var/test-process-$$lane.log) ====="; \
+	    cat var/test-process-$$lane.log; done; \
+	  exit $$(( others || a || b ))
 
 # Debian's Chromium for the browser tests in tests/admin (never `playwright install`: its download is
 # blocked here). Without it those tests skip and say why.

@@ -354,7 +354,7 @@ def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detai
     state = json_checked(state, what=f"The checkpoint of activity {claim.name}")
     now = clock.now()
     events = [*_checked_notes(claim, notes, at=now),
-              ("activity.checkpointed", now, _attempt_data(claim, detail=detail[:200]))]
+              ("activity.checkpointed", now, _attempt_data(claim, {"detail": detail[:200]}))]
     with transaction.atomic():
         first_seq = event_seq_take(claim.workflow_id, len(events))
         if not _lease_extend_if_current(claim, now=now, detail=detail, checkpoint=state, checkpointed_at=now):
@@ -364,13 +364,13 @@ def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detai
     return True
 
 
-def _attempt_data(claim: Claim, **data: Any) -> dict[str, Any]:
+def _attempt_data(claim: Claim, data: dict[str, Any]) -> dict[str, Any]:
     return {"operation_id": claim.operation_id, "attempt": claim.attempt, **data}
 
 
 def _checked_notes(claim: Claim, notes: Sequence[tuple[str, dict[str, Any]]], *,
                    at: datetime) -> list[tuple[str, datetime, dict[str, Any]]]:
-    return [(kind, at, _attempt_data(claim, **json_checked(data, what=f"The {kind} note"))) for kind, data in notes]
+    return [(kind, at, _attempt_data(claim, json_checked(data, what=f"The {kind} note"))) for kind, data in notes]
 
 
 def _lease_extend_if_current(claim: Claim, *, now: datetime, detail: str, **fields: Any) -> bool:
