@@ -98,7 +98,7 @@ docs: $(STAMP)
 	    PYTHONHASHSEED=0 $(BIN)/python manage.py graph_transitions workflows.$$model; echo '```'; \
 	  done; } > docs/state-machines.md
 
-# The soak (bench/README.md, "Soak"): release and autonomous agents on real workers under randomized
+# The soak (bench/README.md, "Soak"): release, autonomous and harness agents on real workers under randomized
 # faults for SOAK_ARGS="--seconds N" (default 600), then the outside checks; exits 1 on any violation.
 # `make soak SOAK_ARGS="--seconds 120 --seed 7"` replays seed 7. Needs PostgreSQL on 127.0.0.1 as `make test`
 # does; starts its own Redis server on a free port.

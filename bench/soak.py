@@ -2,20 +2,26 @@
 
 The soak creates its own PostgreSQL database and starts its own Redis server (on a port of its
 own: restarting it disturbs nobody), a deploy target, workers and a beat (the test kit's
-cluster, ``workflows/testing/cluster.py``). It launches release and autonomous agents over
+cluster, ``workflows/testing/cluster.py``). It launches release, autonomous and harness agents
+(a three-feature todo project each on the scripted provider, ``bench/soak_harness.py``) over
 ``--seconds`` and, all that time, injects faults drawn from ``--seed``:
 SIGKILL and SIGSTOP/SIGCONT of workers, beat killed and restarted, a second beat for a while,
 the broker shut down without saving and restarted, the broker flushed, ``pg_terminate_backend``
 of every other connection to the database, and workers restarted with their wall clock minutes
 off (libfaketime, where installed), and the deploy target making a deployment but dropping the
 connection before it answers, and a worker whose pool process dies right after the deploy
-target accepted its deploy. Approvals, rejections, cancels and new goals are given by
-the soak through the public services, as people would. Then it heals (resumes what is paused,
-restarts what was killed, stops the second beat, brings the broker back), waits for every
-workflow to converge and checks, from the deploy target's state file and the database rows:
+target accepted its deploy. Approvals, rejections, cancels, new goals and the resumption of a
+harness paused for a person are given by the soak through the public services, as people would.
+Then it heals (resumes what is paused, restarts what was killed, stops the second beat, brings
+the broker back), waits for every workflow to converge and checks, from the deploy target's state
+file, the harness agents' workspaces and the database rows:
 
-- every workflow is terminal, or waiting for the approval the soak deliberately left open, and
-  ended as its plan allows (an approved release completed, a rejected one failed, …);
+- every workflow is terminal, or waiting where the soak deliberately left it (an open approval, a
+  harness paused for a person), and ended as its plan allows (an approved release completed, a
+  rejected one failed, …);
+- of each harness agent: no operation's commit twice in its workspace's history, each session
+  counted once by the engine (sessions and each feature's attempts equal to the sessions that
+  ran), and a completed one passed by its final verify at the head it names, its tree clean;
 - the deploy target saw at most one create and one delete per operation identity; a completed
   release owns exactly one live deployment and every other workflow none; no effect belongs to
   no workflow;
@@ -47,15 +53,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import soak_harness
 from bench.infra import REPO_ROOT, Postgres
 from workflows.testing import faketime
 from workflows.testing.cluster import SHORT_CLOCKS, Cluster, Proc, RedisServer, free_port, wait_for
 
 FAULT_KINDS = ("worker_kill", "worker_pause", "beat_restart", "second_beat", "broker_restart", "broker_flush",
                "pg_terminate", "clock_skew", "target_drop", "kill_after_accept")
-# A worker armed with this rule dies (its pool process, SIGKILL) right after the deploy target
-# accepted its next first deploy attempt, before the result is recorded: the ambiguous window.
+# A worker armed with these rules dies (its pool process, SIGKILL) right after the deploy target
+# accepted its next first deploy attempt, before the result is recorded: the ambiguous window; or
+# in the middle of a harness session on F02 (after its write_file, before its commit), as
+# make demo-harness does: the next attempt saves the half-work to a wip/ ref and starts over.
 KILL_AFTER_ACCEPT = [{"point": "activity.after_external_call", "when": {"activity": "deploy", "attempt": 1},
+                      "action": "sigkill_self"},
+                     {"point": "harness.after_tool", "when": {"tool": "write_file", "feature": "F02", "attempt": 1},
                       "action": "sigkill_self"}]
 RELEASE_PLANS = ("approve", "reject", "cancel", "supersede", "park")
 RELEASE_WEIGHTS = (6, 1, 1, 1, 1)
@@ -74,6 +85,7 @@ RESTART_AFTER_SECONDS = (0.5, 3.0)
 SECOND_BEAT_SECONDS = (6.0, 15.0)
 APPROVER, REQUESTER = "soak-approver", "soak-requester"
 APPROVER_GROUP = "release-approvers"
+HARNESS_APPROVER_GROUP = "harness-approvers"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -85,6 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="release agents to launch (default: one per 5 s of --seconds, at least 10)")
     parser.add_argument("--autonomous", type=int, default=None,
                         help="autonomous agents to launch (default: one per 20 s of --seconds, at least 3)")
+    parser.add_argument("--harness", type=int, default=None,
+                        help="harness agents to launch, a three-feature todo project each "
+                             "(default: one per 20 s of --seconds, at least 3)")
     parser.add_argument("--workers", type=int, default=3, help="worker processes (default %(default)s)")
     parser.add_argument("--fault-gap", type=float, nargs=2, default=(3.0, 8.0), metavar=("MIN", "MAX"),
                         help="seconds between two faults, drawn uniformly (default 3 8)")
@@ -111,8 +126,8 @@ class Plan:
     """One agent the soak launches, and what the soak will do with it."""
 
     n: int
-    kind: str  # release or autonomous
-    action: str  # release: one of RELEASE_PLANS; autonomous: run
+    kind: str  # release, autonomous or harness
+    action: str  # release: one of RELEASE_PLANS; autonomous: run; harness: one of soak_harness.HARNESS_PLANS
     launch_at: float
     change_before_approval: bool = False  # cancel/supersede: while the first approval is open
     change_after: float = 0.0  # cancel/supersede: else seconds after the first approval
@@ -121,6 +136,9 @@ class Plan:
     approvals: int = 0
     approved_at: float | None = None
     changed: str = ""  # what the change of mind did: cancelled, cancel_refused, superseded, …
+    resume_after: float = 0.0  # harness "resume": seconds a person takes to resume the pause
+    paused_seen: float | None = None
+    resumed: int = 0
 
 
 @dataclass
@@ -130,17 +148,28 @@ class FaultEvent:
     deferred: int = 0
 
 
-def draw_plans(rng: random.Random, *, releases: int, autonomous: int, launch_window: float) -> list[Plan]:
-    actions = list(RELEASE_PLANS[:min(releases, len(RELEASE_PLANS))])  # every plan at least once
-    actions += rng.choices(RELEASE_PLANS, weights=RELEASE_WEIGHTS, k=releases - len(actions))
-    rng.shuffle(actions)
-    plans = [("release", a) for a in actions] + [("autonomous", "run")] * autonomous
+def draw_plans(rng: random.Random, *, releases: int, autonomous: int, harness: int = 0,
+               launch_window: float) -> list[Plan]:
+    def actions(choices: tuple[str, ...], weights: tuple[int, ...], k: int) -> list[str]:
+        drawn = list(choices[:min(k, len(choices))])  # every plan at least once (the first ones when few)
+        drawn += rng.choices(choices, weights=weights, k=k - len(drawn))
+        rng.shuffle(drawn)
+        return drawn
+
+    plans = [("release", a) for a in actions(RELEASE_PLANS, RELEASE_WEIGHTS, releases)]
+    plans += [("autonomous", "run")] * autonomous
+    plans += [("harness", a) for a in actions(soak_harness.HARNESS_PLANS, soak_harness.HARNESS_WEIGHTS, harness)]
     rng.shuffle(plans)
-    times = sorted(rng.uniform(0, launch_window) for _ in plans)
+    # The harness agents are the long ones (a scaffold, a validation, four sessions and their checks, a
+    # final verify): launched in the first part of the window, they live through faults and converge in time.
+    times = [rng.uniform(0, launch_window * (soak_harness.LAUNCH_SHARE if kind == "harness" else 1.0))
+             for kind, _ in plans]
+    drawn = sorted(zip(times, plans, strict=True))
     return [Plan(n=i, kind=kind, action=action, launch_at=at,
                  change_before_approval=rng.random() < CHANGE_BEFORE_APPROVAL,
-                 change_after=rng.uniform(*CHANGE_OF_MIND_SECONDS), approve_twice=rng.random() < 0.25)
-            for i, ((kind, action), at) in enumerate(zip(plans, times, strict=True))]
+                 change_after=rng.uniform(*CHANGE_OF_MIND_SECONDS), approve_twice=rng.random() < 0.25,
+                 resume_after=rng.uniform(*soak_harness.RESUME_AFTER_SECONDS))
+            for i, (at, (kind, action)) in enumerate(drawn)]
 
 
 def draw_faults(rng: random.Random, *, seconds: float, gap: tuple[float, float],
@@ -216,6 +245,7 @@ class Figures:
     stuck: int = 0
     converge_s: float | None = None
     ledger: dict[str, int] = field(default_factory=dict)
+    harness: dict[str, int] = field(default_factory=dict)  # sessions, check runs, commits, … of the harness agents
     recovery: dict[str, int] = field(default_factory=dict)
     decisions: dict[str, int] = field(default_factory=dict)
     unexpected_exits: list[str] = field(default_factory=list)
@@ -232,9 +262,10 @@ class Soak:
         seconds = args.seconds
         releases = args.release if args.release is not None else max(10, int(seconds / 5))
         autonomous = args.autonomous if args.autonomous is not None else max(3, int(seconds / 20))
+        harness = args.harness if args.harness is not None else max(3, int(seconds / 20))
         self.kinds = FAULT_KINDS if faketime.faketime_available() else tuple(k for k in FAULT_KINDS
                                                                                 if k != "clock_skew")
-        self.plans = draw_plans(self.rng, releases=releases, autonomous=autonomous,
+        self.plans = draw_plans(self.rng, releases=releases, autonomous=autonomous, harness=harness,
                                 launch_window=seconds * args.launch_share)
         self.schedule = draw_faults(self.rng, seconds=seconds, gap=tuple(args.fault_gap), kinds=self.kinds)
         self.figures = Figures(seed=self.seed, seconds=seconds)
@@ -269,12 +300,18 @@ class Soak:
         self.deploy_state.unlink(missing_ok=True)
         self.target = DeployTarget(free_port(), self.deploy_state, self.run_dir / "deploy-target.log")
         self.target.start()
+        self.harness_schedule = soak_harness.write_schedule(self.run_dir / "harness-schedule.json")
+        # A run before with this seed left its harness agents' workspaces, under the same workflow ids.
+        shutil.rmtree(self.run_dir / "workspaces", ignore_errors=True)
+        (self.run_dir / "faults.log").unlink(missing_ok=True)  # and its fired faults, which the figures count
         self._setup_django()
         self.cluster = Cluster(
             run_dir=self.run_dir, database_url=self.database_url, broker_url=self.redis.url, cwd=REPO_ROOT,
             clocks={**SHORT_CLOCKS, "AGENTOPS_MODEL_CALL_LEASE_SECONDS": str(MODEL_CALL_LEASE_SECONDS)},
             drop_env_prefixes=("AGENTOPS_", "ANTHROPIC_", "SOAK_"),
-            extra_env={"AGENTOPS_DEPLOY_TARGET_URL": self.target.url, "AGENTOPS_MODEL_PROVIDER": "scripted"},
+            extra_env={"AGENTOPS_DEPLOY_TARGET_URL": self.target.url, "AGENTOPS_MODEL_PROVIDER": "scripted",
+                       "AGENTOPS_HARNESS_SCHEDULE_FILE": str(self.harness_schedule),
+                       "AGENTOPS_HARNESS_SESSION_LEASE_SECONDS": str(soak_harness.SESSION_LEASE_SECONDS)},
             tail_lines=60)
         self.workers = {f"w{i + 1}": self.cluster.start_worker(f"w{i + 1}", ready=False)
                         for i in range(self.args.workers)}
@@ -305,7 +342,8 @@ class Soak:
         from django.contrib.auth.models import Group, User
 
         approver = User.objects.create_user(APPROVER, password="soak-approver-password")
-        approver.groups.add(Group.objects.get_or_create(name=APPROVER_GROUP)[0])
+        approver.groups.add(Group.objects.get_or_create(name=APPROVER_GROUP)[0],
+                            Group.objects.get_or_create(name=HARNESS_APPROVER_GROUP)[0])
         self.approver = approver
         self.requester = User.objects.create_user(REQUESTER, password="soak-requester-password")
         self.repo = self._git_repo(self.run_dir / "repo")
@@ -409,6 +447,9 @@ class Soak:
             params = {"repo": str(self.repo), "test_command": "python3 check.py"}
             wf = services.workflow_launch(kind="release", goal=f"Ship soak release {plan.n}", params=params,
                                           user=self.requester)
+        elif plan.kind == "harness":
+            wf = services.workflow_launch(kind="harness", goal=f"Build the soak's todo CLI {plan.n}",
+                                          params=soak_harness.plan_params(plan.action), user=self.requester)
         else:
             wf = services.workflow_launch(kind="autonomous", goal=f"Write soak notes {plan.n}", user=self.requester)
         plan.workflow_id = wf.pk
@@ -419,6 +460,7 @@ class Soak:
         from workflows.errors import AgentOpsError
         from workflows.models import Wait
 
+        self._drive_harness()
         by_id = {p.workflow_id: p for p in self.plans if p.workflow_id is not None and p.kind == "release"}
         waits = Wait.objects.filter(kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN, workflow_id__in=list(by_id))
         for wait in waits:
@@ -449,6 +491,45 @@ class Soak:
             if plan.action in ("cancel", "supersede") and plan.approved_at is not None and not plan.changed \
                     and self._now() >= plan.approved_at + plan.change_after:
                 self._change_mind(plan)
+
+    def _drive_harness(self) -> None:
+        """Decide the harness agents' feature lists per plan; resume the pauses the "resume" plans wait for."""
+        from workflows import services
+        from workflows.errors import AgentOpsError
+        from workflows.models import Wait, Workflow
+
+        by_id = {p.workflow_id: p for p in self.plans if p.workflow_id is not None and p.kind == "harness"}
+        for wait in Wait.objects.filter(kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN, workflow_id__in=list(by_id)):
+            plan = by_id[wait.workflow_id]
+            if plan.action == "park":
+                continue
+            try:
+                if plan.action == "reject":
+                    services.wait_reject(wait_id=wait.pk, user=self.approver, comment="soak: not this list")
+                    self.decisions["harness rejected"] += 1
+                    continue
+                services.wait_approve(wait_id=wait.pk, user=self.approver, candidate_hash=wait.candidate_hash)
+                self.decisions["harness approved"] += 1
+                if plan.approve_twice:
+                    again = services.wait_approve(wait_id=wait.pk, user=self.approver,
+                                                  candidate_hash=wait.candidate_hash)
+                    self.decisions[f"harness second approval {again.outcome.value}"] += 1
+            except AgentOpsError as exc:
+                self.decisions[f"harness refused {type(exc).__name__}"] += 1
+        paused = Workflow.objects.filter(pk__in=[pk for pk, p in by_id.items() if p.action == "resume"],
+                                         status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.DEFINITION)
+        for pk in paused.values_list("pk", flat=True):
+            plan = by_id[pk]
+            plan.paused_seen = self._now() if plan.paused_seen is None else plan.paused_seen
+            if self._now() < plan.paused_seen + plan.resume_after:
+                continue
+            try:
+                services.workflow_resume(workflow_id=pk, user=self.approver)
+                plan.resumed += 1
+                plan.paused_seen = None
+                self.decisions["harness resumed"] += 1
+            except AgentOpsError as exc:
+                self.decisions[f"harness resume refused {type(exc).__name__}"] += 1
 
     def _change_mind(self, plan: Plan) -> None:
         from workflows import services
@@ -652,10 +733,13 @@ class Soak:
                    .values_list("workflow_id", flat=True))
         open_approvals = set(Wait.objects.filter(workflow_id__in=ids, kind="approval", status="open")
                              .values_list("workflow_id", flat=True))
+        harness = Workflow.objects.filter(pk__in=[p.workflow_id for p in self.plans if p.kind == "harness"]).in_bulk()
         out = []
         for plan in self.plans:
             status, node = rows[plan.workflow_id] if plan.workflow_id in rows else ("not launched", "")
             parked = plan.action == "park" and status == "waiting" and plan.workflow_id in open_approvals
+            if plan.kind == "harness" and plan.workflow_id in harness:
+                parked = soak_harness.at_rest(plan, harness[plan.workflow_id], plan.workflow_id in open_approvals)
             if (status not in Workflow.TERMINAL and not parked) or plan.workflow_id in busy:
                 out.append(f"{plan.kind}:{plan.action} workflow {plan.workflow_id} {status} at {node}"
                            + (" with live work" if plan.workflow_id in busy else ""))
@@ -710,6 +794,14 @@ class Soak:
             outcome = self._judge(plan, wf, v)
             outcomes[f"{plan.kind}:{plan.action}:{outcome}"] += 1
         self.figures.outcomes = dict(sorted(outcomes.items()))
+        tally: Counter[str] = Counter()
+        for plan in self.plans:
+            if plan.kind == "harness" and plan.workflow_id in rows:
+                try:
+                    soak_harness.check(plan, rows[plan.workflow_id], v, tally)
+                except Exception as exc:  # a check that cannot be made is a violation, not a pass
+                    v.append(f"harness workflow {plan.workflow_id}: could not be checked: {exc!r}"[:600])
+        self.figures.harness = dict(tally) | {"resumed": sum(p.resumed for p in self.plans)}
         self.figures.workflows = dict(Counter(p.kind for p in self.plans)) | {"total": len(self.plans)}
         self._check_effects(rows, v)
 
@@ -748,7 +840,9 @@ class Soak:
         self.figures.recovery["reconciled_attempts"] = Event.objects.filter(
             workflow_id__in=ids, kind="activity.succeeded", data__reconciled=True).count()
         self.figures.recovery["pg_backends_terminated"] = self.pg_terminated
-        self.figures.recovery["killed_after_accept"] = len(self.cluster.faults_fired())
+        fired = Counter(f["point"] for f in self.cluster.faults_fired())
+        self.figures.recovery["killed_after_accept"] = fired["activity.after_external_call"]
+        self.figures.harness["killed_mid_session"] = fired["harness.after_tool"]
         self.figures.recovery["open_approvals_left"] = Wait.objects.filter(
             workflow_id__in=ids, kind="approval", status="open").count()
         self.figures.decisions = dict(self.decisions)
@@ -765,11 +859,14 @@ class Soak:
         reason = wf.reason or ""
         if wf.status == "failed" and reason.startswith("activity ") and " failed" in reason:
             return "failed_by_faults"  # an activity out of attempts: failed with its reason, allowed
-        allowed = {
-            "approve": {"completed"}, "supersede": {"completed"}, "run": {"completed"},
-            "reject": {"failed"}, "park": {"waiting"},
-            "cancel": {"cancelled"} if plan.changed == "cancelled" else {"cancelled", "completed"},
-        }[plan.action]
+        if plan.kind == "harness":
+            allowed = soak_harness.allowed(plan.action)
+        else:
+            allowed = {
+                "approve": {"completed"}, "supersede": {"completed"}, "run": {"completed"},
+                "reject": {"failed"}, "park": {"waiting"},
+                "cancel": {"cancelled"} if plan.changed == "cancelled" else {"cancelled", "completed"},
+            }[plan.action]
         if plan.action == "cancel" and plan.changed == "cancel_refused":
             allowed = {"completed", "failed"}
         if wf.status not in allowed:
@@ -849,6 +946,7 @@ def report(figures: Figures) -> str:
         f"  stuck           {f.stuck}",
         f"  converge_s      {f.converge_s}",
         f"  ledger          {f.ledger}",
+        f"  harness         {f.harness}",
         f"  recovery        {f.recovery}",
         f"  decisions       {f.decisions}",
         f"  unexpected exits {len(f.unexpected_exits)}" + "".join(f"\n    {x}" for x in f.unexpected_exits),

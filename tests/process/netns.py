@@ -193,6 +193,12 @@ class Forwarder:
     def close(self) -> None:
         self._closed = True
         for server in self.servers:
+            # Wake the thread blocked in accept(): a close() alone leaves the listening socket open
+            # until accept returns, and the next test's forwarder on this address fails to bind.
+            try:
+                server.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             server.close()
         with self._lock:
             sockets = list(self._open)

@@ -7,6 +7,16 @@ Release agents complete over that network. Then, three times, the worker that is
 cut off right after the deploy target accepted its POST (a fault point holds it there for 3 s):
 from PostgreSQL, from Redis, from both; the workflow must complete with one deployment, and
 once the link is back, a write of the cut-off attempt is fenced. Times to recovery are reported.
+
+The beat's host cut off (the second test), from PostgreSQL, then from Redis, while a lease and a
+timer are due that only its sweeps handle: the deploying worker is paused (SIGSTOP) past its 4 s
+lease, and a parked release's approval-expiry timer is made due. While the only beat is cut off
+neither happens (its DatabaseScheduler hangs on the dropped link; cut from Redis, its sweeps never
+reach the workers). Cut from PostgreSQL, a standby beat on a fourth host carries on; cut from Redis,
+the healed beat does. Either way the lease is reaped once, another worker's attempt reconciles the
+deployment (one effect), the timer fires once (the parked release fails as expired), and, once
+resumed, the paused worker's late write is fenced; with both beats sweeping after the heal nothing
+is done twice. Times to recovery are reported.
 """
 from __future__ import annotations
 
@@ -32,8 +42,8 @@ from tests.process.harness import (
 )
 from tests.process.netns import Forwarder, Host, Network, netns_refusal
 from tests.workflows.test_clock import server_now
-from workflows.models import Activity, ActivityAttempt, Event
-from workflows.testing.cluster import RedisServer, free_port, publishing_to, subprocess_database_url
+from workflows.models import Activity, ActivityAttempt, Event, Timer, Workflow
+from workflows.testing.cluster import LEASE_SECONDS, RedisServer, free_port, publishing_to, subprocess_database_url
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -49,7 +59,7 @@ def network() -> Iterator[Network]:
     refusal = netns_refusal()
     if refusal:
         pytest.skip(refusal)
-    with Network(("a", "b", "c")) as net:
+    with Network(("a", "b", "c", "d")) as net:  # workers on a and b, the beat on c, a standby beat on d
         yield net
 
 
@@ -169,4 +179,120 @@ def partition_during_deploy(cluster: Cluster, workers: dict[str, Proc], hosts: d
                      what=f"worker w{name} to receive a task after the heal")
     result["consuming_after_heal_s"] = f"{time.monotonic() - healed:.1f}"
     assert cut_off.alive()
+    return result
+
+
+BEAT_CUTS: list[tuple[str, ...]] = [("db",), ("broker",)]
+SENT = re.compile(r"Sending due task")
+
+
+def test_the_beat_host_cut_off_delays_its_sweeps_and_a_standby_or_healed_beat_does_each_once(
+    network: Network, reachable: RedisServer, deploy_target: DeployTargetServer, git_repo: Path,
+    approver: Any, requester: Any, tmp_path: Path, figures: Any,
+) -> None:
+    """With the beat's host cut from PostgreSQL, then from Redis, a paused worker's expired lease is
+    not reaped and a due timer does not fire; a standby beat (cut from PostgreSQL) or the healed beat
+    (cut from Redis) then reaps the lease once and fires the timer once, and the paused worker's late
+    write is refused."""
+    hosts = network.hosts
+    cluster = Cluster(run_dir=tmp_path, database_url=subprocess_database_url(), broker_url=reachable.url,
+                      cwd=REPO_ROOT)
+    recovery: dict[str, dict[str, Any]] = {}
+    try:
+        workers = {name: cluster.start_worker(f"w{name}", faults=HOLD_AFTER_POST, ready=False,
+                                              prefix=hosts[name].prefix,
+                                              extra_env=host_env(hosts[name], reachable, deploy_target))
+                   for name in ("a", "b")}
+        beat = cluster.start_beat("beat", ready=False, prefix=hosts["c"].prefix,
+                                  extra_env=host_env(hosts["c"], reachable, deploy_target))
+        cluster.wait_ready(*workers.values(), beat)
+        # Per cut: a release to deploy (its lease to reap) and one parked at its approval (its timer to fire).
+        ids = [launch_release(git_repo, requester, f"Ship past a cut-off beat {n}") for n in range(2 * len(BEAT_CUTS))]
+        wait_until_status(cluster, ids, "waiting", node="WAIT_FOR_APPROVAL", timeout=90)
+        standby = {"host": hosts["d"], "env": host_env(hosts["d"], reachable, deploy_target)}
+        for n, cut in enumerate(BEAT_CUTS):
+            recovery["+".join(cut)] = beat_cut_while_due(cluster, workers, hosts["c"], beat, ids[2 * n],
+                                                         ids[2 * n + 1], cut, approver, standby)
+
+        deploys = set(Activity.objects.filter(workflow_id__in=ids, name="deploy")
+                      .values_list("operation_id", flat=True))
+        assert_one_effect_per_key(deploy_target, deploys)
+        assert_event_seqs_contiguous(ids)
+    except BaseException:
+        print(cluster.dump())
+        raise
+    finally:
+        cluster.stop_all()
+    figures("issue 12 the beat's host partitioned", lease_s=LEASE_SECONDS, deploy_effects=len(deploys),
+            duplicate_effects=0, **{f"{cut}_{k}": v for cut, r in recovery.items() for k, v in r.items()})
+
+
+def beat_cut_while_due(cluster: Cluster, workers: dict[str, Proc], beat_host: Host, beat: Proc, deploying: int,
+                       parked: int, cut: tuple[str, ...], approver: Any, standby: dict[str, Any]) -> dict[str, Any]:
+    """Pause the worker deploying ``deploying`` once its POST was accepted, cut the beat's host from
+    ``cut``, make ``parked``'s expiry timer due; see that nothing sweeps them while the beat is cut
+    off, then that a standby beat (a cut from the database) or the healed beat (from the broker)
+    reaps the lease and fires the timer, each once."""
+    approve(deploying, approver)
+    held = cluster.wait_for(
+        lambda: next((f for f in cluster.faults_fired() if f["operation_id"].startswith(f"wf-{deploying}/")), None),
+        timeout=60, what=f"workflow {deploying}'s deploy to be accepted and held")
+    holder = workers[worker_of_pid(workers, held["pid"])]
+    holder.pause()
+    beat_host.cut(*cut)
+    cut_at, cut_mono = server_now(), time.monotonic()
+    timer = Timer.objects.get(workflow_id=parked, purpose=Timer.Purpose.EXPIRE, status=Timer.Status.PENDING)
+    Timer.objects.filter(pk=timer.pk).update(fire_at=cut_at)
+    deploy = Activity.objects.get(workflow_id=deploying, name="deploy")
+
+    # The beat is the only sweeper: with it cut off, the expired lease stays and the timer waits.
+    time.sleep(LEASE_SECONDS + 4)
+    assert list(deploy.attempts.values_list("number", "status")) == [(1, "running")], list(deploy.attempts.values())
+    assert Timer.objects.get(pk=timer.pk).status == Timer.Status.PENDING
+    assert not Event.objects.filter(kind="activity.lease_expired", data__operation_id=deploy.operation_id).exists()
+
+    result: dict[str, Any] = {}
+    second: Proc | None = None
+    if "db" in cut:
+        # A standby beat on another host carries on while the first one hangs on its dropped link.
+        host: Host = standby["host"]
+        second = cluster.start_beat("beat2", ready=False, prefix=host.prefix, extra_env=standby["env"])
+        started = time.monotonic()
+        swept_from, what = started, "standby beat started"
+    else:
+        beat_host.heal(*cut)
+        swept_from, what = time.monotonic(), "heal"
+    takeover = cluster.wait_for(lambda: deploy.attempts.filter(number=2).first(), timeout=60,
+                                what=f"another attempt of {deploy.operation_id} after the {what}")
+    cluster.wait_for(lambda: Timer.objects.filter(pk=timer.pk, status=Timer.Status.FIRED).exists(), timeout=60,
+                     what=f"the parked workflow {parked}'s timer to fire after the {what}")
+    result["swept_by"] = "standby beat" if second else "healed beat"
+    result["swept_after_s"] = f"{time.monotonic() - swept_from:.1f}"  # the lease reaped and the timer fired
+    result["takeover_after_cut_s"] = f"{(takeover.started_at - cut_at).total_seconds():.1f}"
+    wait_until_status(cluster, [deploying], "completed", timeout=60)
+    wait_until_status(cluster, [parked], "failed", timeout=30)
+    result["recovered_after_cut_s"] = f"{time.monotonic() - cut_mono:.1f}"
+
+    if second is not None:
+        mark = len(beat.log())
+        beat_host.heal(*cut)
+        healed = time.monotonic()
+        cluster.wait_for(lambda: SENT.search(beat.log()[mark:]), timeout=90,
+                         what="the healed beat to send its sweeps again")
+        result["healed_beat_sending_after_s"] = f"{time.monotonic() - healed:.1f}"
+        time.sleep(3)  # both beats sweeping: the lease and the timer are claimed already, nothing is done again
+        second.stop()
+    assert beat.alive()
+    holder.resume()
+    cluster.wait_for(lambda: Event.objects.filter(kind="activity.stale_result_discarded",
+                                                  data__operation_id=deploy.operation_id, data__attempt=1).exists(),
+                     timeout=60, what="the paused worker's late write to be refused")
+
+    # The paused attempt was reaped (lost), then its late write refused (stale).
+    assert [(a.number, a.status) for a in deploy.attempts.order_by("number")] == [(1, "stale"), (2, "succeeded")]
+    assert Event.objects.filter(kind="activity.lease_expired", data__operation_id=deploy.operation_id).count() == 1
+    assert Event.objects.filter(kind="activity.succeeded", data__operation_id=deploy.operation_id,
+                                data__reconciled=True).count() == 1
+    assert Event.objects.filter(workflow_id=parked, kind="timer.fired", data__timer_id=timer.pk).count() == 1
+    assert "expired" in (Workflow.objects.get(pk=parked).reason or "")
     return result
