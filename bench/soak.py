@@ -456,8 +456,6 @@ class Soak:
 
     def _drive(self) -> None:
         """What people do: decide open approvals per plan, change their minds when planned."""
-        from workflows import services
-        from workflows.errors import AgentOpsError
         from workflows.models import Wait
 
         self._drive_harness()
@@ -470,19 +468,7 @@ class Soak:
             if plan.action in ("cancel", "supersede") and plan.change_before_approval and not plan.changed:
                 self._change_mind(plan)
                 continue
-            try:
-                if plan.action == "reject":
-                    services.wait_reject(wait_id=wait.pk, user=self.approver, comment="soak: not this one")
-                    self.decisions["rejected"] += 1
-                    continue
-                services.wait_approve(wait_id=wait.pk, user=self.approver, candidate_hash=wait.candidate_hash)
-                self.decisions["approved"] += 1
-                if plan.approve_twice:
-                    again = services.wait_approve(wait_id=wait.pk, user=self.approver,
-                                                  candidate_hash=wait.candidate_hash)
-                    self.decisions[f"second approval {again.outcome.value}"] += 1
-            except AgentOpsError as exc:  # e.g. invalidated by a new goal between the query and the decision
-                self.decisions[f"refused {type(exc).__name__}"] += 1
+            if not self._decide(wait, plan, what="", comment="soak: not this one"):
                 continue
             plan.approvals += 1
             if plan.approved_at is None:
@@ -491,6 +477,27 @@ class Soak:
             if plan.action in ("cancel", "supersede") and plan.approved_at is not None and not plan.changed \
                     and self._now() >= plan.approved_at + plan.change_after:
                 self._change_mind(plan)
+
+    def _decide(self, wait: Any, plan: Plan, *, what: str, comment: str) -> bool:
+        """Reject or approve ``wait`` as ``plan`` says (approving twice where it says so), counted
+        in the decisions under ``what``; True when it was approved."""
+        from workflows import services
+        from workflows.errors import AgentOpsError
+
+        try:
+            if plan.action == "reject":
+                services.wait_reject(wait_id=wait.pk, user=self.approver, comment=comment)
+                self.decisions[f"{what}rejected"] += 1
+                return False
+            services.wait_approve(wait_id=wait.pk, user=self.approver, candidate_hash=wait.candidate_hash)
+            self.decisions[f"{what}approved"] += 1
+            if plan.approve_twice:
+                again = services.wait_approve(wait_id=wait.pk, user=self.approver, candidate_hash=wait.candidate_hash)
+                self.decisions[f"{what}second approval {again.outcome.value}"] += 1
+        except AgentOpsError as exc:  # e.g. invalidated by a new goal between the query and the decision
+            self.decisions[f"{what}refused {type(exc).__name__}"] += 1
+            return False
+        return True
 
     def _drive_harness(self) -> None:
         """Decide the harness agents' feature lists per plan; resume the pauses the "resume" plans wait for."""
@@ -503,19 +510,7 @@ class Soak:
             plan = by_id[wait.workflow_id]
             if plan.action == "park":
                 continue
-            try:
-                if plan.action == "reject":
-                    services.wait_reject(wait_id=wait.pk, user=self.approver, comment="soak: not this list")
-                    self.decisions["harness rejected"] += 1
-                    continue
-                services.wait_approve(wait_id=wait.pk, user=self.approver, candidate_hash=wait.candidate_hash)
-                self.decisions["harness approved"] += 1
-                if plan.approve_twice:
-                    again = services.wait_approve(wait_id=wait.pk, user=self.approver,
-                                                  candidate_hash=wait.candidate_hash)
-                    self.decisions[f"harness second approval {again.outcome.value}"] += 1
-            except AgentOpsError as exc:
-                self.decisions[f"harness refused {type(exc).__name__}"] += 1
+            self._decide(wait, plan, what="harness ", comment="soak: not this list")
         paused = Workflow.objects.filter(pk__in=[pk for pk, p in by_id.items() if p.action == "resume"],
                                          status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.DEFINITION)
         for pk in paused.values_list("pk", flat=True):

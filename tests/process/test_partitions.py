@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from django.conf import settings
 from django.db import connection
 
 from agentops.deploytarget.server import DeployTargetServer
@@ -87,6 +89,28 @@ def host_env(host: Host, redis: RedisServer, deploy_target: DeployTargetServer) 
             "AGENTOPS_DEPLOY_TARGET_URL": f"http://{host.address_of('app')}:{deploy_target.port}"}
 
 
+def assert_each_deploy_once_and_histories_whole(deploy_target: DeployTargetServer, ids: list[int]) -> int:
+    """One deployment per deploy operation of ``ids`` and gapless histories; returns how many deploys."""
+    deploys = set(Activity.objects.filter(workflow_id__in=ids, name="deploy").values_list("operation_id", flat=True))
+    assert_one_effect_per_key(deploy_target, deploys)
+    assert_event_seqs_contiguous(ids)
+    return len(deploys)
+
+
+def start_on_hosts(cluster: Cluster, hosts: dict[str, Host], reachable: RedisServer,
+                   deploy_target: DeployTargetServer) -> tuple[dict[str, Proc], Proc]:
+    """Workers ``wa`` and ``wb`` on hosts a and b, the beat on host c, each reaching the services
+    over its own link; returns once all three are ready."""
+    workers = {name: cluster.start_worker(f"w{name}", faults=HOLD_AFTER_POST, ready=False,
+                                          prefix=hosts[name].prefix,
+                                          extra_env=host_env(hosts[name], reachable, deploy_target))
+               for name in ("a", "b")}
+    beat = cluster.start_beat("beat", ready=False, prefix=hosts["c"].prefix,
+                              extra_env=host_env(hosts["c"], reachable, deploy_target))
+    cluster.wait_ready(*workers.values(), beat)
+    return workers, beat
+
+
 def worker_of_pid(workers: dict[str, Proc], pid: int) -> str:
     return next(name for name, w in workers.items() if pid in {c.pid for c in w.pool_children()})
 
@@ -102,13 +126,7 @@ def test_a_host_cut_off_mid_deploy_is_taken_over_and_its_late_write_fenced(
                       cwd=REPO_ROOT)
     try:
         started = time.monotonic()
-        workers = {name: cluster.start_worker(f"w{name}", faults=HOLD_AFTER_POST, ready=False,
-                                              prefix=hosts[name].prefix,
-                                              extra_env=host_env(hosts[name], reachable, deploy_target))
-                   for name in ("a", "b")}
-        beat = cluster.start_beat("beat", ready=False, prefix=hosts["c"].prefix,
-                                  extra_env=host_env(hosts["c"], reachable, deploy_target))
-        cluster.wait_ready(*workers.values(), beat)
+        workers, beat = start_on_hosts(cluster, hosts, reachable, deploy_target)
 
         ids = [launch_release(git_repo, requester, f"Ship across hosts {n}") for n in range(2 + len(CUTS))]
         wait_until_status(cluster, ids, "waiting", node="WAIT_FOR_APPROVAL", timeout=90)
@@ -124,16 +142,14 @@ def test_a_host_cut_off_mid_deploy_is_taken_over_and_its_late_write_fenced(
         for wf, cut in zip(ids[2:], CUTS, strict=True):
             recovery["+".join(cut)] = partition_during_deploy(cluster, workers, hosts, wf, cut, approver)
 
-        keys = set(Activity.objects.filter(workflow_id__in=ids, name="deploy").values_list("operation_id", flat=True))
-        assert_one_effect_per_key(deploy_target, keys)
-        assert_event_seqs_contiguous(ids)
+        deploys = assert_each_deploy_once_and_histories_whole(deploy_target, ids)
     except BaseException:
         print(cluster.dump())
         raise
     finally:
         cluster.stop_all()
     figures("issue 12 partitions (network namespaces)", baseline_two_releases_s=f"{baseline_s:.1f}",
-            deploy_effects=len(keys), duplicate_effects=0,
+            deploy_effects=deploys, duplicate_effects=0,
             **{f"{cut}_{k}": v for cut, r in recovery.items() for k, v in r.items()})
 
 
@@ -199,36 +215,28 @@ def test_the_beat_host_cut_off_delays_its_sweeps_and_a_standby_or_healed_beat_do
                       cwd=REPO_ROOT)
     recovery: dict[str, dict[str, Any]] = {}
     try:
-        workers = {name: cluster.start_worker(f"w{name}", faults=HOLD_AFTER_POST, ready=False,
-                                              prefix=hosts[name].prefix,
-                                              extra_env=host_env(hosts[name], reachable, deploy_target))
-                   for name in ("a", "b")}
-        beat = cluster.start_beat("beat", ready=False, prefix=hosts["c"].prefix,
-                                  extra_env=host_env(hosts["c"], reachable, deploy_target))
-        cluster.wait_ready(*workers.values(), beat)
+        workers, beat = start_on_hosts(cluster, hosts, reachable, deploy_target)
         # Per cut: a release to deploy (its lease to reap) and one parked at its approval (its timer to fire).
         ids = [launch_release(git_repo, requester, f"Ship past a cut-off beat {n}") for n in range(2 * len(BEAT_CUTS))]
         wait_until_status(cluster, ids, "waiting", node="WAIT_FOR_APPROVAL", timeout=90)
         standby = {"host": hosts["d"], "env": host_env(hosts["d"], reachable, deploy_target)}
         for n, cut in enumerate(BEAT_CUTS):
             recovery["+".join(cut)] = beat_cut_while_due(cluster, workers, hosts["c"], beat, ids[2 * n],
-                                                         ids[2 * n + 1], cut, approver, standby)
+                                                         ids[2 * n + 1], cut, approver, standby, reachable.url)
 
-        deploys = set(Activity.objects.filter(workflow_id__in=ids, name="deploy")
-                      .values_list("operation_id", flat=True))
-        assert_one_effect_per_key(deploy_target, deploys)
-        assert_event_seqs_contiguous(ids)
+        deploys = assert_each_deploy_once_and_histories_whole(deploy_target, ids)
     except BaseException:
         print(cluster.dump())
         raise
     finally:
         cluster.stop_all()
-    figures("issue 12 the beat's host partitioned", lease_s=LEASE_SECONDS, deploy_effects=len(deploys),
+    figures("issue 12 the beat's host partitioned", lease_s=LEASE_SECONDS, deploy_effects=deploys,
             duplicate_effects=0, **{f"{cut}_{k}": v for cut, r in recovery.items() for k, v in r.items()})
 
 
 def beat_cut_while_due(cluster: Cluster, workers: dict[str, Proc], beat_host: Host, beat: Proc, deploying: int,
-                       parked: int, cut: tuple[str, ...], approver: Any, standby: dict[str, Any]) -> dict[str, Any]:
+                       parked: int, cut: tuple[str, ...], approver: Any, standby: dict[str, Any],
+                       broker_url: str) -> dict[str, Any]:
     """Pause the worker deploying ``deploying`` once its POST was accepted, cut the beat's host from
     ``cut``, make ``parked``'s expiry timer due; see that nothing sweeps them while the beat is cut
     off, then that a standby beat (a cut from the database) or the healed beat (from the broker)
@@ -240,10 +248,19 @@ def beat_cut_while_due(cluster: Cluster, workers: dict[str, Proc], beat_host: Ho
     holder = workers[worker_of_pid(workers, held["pid"])]
     holder.pause()
     beat_host.cut(*cut)
-    cut_at, cut_mono = server_now(), time.monotonic()
+    cut_mono = time.monotonic()
+    # Sweeps the beat sent before the cut may still wait in the queue (a loaded machine): let them
+    # run before the lease runs out and the timer falls due, so that only a sweep sent after the
+    # cut could move either.
+    queue = redis.Redis.from_url(broker_url)
+    cluster.wait_for(lambda: queue.llen(settings.CELERY_TASK_DEFAULT_QUEUE) == 0, timeout=30,
+                     what="the sweeps sent before the cut to be taken")
+    time.sleep(1.5)
+    cut_at = server_now()
     timer = Timer.objects.get(workflow_id=parked, purpose=Timer.Purpose.EXPIRE, status=Timer.Status.PENDING)
     Timer.objects.filter(pk=timer.pk).update(fire_at=cut_at)
     deploy = Activity.objects.get(workflow_id=deploying, name="deploy")
+    Activity.objects.filter(pk=deploy.pk).update(lease_expires_at=cut_at)
 
     # The beat is the only sweeper: with it cut off, the expired lease stays and the timer waits.
     time.sleep(LEASE_SECONDS + 4)
