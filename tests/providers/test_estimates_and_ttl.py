@@ -73,11 +73,8 @@ def test_a_request_is_reserved_at_the_counted_tokens_else_the_estimate(
         claude.count_faults.append(fake.overloaded())
     claude.script(fake.text("Three fixes and one new endpoint."))
     workflow = services.workflow_launch(kind="autonomous", goal="Summarise the release")
-    claim = Claim(activity_id=0, workflow_id=workflow.pk, operation_id=f"wf-{workflow.pk}/EXECUTION.1/i1/0",
-                  name="summarise", attempt=1, lease_token="t", input={}, previous_attempt_lost=False)
 
-    response = metered_complete(ActivityContext(claim=claim, lease=FakeLease()), call=0, system=LONG_SYSTEM,
-                                messages=MESSAGES, max_tokens=300)
+    response = metered_complete(_context(workflow.pk), call=0, system=LONG_SYSTEM, messages=MESSAGES, max_tokens=300)
 
     [entry] = UsageEntry.objects.filter(workflow=workflow)
     body = claude.requests[0].body

@@ -17,7 +17,7 @@ from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
 from workflows.selectors import spent_usd
-from workflows.services.common import event_record, workflow_lock, workflow_save
+from workflows.services.common import event_record, workflow_lock, workflow_not_found, workflow_save
 from workflows.services.steps import BUDGET_PAUSE_PREFIX, MAX_BUDGET_USD, wake_locked
 
 HOUR = timedelta(hours=1)
@@ -68,7 +68,7 @@ def _budget_lock(workflow_id: int) -> Workflow:
         return Workflow.objects.select_for_update().only(
             "status", "budget_total_usd", "budget_hourly_usd", "priority").get(pk=workflow_id)
     except Workflow.DoesNotExist:
-        return workflow_lock(workflow_id)  # raises NotFound, with its message
+        raise workflow_not_found(workflow_id) from None
 
 
 def _check_total(workflow: Workflow, estimate: Decimal) -> None:

@@ -22,10 +22,12 @@ def workflow_lock(workflow_id: int) -> Workflow:
     try:
         return Workflow.objects.select_for_update(of=("self",)).select_related("release").get(pk=workflow_id)
     except Workflow.DoesNotExist:
-        raise NotFound(
-            f"Workflow {workflow_id} does not exist; `manage.py agent list` shows the existing ones.",
-            workflow_id=workflow_id,
-        ) from None
+        raise workflow_not_found(workflow_id) from None
+
+
+def workflow_not_found(workflow_id: int) -> NotFound:
+    return NotFound(f"Workflow {workflow_id} does not exist; `manage.py agent list` shows the existing ones.",
+                    workflow_id=workflow_id)
 
 
 def event_seq_take(workflow_id: int, count: int) -> int:
@@ -35,14 +37,13 @@ def event_seq_take(workflow_id: int, count: int) -> int:
     whole row. The caller inserts exactly those events (``events_insert``) in the same
     transaction, or rolls it back.
     """
-    table = Workflow._meta.db_table
+    table = connection.ops.quote_name(Workflow._meta.db_table)
+    seq, id_ = quoted_column(concrete_field(Workflow, "event_seq")), quoted_column(concrete_field(Workflow, "id"))
     with connection.cursor() as cursor:
-        cursor.execute(f'UPDATE "{table}" SET "event_seq" = "event_seq" + %s WHERE "id" = %s RETURNING "event_seq"',
-                       [count, workflow_id])
+        cursor.execute(f"UPDATE {table} SET {seq} = {seq} + %s WHERE {id_} = %s RETURNING {seq}", [count, workflow_id])
         row = cursor.fetchone()
     if row is None:
-        raise NotFound(f"Workflow {workflow_id} does not exist; `manage.py agent list` shows the existing ones.",
-                       workflow_id=workflow_id)
+        raise workflow_not_found(workflow_id)
     return int(row[0]) - count + 1
 
 
