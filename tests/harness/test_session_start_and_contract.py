@@ -139,3 +139,38 @@ def test_a_rejected_proposal_changes_nothing(harness_approver, mini_schedule):
     assert [f["id"] for f in workflow.state["features"]] == ["F01", "F02"]
     assert workflow.state["contract_hash"] == contract
     assert workflow.state["proposals"][0]["outcome"] == "rejected by hana"
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new repository", "existing commit"])
+def test_an_initializer_retried_after_its_commit_starts_over_from_the_repository_before_it(
+        harness_approver, mini_schedule, settings, tmp_path, existing):
+    """The soak's bug: attempt 1 committed the scaffold, then failed before it ended (a lost
+    connection while charging the last model call). Attempt 2 plays the same session: it must not
+    find its own earlier commit as its base, see nothing to commit and fail the workflow."""
+    from agentops.agents.harness import gitops
+
+    workspace = tmp_path / "project"
+    if existing:
+        gitops.ensure_repo(workspace)
+        (workspace / "README.md").write_text("a project\n")
+        user_commit = gitops.commit_all(workspace, "the user's first commit")
+    settings.AGENTOPS_TESTING_FAULTS = json.dumps([{"point": "harness.after_tool", "action": "raise",
+                                                     "when": {"tool": "git_commit", "feature": "INIT",
+                                                              "activity": "harness_initialize", "attempt": 1}}])
+    settings.AGENTOPS_FAULT_LOG = str(tmp_path / "faults.log")
+    mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
+    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={"workspace": str(workspace)})
+    workflow = drive_all(wf.pk)
+    assert len(Path(settings.AGENTOPS_FAULT_LOG).read_text().splitlines()) == 1  # the fault fired once
+    init = Activity.objects.get(workflow=wf, name="harness_initialize")
+    assert (init.status, init.attempt) == ("succeeded", 2)
+    assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL"), workflow.reason
+    # One scaffold commit on the line, on top of where the session started; attempt 1's is kept on a WIP ref.
+    line = gitops.git(workspace, "log", "--first-parent", "--format=%s").splitlines()
+    assert line == (["scaffold", "the user's first commit"] if existing else ["scaffold"])
+    saved = gitops.git(workspace, "log", "-1", "--format=%s", "refs/heads/wip/initializer/2")
+    assert saved == "scaffold"
+    if existing:
+        assert gitops.git(workspace, "rev-parse", "HEAD~1") == user_commit
+    approve_feature_list(wf.pk, harness_approver)
+    assert drive_all(wf.pk).status == "completed"

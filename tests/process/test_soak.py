@@ -2,8 +2,8 @@
 
 It runs as its own process, as ``make soak`` does: its own database on the test server (created
 and dropped), its own Redis server on a free port (restarted by the nemesis), its own deploy
-target, three workers and a beat; release and autonomous agents (not yet harness agents: see
-``ARGS``). The seed is fixed, so a failure here replays locally with
+target, three workers and a beat; only two harness agents (``approve`` and ``resume``) beside
+the release and autonomous ones. The seed is fixed, so a failure here replays locally with
 ``make soak SOAK_ARGS="--seconds 120 --seed 20261201 …"`` (the command is in the failure message).
 """
 from __future__ import annotations
@@ -26,9 +26,7 @@ SEED = 20261201
 # Every kind but clock_skew, which needs libfaketime (the soak says so when it skips it).
 FAULT_KINDS = ("worker_kill", "worker_pause", "beat_restart", "second_beat", "broker_restart", "broker_flush",
                "pg_terminate", "target_drop", "kill_after_accept")
-# No harness agents here yet: the soak found a harness initializer retry that fails with "made no
-# commit" (one run in three at this seed, 2026-12-01); `make soak` runs them, CI does once it is fixed.
-ARGS = ["--seconds", "120", "--seed", str(SEED), "--release", "12", "--autonomous", "3", "--harness", "0",
+ARGS = ["--seconds", "120", "--seed", str(SEED), "--release", "12", "--autonomous", "3", "--harness", "2",
         "--fault-gap", "2", "4",
         "--converge-timeout", "240"]
 

@@ -113,17 +113,20 @@ INITIALIZE_SYSTEM = (
 
 @activity("harness_initialize", retry=SESSION_RETRY, lease_seconds=SESSION_LEASE)
 def harness_initialize(ctx: ActivityContext, input: InitInput) -> InitResult:
-    """Session 0. A retry starts over from the repository as it was before the session."""
+    """Session 0. A retry starts over from the repository as it was before the session: the
+    commits of earlier attempts (their ``Harness-Operation`` trailer is this operation's) are
+    saved under ``wip/initializer/<attempt>`` and undone."""
     root = workspace_for(ctx, input.workspace)
     gitops.ensure_repo(root)
-    base = gitops.head(root)
-    if base:
+    base = gitops.head_before(root, ctx.operation_id)
+    if gitops.head(root):
         gitops.save_wip_and_reset(root, base_sha=base, name=f"initializer/{ctx.attempt}")
     session = tools.Session(root=root, operation_id=ctx.operation_id, protect=False,
                             require_isolation=input.require_isolation, service_dir=service_dir(ctx.workflow_id))
     brief = f"<goal>{input.goal}</goal>\n<feature>INIT</feature>\n<attempt>1</attempt>\n<workspace>{root}</workspace>"
     try:
-        turns = _loop(ctx, session, system=INITIALIZE_SYSTEM, brief=brief, toolset=tools.INITIALIZER_TOOLS)
+        turns = _loop(ctx, session, system=INITIALIZE_SYSTEM, brief=brief, toolset=tools.INITIALIZER_TOOLS,
+                      fault_context={"feature": "INIT"})
     finally:
         session.close()
     engine_committed = bool(gitops.commit_all(root, "harness: commit what the initializer left",

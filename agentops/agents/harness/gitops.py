@@ -39,6 +39,21 @@ def head(repo: Path) -> str:
     return git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False)
 
 
+def head_before(repo: Path, operation_id: str) -> str:
+    """The newest commit on HEAD's first-parent line not made by ``operation_id`` ("" when there is none).
+
+    A retried session's earlier attempts committed with its ``Harness-Operation`` trailer; this is
+    the commit the session started from.
+    """
+    log = git(repo, "log", "--first-parent", "--format=%H %(trailers:key=Harness-Operation,valueonly,separator=%x2C)",
+              check=False) if head(repo) else ""
+    for line in log.splitlines():
+        sha, _, operations = line.partition(" ")
+        if operation_id not in operations.split(","):
+            return sha
+    return ""
+
+
 def dirty(repo: Path) -> list[str]:
     """Uncommitted changes, untracked files included (``git status --porcelain`` lines)."""
     return [line for line in git(repo, "status", "--porcelain", "--untracked-files=all").splitlines() if line]
@@ -76,7 +91,9 @@ def save_wip_and_reset(repo: Path, *, base_sha: str, name: str) -> Wip | None:
     """Restore the workspace to ``base_sha``; what was there beyond it is saved to ``refs/heads/wip/<name>``.
 
     Idempotent: a clean tree at ``base_sha`` returns None and changes nothing; a second save of
-    the same name gets a numbered suffix rather than overwriting the first.
+    the same name gets a numbered suffix rather than overwriting the first. An empty ``base_sha``
+    is a repository with no commit yet: the branch goes back to unborn and the files stay in the
+    tree, uncommitted (nothing tells the session's files from those that were there before).
     """
     changes = dirty(repo)
     current = head(repo)
@@ -87,15 +104,20 @@ def save_wip_and_reset(repo: Path, *, base_sha: str, name: str) -> Wip | None:
         commit_all(repo, f"WIP {name}: half-work saved by the harness at a session boundary")
     saved = head(repo)
     if not files:
-        files = git(repo, "diff", "--name-only", base_sha, saved).splitlines()
+        files = git(repo, "diff", "--name-only", base_sha, saved).splitlines() if base_sha else \
+            git(repo, "ls-tree", "-r", "--name-only", saved).splitlines()
     ref = f"wip/{name}"
     suffix = 1
     while git(repo, "rev-parse", "--verify", "-q", f"refs/heads/{ref}", check=False):
         suffix += 1
         ref = f"wip/{name}-{suffix}"
     git(repo, "update-ref", f"refs/heads/{ref}", saved)
-    git(repo, "reset", "-q", "--hard", base_sha)
-    git(repo, "clean", "-fdq")
+    if base_sha:
+        git(repo, "reset", "-q", "--hard", base_sha)
+        git(repo, "clean", "-fdq")
+    else:
+        git(repo, "update-ref", "-d", git(repo, "symbolic-ref", "HEAD"))
+        git(repo, "read-tree", "--empty")
     return Wip(ref=ref, commit=saved, files=files[:50], head_moved=current != base_sha)
 
 
