@@ -28,11 +28,27 @@ def recycle_db_connections(sender: Any = None, **_: Any) -> None:
 
 
 @signals.worker_init.connect
-def mark_worker_process(**_: Any) -> None:
-    """This process (and the pool it forks) runs activities: its own settings are the current release."""
-    from workflows.services import common
+def mark_worker_process(sender: Any = None, **_: Any) -> None:
+    """This process (and the pool it forks) runs activities: its own settings are the current
+    release. On a threads pool, I/O-bound activities chain for AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS."""
+    from celery.concurrency import get_implementation
+    from celery.concurrency.thread import TaskPool as ThreadsPool
+    from django.conf import settings
+
+    from workflows.services import activities, common
 
     common.in_worker = True
+    pool = get_implementation(getattr(sender, "pool_cls", None) or "prefork")
+    if isinstance(pool, type) and issubclass(pool, ThreadsPool):
+        activities.io_chain_seconds = settings.AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS
+
+
+@signals.worker_shutting_down.connect
+def stop_chaining(**_: Any) -> None:
+    """A warm shutdown waits for running tasks: let each finish its activity, not its chain."""
+    from workflows.services import activities
+
+    activities.shutting_down.set()
 
 
 @signals.worker_ready.connect

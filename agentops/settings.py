@@ -175,6 +175,8 @@ LOGGING = {
 # --- Celery: a broker message is a doorbell; the database holds the truth. ---
 BROKER_DIR = VAR_DIR / "broker"
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+# Redis only: how long a task's message may stay unacknowledged before Redis delivers it again.
+AGENTOPS_VISIBILITY_TIMEOUT_SECONDS: int | None = None
 if CELERY_BROKER_URL.startswith("filesystem://"):
     for sub in ("queue", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
@@ -194,8 +196,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 else:
     # The visibility timeout must exceed the longest activity lease, else Redis
     # redelivers running tasks; our leases make redelivery harmless, not free.
+    AGENTOPS_VISIBILITY_TIMEOUT_SECONDS = env_int("AGENTOPS_VISIBILITY_TIMEOUT_SECONDS", 3600)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "visibility_timeout": env_int("AGENTOPS_VISIBILITY_TIMEOUT_SECONDS", 3600),
+        "visibility_timeout": AGENTOPS_VISIBILITY_TIMEOUT_SECONDS,
         "socket_timeout": 10,
         "socket_connect_timeout": 5,
         "health_check_interval": 25,
@@ -244,6 +247,17 @@ AGENTOPS_REDISPATCH_AFTER_SECONDS = env_int("AGENTOPS_REDISPATCH_AFTER_SECONDS",
 # claimed in the transaction that records the result before it (no broker round trip);
 # 0 sends every activity through the broker.
 AGENTOPS_ACTIVITY_CHAIN_SECONDS = env_float("AGENTOPS_ACTIVITY_CHAIN_SECONDS", 1.0)
+# The same for the ``io_bound`` activities a threads-pool worker runs: each of its hundreds of
+# threads would otherwise only wait for the next message, so a task follows its workflow's model
+# calls for this long (a prefork worker keeps AGENTOPS_ACTIVITY_CHAIN_SECONDS: a process that
+# follows one workflow leaves the others queued). Under the broker's visibility timeout, which
+# would deliver the task's message again.
+AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS = env_float("AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS", 600.0)
+if AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS < 0 or AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS >= (
+        AGENTOPS_VISIBILITY_TIMEOUT_SECONDS or float("inf")):
+    raise ImproperlyConfigured(f"AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS={AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS:g} must be 0 "
+                               "or more and under the broker's visibility timeout "
+                               f"(AGENTOPS_VISIBILITY_TIMEOUT_SECONDS={AGENTOPS_VISIBILITY_TIMEOUT_SECONDS}).")
 # How often a long activity that checkpoints (the autonomous agent's tasks) saves its working
 # state; a retried attempt resumes from the last save instead of starting over. 0: after every
 # step (every turn of a task), so no tool call is redone after a crash; a turn's model call takes

@@ -6,7 +6,7 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 
 from workflows import clock, engine, registry
 from workflows.errors import InvalidInput
@@ -151,14 +151,13 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
 MICRO_USD = Decimal("0.000001")
 
 
-def spent_usd(workflow: Workflow) -> Decimal:
+def spent_usd(workflow: Workflow | int) -> Decimal:
     """Charged costs plus the estimates of requests in flight (reserved) or of unknown outcome
-    (uncertain); released entries count nothing."""
-    entries = UsageEntry.objects.filter(workflow=workflow)
-    charged = entries.filter(status=UsageEntry.Status.CHARGED).aggregate(s=Sum("cost_usd"))["s"]
-    held = entries.filter(status__in=(UsageEntry.Status.RESERVED, UsageEntry.Status.UNCERTAIN)).aggregate(
-        s=Sum("reserved_usd"))["s"]
-    return (charged or Decimal(0)) + (held or Decimal(0))
+    (uncertain); released entries count nothing. ``workflow``: the workflow or its id."""
+    sums = UsageEntry.objects.filter(workflow=workflow).aggregate(
+        charged=Sum("cost_usd", filter=Q(status=UsageEntry.Status.CHARGED)),
+        held=Sum("reserved_usd", filter=Q(status__in=(UsageEntry.Status.RESERVED, UsageEntry.Status.UNCERTAIN))))
+    return (sums["charged"] or Decimal(0)) + (sums["held"] or Decimal(0))
 
 
 def spend_summary(workflow: Workflow) -> dict[str, Any]:

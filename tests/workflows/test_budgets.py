@@ -20,7 +20,7 @@ def launch(repo, **budget) -> Workflow:
     return services.workflow_launch(kind="release", goal="Ship the notes", params=release_params(repo), **budget)
 
 
-def reserve(workflow: Workflow, key: str, usd: str) -> UsageEntry:
+def reserve(workflow: Workflow, key: str, usd: str) -> bool:
     return services.budget_reserve_ensure(workflow_id=workflow.pk, key=key, operation_id=key.split("#")[0],
                                           provider="scripted", model="scripted/m", estimate_usd=Decimal(usd))
 
@@ -52,8 +52,9 @@ def test_priority_nine_passes_the_hourly_limit_but_never_the_total(git_repo):
 def test_a_repeated_reservation_and_charge_count_once(git_repo):
     """Recording the same request again (same ledger key) finds its row: one row, one charge."""
     workflow = launch(git_repo, budget_total_usd=Decimal("1.00"))
-    first = reserve(workflow, "op#0", "0.50")
-    assert reserve(workflow, "op#0", "0.50").pk == first.pk
+    assert reserve(workflow, "op#0", "0.50") is True
+    assert reserve(workflow, "op#0", "0.50") is False
+    assert UsageEntry.objects.filter(key="op#0").count() == 1
     usage = {"input_tokens": 100, "output_tokens": 10, "cache_read_tokens": 0, "cache_write_tokens": 0}
     assert services.budget_charge_once(key="op#0", cost_usd=Decimal("0.02"), usage=usage) is True
     assert services.budget_charge_once(key="op#0", cost_usd=Decimal("0.02"), usage=usage) is False
@@ -115,7 +116,8 @@ def test_hourly_limit_defers_the_activity_without_using_an_attempt(git_repo, dep
     """With the hour nearly spent, the proposal call is deferred to when the earlier spend ages out:
     a stored retry window, and the attempt is given back."""
     workflow = launch(git_repo, budget_hourly_usd=Decimal("0.05"))
-    earlier = reserve(workflow, "earlier#0", "0.04")
+    reserve(workflow, "earlier#0", "0.04")
+    earlier = UsageEntry.objects.get(key="earlier#0")
     drive(workflow.pk)
 
     propose = Activity.objects.get(workflow=workflow, name="propose_change")

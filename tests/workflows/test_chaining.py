@@ -3,9 +3,14 @@ claimed in the same transaction, within AGENTOPS_ACTIVITY_CHAIN_SECONDS; a crash
 leaves a lease for the sweep, never a lost or repeated step."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -195,6 +200,77 @@ def test_the_chain_stays_on_its_queue(settings: Any, monkeypatch: pytest.MonkeyP
     workers = list(ActivityAttempt.objects.filter(activity__workflow=workflow).order_by("activity_id").values_list(
         "task_id", flat=True))
     assert workers == ["task-1", "task-2", "task-2", "task-3"]  # the second wait rode on the first's task
+
+
+def run_mixed(settings: Any, monkeypatch: pytest.MonkeyPatch, *, io_chain_seconds: float | None,
+              shutting_down: bool = False) -> list[str]:
+    """Run the Mixed workflow with chaining off for the default queue; the task id of each attempt."""
+    from workflows import doorbells
+    from workflows.services import activities
+
+    settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS = 0
+    monkeypatch.setattr(activities, "io_chain_seconds", io_chain_seconds)
+    if shutting_down:
+        monkeypatch.setattr(activities, "shutting_down", threading.Event())
+        activities.shutting_down.set()
+    rung: list[int] = []
+    monkeypatch.setattr(doorbells, "activity_run", lambda *, activity_id, name: rung.append(activity_id))
+    with registered(Mixed, chain_wait):
+        workflow = services.workflow_launch(kind=MIXED_KIND, goal="Mix", params={})
+        task = 0
+        while rung:
+            task += 1
+            services.activity_run_if_runnable(activity_id=rung.pop(0), worker="w1", task_id=f"task-{task}")
+        workflow.refresh_from_db()
+    assert workflow.status == Workflow.Status.COMPLETED
+    return list(ActivityAttempt.objects.filter(activity__workflow=workflow).order_by("activity_id").values_list(
+        "task_id", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_a_threads_worker_io_bound_steps_chain_for_their_own_window(settings: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS (set on a threads-pool worker) chains the I/O-bound steps
+    when the default queue's window is 0; without it (a prefork worker) each step is a task of its own."""
+    assert run_mixed(settings, monkeypatch, io_chain_seconds=60) == ["task-1", "task-2", "task-2", "task-3"]
+    assert run_mixed(settings, monkeypatch, io_chain_seconds=None) == ["task-1", "task-2", "task-3", "task-4"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_shutting_down_starts_no_new_chain(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm shutdown waits for running tasks: each finishes the activity it runs and hands the next to the broker."""
+    tasks = run_mixed(settings, monkeypatch, io_chain_seconds=60, shutting_down=True)
+    assert tasks == ["task-1", "task-2", "task-3", "task-4"]
+
+
+def test_a_threads_worker_chains_io_bound_activities_and_a_prefork_one_does_not(
+        settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the worker's start (``worker_init``) decides from its pool; the shutdown signal stops chaining."""
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    from agentops.celery import mark_worker_process, stop_chaining
+    from workflows.services import activities, common
+
+    monkeypatch.setattr(common, "in_worker", False)
+    monkeypatch.setattr(activities, "shutting_down", threading.Event())
+    for pool, expected in (("threads", settings.AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS), ("prefork", None),
+                           (PreforkPool, None), ("solo", None)):
+        monkeypatch.setattr(activities, "io_chain_seconds", None)
+        mark_worker_process(sender=SimpleNamespace(pool_cls=pool))
+        assert activities.io_chain_seconds == expected, pool
+    stop_chaining()
+    assert activities.shutting_down.is_set()
+
+
+@pytest.mark.parametrize("seconds", ["3600", "-1"])
+def test_an_io_chain_window_past_the_visibility_timeout_refuses_to_start(seconds: str) -> None:
+    """Redis would deliver a chaining task's message again: the settings refuse such a window."""
+    env = {**os.environ, "CELERY_BROKER_URL": "redis://127.0.0.1:6379/0", "AGENTOPS_VISIBILITY_TIMEOUT_SECONDS": "3600",
+           "AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS": seconds, "DJANGO_SETTINGS_MODULE": "agentops.settings"}
+    done = subprocess.run([sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode != 0
+    assert f"AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS={float(seconds):g} must be 0 or more and under" in done.stderr
 
 
 def test_an_unknown_activity_rings_the_default_queue(settings: Any) -> None:

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import random
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from workflows import clock, doorbells, faults, registry
 from workflows.activity_context import ActivityContext
@@ -21,18 +21,17 @@ from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import (
-    concrete_field,
     event_record,
     event_seq_take,
     events_batched,
     events_insert,
     json_checked,
-    quoted_column,
     release_ensure,
     workflow_lock,
     workflow_save,
 )
 from workflows.services.progress import progress_record_once, progress_validate
+from workflows.services.sql import row_exists, row_update
 from workflows.services.steps import (
     COMPENSATION_NODE,
     ChainSlot,
@@ -57,9 +56,17 @@ class RunOutcome(enum.StrEnum):
     STALE = "stale"
 
 
+# Set by the worker at start (agentops/celery.py): on a threads pool, I/O-bound activities chain
+# for AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS; set when the worker begins to shut down: no new chains.
+io_chain_seconds: float | None = None
+shutting_down = threading.Event()
+
+
 def activity_run_if_runnable(*, activity_id: int, worker: str = "", task_id: str = "") -> RunOutcome:
     """Claim the next attempt, run it, record its outcome; then run the workflow's next
-    activity too, for as long as AGENTOPS_ACTIVITY_CHAIN_SECONDS allows.
+    activity too, for as long as AGENTOPS_ACTIVITY_CHAIN_SECONDS allows (an I/O-bound one on a
+    threads-pool worker: AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS), and not once the worker is
+    shutting down.
 
     Idempotent: the claim is a conditional UPDATE on (status=scheduled, attempt), so a
     duplicate doorbell finds nothing to claim; the write-back is fenced by
@@ -70,7 +77,10 @@ def activity_run_if_runnable(*, activity_id: int, worker: str = "", task_id: str
     claim = activity_claim_if_runnable(activity_id=activity_id, worker=worker, task_id=task_id)
     if claim is None:
         return RunOutcome.SKIPPED
-    chain_until = time.monotonic() + settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS
+    window = settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS
+    if io_chain_seconds is not None and registry.activity_type(claim.name).io_bound:
+        window = io_chain_seconds
+    chain_until = time.monotonic() + window
     while True:
         outcome, next_claim = _attempt_run(claim, worker=worker, task_id=task_id, chain_until=chain_until)
         if next_claim is None:
@@ -91,7 +101,7 @@ def _attempt_run(claim: Claim, *, worker: str, task_id: str, chain_until: float)
         return activity_failure_record_if_current(claim=claim, error=exc), None
     ctx.faultpoint("activity.before_writeback")
     chain = (ChainSlot(worker=worker, task_id=task_id, io_bound=spec.io_bound)
-             if time.monotonic() < chain_until else None)
+             if time.monotonic() < chain_until and not shutting_down.is_set() else None)
     outcome = activity_result_record_if_current(claim=claim, result=result, reconciled=ctx.reconciled, chain=chain)
     return outcome, chain.claim if chain is not None else None
 
@@ -128,8 +138,10 @@ def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -
 
     Idempotent: conditional UPDATE on (status=scheduled, attempt, due) under the workflow's row lock.
     """
-    activity = Activity.objects.filter(pk=activity_id).first()
-    if activity is None:
+    try:
+        # get(), not first(): ordering a query over the activity's many columns costs more than the read.
+        activity = Activity.objects.get(pk=activity_id)
+    except Activity.DoesNotExist:
         logger.warning("activity.doorbell.unknown", extra={"activity_id": activity_id})
         return None
     now = clock.now()
@@ -164,41 +176,21 @@ def _fenced(claim: Claim) -> Any:
     )
 
 
-# The writes every turn of a running attempt makes (heartbeat, fence, checkpoint, note), as SQL:
-# the ORM spends about four times the statement's own cost building each of these queries
-# (bench/README.md, "7. Agents in flight"). Columns come from the model, values go through each
-# field's own conversion for the database, so they stay what ``_fenced(claim)`` would write.
-@functools.cache
-def _fenced_sql(statement: str, names: tuple[str, ...] = ()) -> str:
-    """``SELECT 1`` or ``UPDATE`` (setting ``names``) of the activity row the claim holds, as SQL
-    for this process's database: made once per shape."""
-    table = connection.ops.quote_name(Activity._meta.db_table)
-    id_, status, attempt, token = (quoted_column(concrete_field(Activity, name))
-                                   for name in ("id", "status", "attempt", "lease_token"))
-    where = f"WHERE {id_} = %s AND {status} = %s AND {attempt} = %s AND {token} = %s"
-    if statement == "select":
-        return f"SELECT 1 FROM {table} {where}"
-    sets = ", ".join(f"{quoted_column(concrete_field(Activity, name))} = %s" for name in names)
-    return f"UPDATE {table} SET {sets} {where}"
-
-
-def _fence_params(claim: Claim) -> list[Any]:
-    return [claim.activity_id, Activity.Status.RUNNING.value, claim.attempt, claim.lease_token]
+def _fence(claim: Claim) -> dict[str, Any]:
+    """The conditions of ``_fenced(claim)``, for the writes every turn of a running attempt makes
+    (heartbeat, fence, checkpoint, note) as SQL (``workflows.services.sql``)."""
+    return {"id": claim.activity_id, "status": Activity.Status.RUNNING.value, "attempt": claim.attempt,
+            "lease_token": claim.lease_token}
 
 
 def _fenced_update(claim: Claim, values: dict[str, Any]) -> bool:
     """``_fenced(claim).update(**values)``; True when the claim held the row."""
-    params = [concrete_field(Activity, name).get_db_prep_save(value, connection) for name, value in values.items()]
-    with connection.cursor() as cursor:
-        cursor.execute(_fenced_sql("update", tuple(values)), params + _fence_params(claim))
-        return bool(cursor.rowcount)
+    return bool(row_update(Activity, values, _fence(claim)))
 
 
 def _fenced_exists(claim: Claim) -> bool:
     """``_fenced(claim).exists()``."""
-    with connection.cursor() as cursor:
-        cursor.execute(_fenced_sql("select"), _fence_params(claim))
-        return cursor.fetchone() is not None
+    return row_exists(Activity, _fence(claim))
 
 
 def _attempt_finish(claim: Claim, status: str, error: str = "") -> None:

@@ -2,6 +2,7 @@
 charged, released or marked uncertain after it; defer or pause at the limits."""
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 
 from agentops.providers.base import Usage
@@ -18,6 +19,7 @@ from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Tran
 from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
 from workflows.selectors import spent_usd
 from workflows.services.common import event_record, workflow_lock, workflow_not_found, workflow_save
+from workflows.services.sql import concrete_field, quoted_column, quoted_table, row_update, rows_insert
 from workflows.services.steps import BUDGET_PAUSE_PREFIX, MAX_BUDGET_USD, wake_locked
 
 HOUR = timedelta(hours=1)
@@ -33,70 +35,101 @@ def usage_key(*, operation_id: str, call: int, attempt: int, request: int) -> st
 def budget_reserve_ensure(
     *, workflow_id: int, key: str, operation_id: str, provider: str, model: str, estimate_usd: Decimal,
     attempt: int = 0, fence: Callable[[], None] | None = None,
-) -> UsageEntry:
+) -> bool:
     """Hold the estimated cost of one request to a provider before it is sent, or refuse it at the limits.
 
     Every request has its own key (``usage_key``: a retry, the SDK's included, or the same call
     made by a later attempt is a new request, checked against the budget like the first).
-    Idempotent for the same request: get-or-create on the unique ``key``. The workflow's row
-    lock serializes workers racing for the last dollars, so reservations never exceed the total
-    budget. Raises BudgetExhausted over the total, BudgetDeferred (with the time the hourly
-    window frees up) over the hourly limit unless the workflow's priority is 9 or more.
-    ``fence`` (an attempt's ``ctx.fence``) runs under the lock first: the request is reserved
-    only while the attempt may still send it, in one transaction.
+    Idempotent for the same request: the unique ``key`` is looked up under the workflow's row
+    lock, which serializes workers racing for the last dollars, so reservations never exceed the
+    total budget. True when this call reserved it, False when it was reserved already. Raises
+    BudgetExhausted over the total, BudgetDeferred (with the time the hourly window frees up)
+    over the hourly limit unless the workflow's priority is 9 or more. ``fence`` (an attempt's
+    ``ctx.fence``) runs under the lock first: the request is reserved only while the attempt may
+    still send it, in one transaction. Its statements are SQL (``workflows.services.sql``):
+    every request of every model call makes them.
     """
-    workflow = _budget_lock(workflow_id)
+    limits = _budget_lock(workflow_id, key)
     if fence is not None:
         fence()
-    existing = UsageEntry.objects.filter(key=key).first()
-    if existing is not None:
-        return existing
+    if limits.reserved:
+        return False
     now = clock.now()
-    _check_total(workflow, estimate_usd)
-    if workflow.priority < PRIORITY_PASSES_HOURLY:
-        _check_hourly(workflow, estimate_usd, now=now)
-    return UsageEntry.objects.create(
-        workflow=workflow, key=key, operation_id=operation_id, attempt=attempt, provider=provider, model=model,
-        reserved_usd=estimate_usd, created_at=now,
-    )
+    _check_total(limits, estimate_usd)
+    if limits.priority < PRIORITY_PASSES_HOURLY:
+        _check_hourly(limits, estimate_usd, now=now)
+    rows_insert(UsageEntry, [{"workflow": workflow_id, "key": key, "operation_id": operation_id, "attempt": attempt,
+                              "provider": provider, "model": model, "reserved_usd": estimate_usd,
+                              "created_at": now}])
+    return True
 
 
-def _budget_lock(workflow_id: int) -> Workflow:
-    """``workflow_lock`` for a reservation, which reads only the budget fields of the row (and
-    ``status``, which django-fsm reads when the instance is made)."""
-    try:
-        return Workflow.objects.select_for_update().only(
-            "status", "budget_total_usd", "budget_hourly_usd", "priority").get(pk=workflow_id)
-    except Workflow.DoesNotExist:
-        raise workflow_not_found(workflow_id) from None
+@dataclass(frozen=True)
+class _Limits:
+    """The budget fields of a locked workflow row, and whether the request is reserved already."""
+
+    workflow_id: int
+    total_usd: Decimal | None
+    hourly_usd: Decimal | None
+    priority: int
+    reserved: bool
 
 
-def _check_total(workflow: Workflow, estimate: Decimal) -> None:
-    if workflow.budget_total_usd is None:
+def _budget_lock(workflow_id: int, key: str) -> _Limits:
+    """``workflow_lock`` for a reservation: the budget fields of the row, and whether ``key`` is in the ledger."""
+    with connection.cursor() as cursor:
+        cursor.execute(_budget_lock_sql(), [key, workflow_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise workflow_not_found(workflow_id)
+    total, hourly, priority, reserved = row
+    return _Limits(workflow_id=workflow_id, total_usd=_decimal(total), hourly_usd=_decimal(hourly),
+                   priority=int(priority), reserved=bool(reserved))
+
+
+@functools.cache
+def _budget_lock_sql() -> str:
+    total, hourly, priority, id_ = (quoted_column(concrete_field(Workflow, name))
+                                    for name in ("budget_total_usd", "budget_hourly_usd", "priority", "id"))
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    return (f"SELECT {total}, {hourly}, {priority}, EXISTS (SELECT 1 FROM {quoted_table(UsageEntry)} WHERE "
+            f"{quoted_column(concrete_field(UsageEntry, 'key'))} = %s) FROM {quoted_table(Workflow)} "
+            f"WHERE {id_} = %s{lock}")
+
+
+def _decimal(value: Any) -> Decimal | None:
+    """A money column as read by a cursor (SQLite gives a number, not a Decimal)."""
+    return None if value is None else Decimal(str(value))
+
+
+def _check_total(limits: _Limits, estimate: Decimal) -> None:
+    if limits.total_usd is None:
         return
-    committed = spent_usd(workflow)
-    if committed + estimate > workflow.budget_total_usd:
+    committed = spent_usd(limits.workflow_id)
+    if committed + estimate > limits.total_usd:
         raise BudgetExhausted(
-            f"{BUDGET_PAUSE_PREFIX}: workflow {workflow.pk} has used {committed:.4f} of its "
-            f"{workflow.budget_total_usd:.4f} USD and the next call may cost up to {estimate:.4f}; raise the budget "
-            f"with `manage.py agent budget {workflow.pk} --total USD` to resume.",
-            workflow_id=workflow.pk,
+            f"{BUDGET_PAUSE_PREFIX}: workflow {limits.workflow_id} has used {committed:.4f} of its "
+            f"{limits.total_usd:.4f} USD and the next call may cost up to {estimate:.4f}; raise the budget "
+            f"with `manage.py agent budget {limits.workflow_id} --total USD` to resume.",
+            workflow_id=limits.workflow_id,
         )
 
 
-def _check_hourly(workflow: Workflow, estimate: Decimal, *, now: datetime) -> None:
-    limit = workflow.budget_hourly_usd
+def _check_hourly(limits: _Limits, estimate: Decimal, *, now: datetime) -> None:
+    limit = limits.hourly_usd
     if limit is None:
         return
-    window = list(UsageEntry.objects.filter(workflow=workflow, created_at__gt=now - HOUR).order_by("created_at", "pk"))
+    window = list(UsageEntry.objects.filter(workflow_id=limits.workflow_id, created_at__gt=now - HOUR)
+                  .order_by("created_at", "pk"))
     spend = total = sum((e.amount_usd for e in window), Decimal(0))
     if spend + estimate <= limit:
         return
     if estimate > limit:
         raise BudgetExhausted(
-            f"{BUDGET_PAUSE_PREFIX}: one call of workflow {workflow.pk} may cost {estimate:.4f} USD, more than its "
-            f"hourly budget of {limit:.4f}; raise it with `manage.py agent budget {workflow.pk} --hourly USD`.",
-            workflow_id=workflow.pk,
+            f"{BUDGET_PAUSE_PREFIX}: one call of workflow {limits.workflow_id} may cost {estimate:.4f} USD, more "
+            f"than its hourly budget of {limit:.4f}; raise it with `manage.py agent budget {limits.workflow_id} "
+            "--hourly USD`.",
+            workflow_id=limits.workflow_id,
         )
     for entry in window:
         spend -= entry.amount_usd
@@ -104,13 +137,13 @@ def _check_hourly(workflow: Workflow, estimate: Decimal, *, now: datetime) -> No
             retry_at = entry.created_at + HOUR
             break
     raise BudgetDeferred(
-        f"Workflow {workflow.pk} spent {total:.4f} USD in the last hour "
+        f"Workflow {limits.workflow_id} spent {total:.4f} USD in the last hour "
         f"(limit {limit:.4f}); the next call waits until {retry_at:%H:%M:%S} UTC.",
-        workflow_id=workflow.pk, retry_after_seconds=max((retry_at - now).total_seconds(), 1.0),
+        workflow_id=limits.workflow_id, retry_after_seconds=max((retry_at - now).total_seconds(), 1.0),
     )
 
 
-OPEN = (UsageEntry.Status.RESERVED, UsageEntry.Status.UNCERTAIN)
+OPEN = (UsageEntry.Status.RESERVED.value, UsageEntry.Status.UNCERTAIN.value)
 
 
 def budget_charge_once(*, key: str, cost_usd: Decimal, usage: dict[str, int], request_id: str = "",
@@ -120,12 +153,12 @@ def budget_charge_once(*, key: str, cost_usd: Decimal, usage: dict[str, int], re
     taken-over attempt, or the provider's usage report). True when this call charged it.
 
     Idempotent: conditional UPDATE on status reserved or uncertain; recording the same
-    request again updates nothing, so a request is never counted twice.
+    request again updates nothing, so a request is never counted twice. SQL, as the reservation.
     """
-    return bool(UsageEntry.objects.filter(key=key, status__in=OPEN).update(
-        status=UsageEntry.Status.CHARGED, cost_usd=cost_usd, charged_at=clock.now(), request_id=request_id[:120],
-        http_status=http_status, outcome="", **usage
-    ))
+    return bool(row_update(UsageEntry, {
+        "status": UsageEntry.Status.CHARGED.value, "cost_usd": cost_usd, "charged_at": clock.now(),
+        "request_id": request_id[:120], "http_status": http_status, "outcome": "", **usage,
+    }, {"key": key, "status": OPEN}))
 
 
 def budget_release_once(*, key: str, reason: str, http_status: int | None = None, request_id: str = "") -> bool:
@@ -134,10 +167,10 @@ def budget_release_once(*, key: str, reason: str, http_status: int | None = None
 
     Idempotent: conditional UPDATE on status reserved or uncertain; True when this call released it.
     """
-    return bool(UsageEntry.objects.filter(key=key, status__in=OPEN).update(
-        status=UsageEntry.Status.RELEASED, charged_at=clock.now(), http_status=http_status,
-        request_id=request_id[:120], outcome=reason[:300],
-    ))
+    return bool(row_update(UsageEntry, {
+        "status": UsageEntry.Status.RELEASED.value, "charged_at": clock.now(), "http_status": http_status,
+        "request_id": request_id[:120], "outcome": reason[:300],
+    }, {"key": key, "status": OPEN}))
 
 
 def budget_uncertain_once(*, key: str, reason: str) -> bool:

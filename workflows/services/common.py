@@ -8,11 +8,12 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 
 from agentops import providers
 from workflows.errors import InvalidInput, NotFound
 from workflows.models import BehavioralRelease, Event, Workflow
+from workflows.services.sql import concrete_field, quoted_column, quoted_table, rows_insert
 
 MAX_JSON_BYTES = 1_000_000
 
@@ -37,7 +38,7 @@ def event_seq_take(workflow_id: int, count: int) -> int:
     whole row. The caller inserts exactly those events (``events_insert``) in the same
     transaction, or rolls it back.
     """
-    table = connection.ops.quote_name(Workflow._meta.db_table)
+    table = quoted_table(Workflow)
     seq, id_ = quoted_column(concrete_field(Workflow, "event_seq")), quoted_column(concrete_field(Workflow, "id"))
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {table} SET {seq} = {seq} + %s WHERE {id_} = %s RETURNING {seq}", [count, workflow_id])
@@ -47,32 +48,11 @@ def event_seq_take(workflow_id: int, count: int) -> int:
     return int(row[0]) - count + 1
 
 
-def concrete_field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
-    """A model's field by name, for SQL written by hand: its column and its conversion for the database."""
-    field = model._meta.get_field(name)
-    if not isinstance(field, models.Field):
-        raise TypeError(f"{model.__name__}.{name} is not a concrete field")
-    return field
-
-
-def quoted_column(field: models.Field[Any, Any]) -> str:
-    return connection.ops.quote_name(field.column)
-
-
 def events_insert(workflow_id: int, first_seq: int, events: list[tuple[str, datetime, dict[str, Any]]]) -> None:
     """Insert ``events`` (kind, time, data) with the sequence numbers ``event_seq_take`` gave, in
-    one INSERT; as SQL, since it is written on every turn of every running attempt (each value
-    through its field's conversion for the database, as ``bulk_create`` would)."""
-    fields = [concrete_field(Event, name) for name in ("workflow", "seq", "kind", "data", "created_at")]
-    rows, params = [], []
-    for n, (kind, at, data) in enumerate(events):
-        rows.append("(" + ", ".join(["%s"] * len(fields)) + ")")
-        params += [field.get_db_prep_save(value, connection)
-                   for field, value in zip(fields, (workflow_id, first_seq + n, kind, data, at), strict=True)]
-    columns = ", ".join(quoted_column(field) for field in fields)
-    with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {connection.ops.quote_name(Event._meta.db_table)} ({columns}) "
-                       f"VALUES {', '.join(rows)}", params)
+    one INSERT; as SQL (``rows_insert``), since it is written on every turn of every running attempt."""
+    rows_insert(Event, [{"workflow": workflow_id, "seq": first_seq + n, "kind": kind, "data": data, "created_at": at}
+                        for n, (kind, at, data) in enumerate(events)])
 
 
 def workflow_save(workflow: Workflow, *fields: str, at: datetime) -> None:

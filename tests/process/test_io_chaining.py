@@ -1,0 +1,69 @@
+"""On a threads-pool worker, one task follows its workflow's model calls (AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS).
+
+Real workers and beat, the real SDK, the fake Messages API on loopback answering every call after
+SLOW_SECONDS, longer than the default queue's one-second chain window. Every model-calling
+activity of an agent (plan, task, verdict) runs under the task that ran its plan: the next one
+is claimed in the transaction that records the one before, with no doorbell; the worker that
+starts them is the threads worker's own.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from tests.fakes import anthropic_api as fake
+from tests.fakes.anthropic_api import Answer, FakeAnthropicAPI
+from tests.fakes.claude_agent import TASKS, ClaudeForAutonomous, structured, task_of, tool_results
+from tests.process.harness import assert_event_seqs_contiguous, wait_until_status
+from workflows import services
+from workflows.models import ActivityAttempt, Event
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+AGENTS = 3
+SLOW_SECONDS = 1.5
+
+
+class SlowAgent(ClaudeForAutonomous):
+    """One task per agent (write a note, then report), every answer after SLOW_SECONDS."""
+
+    def __call__(self, body: dict[str, Any]) -> Answer:
+        answer = (structured(body, {"tasks": TASKS[:1]}, preamble="Here is the plan:")
+                  if task_of(body) == "plan_tasks" else super().__call__(body))
+        answer.delay_seconds = SLOW_SECONDS
+        return answer
+
+    def work(self, body: dict[str, Any]) -> Answer:
+        if tool_results(body) == 0:
+            return fake.tool_use("write_file", {"path": "notes/note.md", "content": "a note\n"}, say="Writing.")
+        return fake.text("Wrote notes/note.md.")
+
+
+def test_a_threads_worker_runs_each_agents_model_calls_in_one_task(cluster: Any, claude_api: FakeAnthropicAPI) -> None:
+    claude_api.responder = SlowAgent()
+    cluster.extra_env.update({
+        "AGENTOPS_MODEL_PROVIDER": "anthropic", "ANTHROPIC_API_KEY": "sk-ant-test-0000-secret",
+        "ANTHROPIC_BASE_URL": claude_api.url, "AGENTOPS_MODEL": "claude-sonnet-5-5",
+    })
+    ids = [services.workflow_launch(kind="autonomous", goal=f"Write note {n}", params={"max_rounds": 1}).pk
+           for n in range(AGENTS)]
+    cluster.start_worker("io", pool="threads", concurrency=20, queues=(settings.AGENTOPS_IO_QUEUE,), ready=False,
+                         extra_env={"AGENTOPS_DB_POOL_SIZE": "4"})
+    cluster.start_worker("short", queues=(settings.CELERY_TASK_DEFAULT_QUEUE,), ready=False)
+    cluster.start_beat(ready=False)
+    cluster.wait_ready(*cluster.live())
+    wait_until_status(cluster, ids, "completed", timeout=90)
+
+    for workflow_id in ids:
+        attempts = list(ActivityAttempt.objects.filter(activity__workflow_id=workflow_id).order_by(
+            "started_at").values_list("activity__name", "task_id", "worker"))
+        assert [name for name, _, _ in attempts] == ["plan_tasks", "execute_task", "verify_goal"], attempts
+        assert len({task_id for _, task_id, _ in attempts}) == 1, attempts
+        assert all(worker.startswith("io@") for _, _, worker in attempts), attempts
+        # Each call took longer than the default queue's window: only the I/O window chained them.
+        calls = Event.objects.filter(workflow_id=workflow_id, kind="model.called")
+        assert calls.count() == 4 and all(c.data["latency_ms"] >= SLOW_SECONDS * 1000 for c in calls)
+    assert settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS < SLOW_SECONDS
+    assert_event_seqs_contiguous(ids)
