@@ -92,7 +92,7 @@ SECOND_BEAT_SECONDS = (6.0, 15.0)
 # fenced), some the 10 s socket timeout of a broker connection (the worker gives up on it and reconnects).
 PARTITION_SECONDS = (2.0, 12.0)
 PARTITION_CUTS = (("db",), ("broker",), ("db", "broker"))
-# Processes that reach the services through forwarders of their own; any live one may be partitioned.
+# The beat and the second beat: like each worker, each reaches the services through forwarders of its own.
 BEATS = ("beat", "beat2")
 APPROVER, REQUESTER = "soak-approver", "soak-requester"
 APPROVER_GROUP = "release-approvers"
@@ -337,10 +337,13 @@ class Soak:
     def _links(self) -> dict[str, Forwarder]:
         """Forwarders of one process to PostgreSQL and to Redis, on loopback ports of their own."""
         pg = urlsplit(self.database_url)
-        if not pg.hostname or pg.hostname.startswith("/"):
+        if not pg.hostname:
             raise SystemExit(f"--postgres-url must name a TCP host and port to forward to, not {self.database_url}")
         return {"db": Forwarder(["127.0.0.1"], 0, (pg.hostname, pg.port or 5432)),
                 "broker": Forwarder(["127.0.0.1"], 0, ("127.0.0.1", self.redis.port))}
+
+    def _forwarders(self) -> list[Forwarder]:
+        return [f for links in self.links.values() for f in links.values()]
 
     def _reach(self, name: str) -> dict[str, str]:
         """The database and broker URLs of process ``name``: through its own forwarders."""
@@ -394,7 +397,7 @@ class Soak:
         cluster = getattr(self, "cluster", None)
         if cluster is not None:
             cluster.stop_all()
-        for link in (f for links in self.links.values() for f in links.values()):
+        for link in self._forwarders():
             link.close()
         target = getattr(self, "target", None)
         if target is not None:
@@ -481,7 +484,7 @@ class Soak:
             wf = services.workflow_launch(kind="release", goal=f"Ship soak release {plan.n}", params=params,
                                           user=self.requester)
         elif plan.kind == "harness":
-            wf = services.workflow_launch(kind="harness", goal=f"Build the soak's todo CLI {plan.n}",
+            wf = services.workflow_launch(kind="harness", goal=soak_harness.goal(plan),
                                           params=soak_harness.plan_params(plan.action), user=self.requester)
         else:
             wf = services.workflow_launch(kind="autonomous", goal=f"Write soak notes {plan.n}", user=self.requester)
@@ -533,7 +536,8 @@ class Soak:
         return True
 
     def _drive_harness(self) -> None:
-        """Decide the harness agents' feature lists per plan; resume the pauses the "resume" plans wait for."""
+        """Decide the harness agents' feature lists and proposals per plan; resume the pauses the "resume"
+        plans wait for."""
         from workflows import services
         from workflows.errors import AgentOpsError
         from workflows.models import Wait, Workflow
@@ -543,7 +547,8 @@ class Soak:
             plan = by_id[wait.workflow_id]
             if plan.action == "park":
                 continue
-            self._decide(wait, plan, what="harness ", comment="soak: not this list")
+            what = "harness proposal " if (wait.candidate or {}).get("kind") == "feature_change" else "harness "
+            self._decide(wait, plan, what=what, comment="soak: not this list")
         paused = Workflow.objects.filter(pk__in=[pk for pk, p in by_id.items() if p.action == "resume"],
                                          status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.DEFINITION)
         for pk in paused.values_list("pk", flat=True):
@@ -764,7 +769,7 @@ class Soak:
     def _heal(self) -> None:
         """Undo every fault now: heal the partitions, resume, restart, stop the second beat, bring the broker back."""
         self._run_later(self._now(), everything=True)
-        for link in (f for links in self.links.values() for f in links.values()):
+        for link in self._forwarders():
             link.heal()  # the pending heals above did; the heal does not rest on the nemesis's bookkeeping
         self.target.set_fault({"mode": "none"})
         if not self.redis.up():
@@ -985,7 +990,7 @@ class Soak:
         }
 
     def _collect_fault_figures(self) -> None:
-        links = [f for links in self.links.values() for f in links.values()]
+        links = self._forwarders()
         self.figures.partitions = dict(sorted(self.partitions.items())) | {
             "stalled_transfers": sum(f.stalled for f in links), "held_connects": sum(f.held for f in links)}
         self.figures.faults = dict(sorted(self.faults.items()))
