@@ -7,14 +7,17 @@ cluster, ``workflows/testing/cluster.py``). It launches release, autonomous and 
 ``--seconds`` and, all that time, injects faults drawn from ``--seed``:
 SIGKILL and SIGSTOP/SIGCONT of workers, beat killed and restarted, a second beat for a while,
 the broker shut down without saving and restarted, the broker flushed, ``pg_terminate_backend``
-of every other connection to the database, and workers restarted with their wall clock minutes
-off (libfaketime, where installed), and the deploy target making a deployment but dropping the
-connection before it answers, and a worker whose pool process dies right after the deploy
-target accepted its deploy. Approvals, rejections, cancels, new goals and the resumption of a
-harness paused for a person are given by the soak through the public services, as people would.
-Then it heals (resumes what is paused, restarts what was killed, stops the second beat, brings
-the broker back), waits for every workflow to converge and checks, from the deploy target's state
-file, the harness agents' workspaces and the database rows:
+of every other connection to the database, workers restarted with their wall clock minutes
+off (libfaketime, where installed), the deploy target making a deployment but dropping the
+connection before it answers, a worker whose pool process dies right after the deploy
+target accepted its deploy, and partitions: every worker and beat reaches PostgreSQL and Redis
+through forwarders of its own in the soak's process (``workflows/testing/forwarder.py``), and the
+nemesis cuts one of them off from either or both for a few seconds. Approvals, rejections,
+cancels, new goals and the resumption of a harness paused for a person are given by the soak
+through the public services, as people would. Then it heals (heals the partitions, resumes what
+is paused, restarts what was killed, stops the second beat, brings the broker back), waits for
+every workflow to converge and checks, from the deploy target's state file, the harness agents'
+workspaces and the database rows:
 
 - every workflow is terminal, or waiting where the soak deliberately left it (an open approval, a
   harness paused for a person), and ended as its plan allows (an approved release completed, a
@@ -52,14 +55,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from bench import soak_harness
 from bench.infra import REPO_ROOT, Postgres
 from workflows.testing import faketime
 from workflows.testing.cluster import SHORT_CLOCKS, Cluster, Proc, RedisServer, free_port, wait_for
+from workflows.testing.forwarder import Forwarder
 
 FAULT_KINDS = ("worker_kill", "worker_pause", "beat_restart", "second_beat", "broker_restart", "broker_flush",
-               "pg_terminate", "clock_skew", "target_drop", "kill_after_accept")
+               "pg_terminate", "clock_skew", "target_drop", "kill_after_accept", "partition")
 # A worker armed with these rules dies (its pool process, SIGKILL) right after the deploy target
 # accepted its next first deploy attempt, before the result is recorded: the ambiguous window; or
 # in the middle of a harness session on F02 (after its write_file, before its commit), as
@@ -83,6 +88,12 @@ SKEW_SECONDS = (60, 300)
 PAUSE_SECONDS = (1.5, 9.0)  # some shorter, some longer than the 4 s lease: zombies get fenced
 RESTART_AFTER_SECONDS = (0.5, 3.0)
 SECOND_BEAT_SECONDS = (6.0, 15.0)
+# A partition lasts this long: some cuts outlast the 4 s lease (the cut-off worker's late writes are
+# fenced), some the 10 s socket timeout of a broker connection (the worker gives up on it and reconnects).
+PARTITION_SECONDS = (2.0, 12.0)
+PARTITION_CUTS = (("db",), ("broker",), ("db", "broker"))
+# The beat and the second beat: like each worker, each reaches the services through forwarders of its own.
+BEATS = ("beat", "beat2")
 APPROVER, REQUESTER = "soak-approver", "soak-requester"
 APPROVER_GROUP = "release-approvers"
 HARNESS_APPROVER_GROUP = "harness-approvers"
@@ -246,6 +257,7 @@ class Figures:
     converge_s: float | None = None
     ledger: dict[str, int] = field(default_factory=dict)
     harness: dict[str, int] = field(default_factory=dict)  # sessions, check runs, commits, … of the harness agents
+    partitions: dict[str, int] = field(default_factory=dict)  # cuts by what was cut, and what they caught
     recovery: dict[str, int] = field(default_factory=dict)
     decisions: dict[str, int] = field(default_factory=dict)
     unexpected_exits: list[str] = field(default_factory=list)
@@ -279,6 +291,8 @@ class Soak:
         self.skews: dict[str, int] = {}
         self.armed: set[str] = set()  # workers started with KILL_AFTER_ACCEPT
         self.pg_terminated = 0
+        self.links: dict[str, dict[str, Forwarder]] = {}  # process name → service → its forwarder
+        self.partitions: Counter[str] = Counter()
         self.t0 = 0.0
 
     def log(self, message: str) -> None:
@@ -296,6 +310,7 @@ class Soak:
         self.redis = RedisServer(self.args.redis_port or free_port(), self.run_dir)
         self.redis.start()
         self._migrate()
+        self.links = {name: self._links() for name in (*(f"w{i + 1}" for i in range(self.args.workers)), *BEATS)}
         self.deploy_state = self.run_dir / "deploy-target.json"
         self.deploy_state.unlink(missing_ok=True)
         self.target = DeployTarget(free_port(), self.deploy_state, self.run_dir / "deploy-target.log")
@@ -313,11 +328,30 @@ class Soak:
                        "AGENTOPS_HARNESS_SCHEDULE_FILE": str(self.harness_schedule),
                        "AGENTOPS_HARNESS_SESSION_LEASE_SECONDS": str(soak_harness.SESSION_LEASE_SECONDS)},
             tail_lines=60)
-        self.workers = {f"w{i + 1}": self.cluster.start_worker(f"w{i + 1}", ready=False)
-                        for i in range(self.args.workers)}
-        self.beat = self.cluster.start_beat("beat", ready=False)
+        self.workers = {name: self.cluster.start_worker(name, ready=False, extra_env=self._reach(name))
+                        for name in self.links if name not in BEATS}
+        self.beat = self._start_beat("beat")
         self.second_beat: Proc | None = None
         self.cluster.wait_ready(*self.workers.values(), self.beat)
+
+    def _links(self) -> dict[str, Forwarder]:
+        """Forwarders of one process to PostgreSQL and to Redis, on loopback ports of their own."""
+        pg = urlsplit(self.database_url)
+        if not pg.hostname:
+            raise SystemExit(f"--postgres-url must name a TCP host and port to forward to, not {self.database_url}")
+        return {"db": Forwarder(["127.0.0.1"], 0, (pg.hostname, pg.port or 5432)),
+                "broker": Forwarder(["127.0.0.1"], 0, ("127.0.0.1", self.redis.port))}
+
+    def _forwarders(self) -> list[Forwarder]:
+        return [f for links in self.links.values() for f in links.values()]
+
+    def _reach(self, name: str) -> dict[str, str]:
+        """The database and broker URLs of process ``name``: through its own forwarders."""
+        pg = urlsplit(self.database_url)
+        auth = pg.netloc.rpartition("@")[0]
+        netloc = f"{auth + '@' if auth else ''}127.0.0.1:{self.links[name]['db'].port}"
+        return {"DATABASE_URL": urlunsplit((pg.scheme, netloc, pg.path, pg.query, pg.fragment)),
+                "CELERY_BROKER_URL": f"redis://127.0.0.1:{self.links[name]['broker'].port}/0"}
 
     def _migrate(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "CELERY_"))}
@@ -363,6 +397,8 @@ class Soak:
         cluster = getattr(self, "cluster", None)
         if cluster is not None:
             cluster.stop_all()
+        for link in self._forwarders():
+            link.close()
         target = getattr(self, "target", None)
         if target is not None:
             target.stop()
@@ -448,7 +484,7 @@ class Soak:
             wf = services.workflow_launch(kind="release", goal=f"Ship soak release {plan.n}", params=params,
                                           user=self.requester)
         elif plan.kind == "harness":
-            wf = services.workflow_launch(kind="harness", goal=f"Build the soak's todo CLI {plan.n}",
+            wf = services.workflow_launch(kind="harness", goal=soak_harness.goal(plan),
                                           params=soak_harness.plan_params(plan.action), user=self.requester)
         else:
             wf = services.workflow_launch(kind="autonomous", goal=f"Write soak notes {plan.n}", user=self.requester)
@@ -500,7 +536,8 @@ class Soak:
         return True
 
     def _drive_harness(self) -> None:
-        """Decide the harness agents' feature lists per plan; resume the pauses the "resume" plans wait for."""
+        """Decide the harness agents' feature lists and proposals per plan; resume the pauses the "resume"
+        plans wait for."""
         from workflows import services
         from workflows.errors import AgentOpsError
         from workflows.models import Wait, Workflow
@@ -510,7 +547,8 @@ class Soak:
             plan = by_id[wait.workflow_id]
             if plan.action == "park":
                 continue
-            self._decide(wait, plan, what="harness ", comment="soak: not this list")
+            what = "harness proposal " if (wait.candidate or {}).get("kind") == "feature_change" else "harness "
+            self._decide(wait, plan, what=what, comment="soak: not this list")
         paused = Workflow.objects.filter(pk__in=[pk for pk, p in by_id.items() if p.action == "resume"],
                                          status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.DEFINITION)
         for pk in paused.values_list("pk", flat=True):
@@ -597,7 +635,7 @@ class Soak:
     def _fault_second_beat(self) -> str:
         if self.second_beat is not None and self.second_beat.alive():
             return ""
-        self.second_beat = beat2 = self.cluster.start_beat("beat2", ready=False)
+        self.second_beat = beat2 = self._start_beat("beat2")
         seconds = self.rng.uniform(*SECOND_BEAT_SECONDS)
 
         def stop() -> None:
@@ -648,6 +686,36 @@ class Soak:
         self._restart_worker(name, skew=self.skews.get(name), armed=True)
         return f"restarted {name} to die right after the deploy target accepts its next deploy"
 
+    def _fault_partition(self) -> str:
+        """Cut one worker or beat off from PostgreSQL, Redis or both, for a few seconds (``Forwarder.cut``).
+
+        Its open connections stall and its new ones are accepted but never answered until the
+        heal, as across a real partition: no reset, no refusal. A process killed outright, a
+        backend terminated and a broker restarted already come with an error at once (the other
+        kinds); a partition is the case where nothing comes back, and only timeouts and leases
+        tell the rest of the system that the process is gone.
+        """
+        beats = [b for b in (self.beat, self.second_beat) if b is not None and b.alive()]
+        names = [n for n, _ in self._live_workers()] + [b.name for b in beats]
+        names = [n for n in names if not any(f.is_cut for f in self.links[n].values())]
+        if not names:
+            return ""
+        name = self.rng.choice(names)
+        services = self.rng.choice(PARTITION_CUTS)
+        seconds = self.rng.uniform(*PARTITION_SECONDS)
+        for service in services:
+            self.links[name][service].cut()
+        self.partitions["+".join(services)] += 1
+        if name in BEATS:
+            self.partitions["of_a_beat"] += 1
+
+        def heal() -> None:
+            for service in services:
+                self.links[name][service].heal()
+
+        self._later(seconds, f"heal the partition of {name}", heal)
+        return f"cut {name} off from {' and '.join(services)} for {seconds:.1f} s"
+
     def _fault_clock_skew(self) -> str:
         """Restart a worker with its wall clock off by another offset (set right again, a third of the time)."""
         live = self._live_workers()
@@ -675,11 +743,14 @@ class Soak:
         self.armed.discard(name)
         if armed:
             self.armed.add(name)
-        self.workers[name] = self.cluster.start_worker(name, extra_env=env, ready=False,
-                                                       faults=KILL_AFTER_ACCEPT if armed else None)
+        self.workers[name] = self.cluster.start_worker(name, extra_env={**self._reach(name), **(env or {})},
+                                                       ready=False, faults=KILL_AFTER_ACCEPT if armed else None)
+
+    def _start_beat(self, name: str) -> Proc:
+        return self.cluster.start_beat(name, ready=False, extra_env=self._reach(name))
 
     def _restart_beat(self) -> None:
-        self.beat = self.cluster.start_beat("beat", ready=False)
+        self.beat = self._start_beat("beat")
 
     def _watch_exits(self) -> None:
         """A process that exits without the nemesis ending it is a finding (and is started again)."""
@@ -696,8 +767,10 @@ class Soak:
             self._restart_beat()
 
     def _heal(self) -> None:
-        """Undo every fault now: resume, restart, stop the second beat, bring the broker back."""
+        """Undo every fault now: heal the partitions, resume, restart, stop the second beat, bring the broker back."""
         self._run_later(self._now(), everything=True)
+        for link in self._forwarders():
+            link.heal()  # the pending heals above did; the heal does not rest on the nemesis's bookkeeping
         self.target.set_fault({"mode": "none"})
         if not self.redis.up():
             self.redis.start()
@@ -917,6 +990,9 @@ class Soak:
         }
 
     def _collect_fault_figures(self) -> None:
+        links = self._forwarders()
+        self.figures.partitions = dict(sorted(self.partitions.items())) | {
+            "stalled_transfers": sum(f.stalled for f in links), "held_connects": sum(f.held for f in links)}
         self.figures.faults = dict(sorted(self.faults.items()))
         self.figures.faults_skipped = dict(sorted(self.skipped.items()))
         self.figures.faults["total"] = sum(self.faults.values())
@@ -935,6 +1011,7 @@ def report(figures: Figures) -> str:
         f"  workflows       {f.workflows}",
         f"  outcomes        {f.outcomes}",
         f"  faults          {f.faults}" + (f" (skipped: {f.faults_skipped})" if f.faults_skipped else ""),
+        f"  partitions      {f.partitions}",
         f"  effects         {f.effects}",
         f"  duplicates      {f.duplicates}",
         f"  lost            {f.lost}",

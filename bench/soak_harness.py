@@ -10,6 +10,9 @@ crashed for good (its activity out of attempts) only costs its feature an attemp
 - ``resume``: approved with ``max_attempts`` 1: F03's red first session blocks it and pauses the
   workflow for a person; the soak resumes it (a fresh attempt) → ``completed``;
 - ``hold``: the same pause, left for a person: legitimately ``paused`` at DECIDE;
+- ``propose``: approved; its F01 session also proposes a feature change (``propose_feature_change``:
+  the demo's F04, ``rm``, with its check), which the soak approves as a second approval bound to
+  the new contract hash; F04 is built as well → ``completed`` with four features;
 - ``reject``: the feature list rejected → ``failed``; ``park``: its approval left open → ``waiting``.
 
 The checks read the workflow's rows and its workspace (the harness's external effect is its git
@@ -17,18 +20,26 @@ history): no session's commit twice on the history of the head (one ``Harness-Op
 per operation identity), the engine's count of sessions and of each feature's attempts equal to the
 sessions that ran (one ``harness_session`` activity each), a completed agent with every feature
 passing on the final verify in a fresh clone at the head it names, its workspace clean at that head.
+Of a ``propose`` agent also: the contract it completed under is the proposal's, recomputed here
+from the proposal's commit, approved by a wait bound to that hash, and unchanged at the final head.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-HARNESS_PLANS = ("approve", "resume", "reject", "park", "hold")  # the first ones first, when there are few
-HARNESS_WEIGHTS = (5, 2, 1, 1, 1)
+HARNESS_PLANS = ("approve", "resume", "propose", "reject", "park", "hold")  # the first ones first, when there are few
+HARNESS_WEIGHTS = (5, 2, 2, 1, 1, 1)
 FEATURES = ("F01", "F02", "F03")
+# What a "propose" agent's F01 session proposes: the demo's next feature and its check.
+PROPOSED = "F04"
+PROPOSED_CHECK = "checks/check_f04_rm.py"
+# The scripted provider plays the "propose" sessions for goals naming this variant (agentops/agents/harness/script.py).
+PROPOSE_VARIANT = "propose"
 # Sessions, check runs and the prepare step: the lease between heartbeats (the product's 45 s is for long sessions).
 SESSION_LEASE_SECONDS = 10
 # How long a person takes to resume a paused harness, seconds.
@@ -37,6 +48,16 @@ RESUME_AFTER_SECONDS = (0.0, 3.0)
 SCRIPTED_ATTEMPTS = 8
 # The harness launches in this first share of the launch window: its agents are the long ones.
 LAUNCH_SHARE = 0.5
+
+
+def goal(plan: Any) -> str:
+    """The goal a harness agent is launched with; a "propose" one names its schedule's variant."""
+    return f"Build the soak's todo CLI {plan.n}" + (f" [script: {PROPOSE_VARIANT}]" if plan.action == "propose" else "")
+
+
+def features_of(action: str) -> tuple[str, ...]:
+    """The features an agent of this plan completes with."""
+    return (*FEATURES, PROPOSED) if action == "propose" else FEATURES
 
 
 def plan_params(action: str) -> dict[str, str]:
@@ -48,6 +69,7 @@ def write_schedule(path: Path) -> Path:
     """The scripted provider's sessions for the three-feature project (docs/harness.md, "The todo demo")."""
     demo = json.loads((_demo_dir() / "scaffold" / "features.json").read_text())
     features = [f for f in demo if f["id"] in FEATURES]
+    proposed = [f for f in demo if f["id"] in (*FEATURES, PROPOSED)]
     checks = [f["check"].split(" ", 1)[1] for f in features]
     init = [{"tool": "write_file", "input": {"path": "features.json", "content": json.dumps(features, indent=2)}},
             *({"tool": "write_file", "path": p, "scaffold": p} for p in ("checks/_lib.py", *checks, "checks/smoke.sh",
@@ -60,11 +82,19 @@ def write_schedule(path: Path) -> Path:
                 {"tool": "git_commit", "input": {"message": f"{feature}: implement"}},
                 {"tool": "request_pass", "input": {"feature_id": feature}}]
 
+    # A "propose" agent's F01 session proposes F04 before it asks for its pass; every attempt does, so
+    # a retry of a session that died proposes again (only a session that ends is reviewed).
+    propose = {"tool": "propose_feature_change", "input": {
+        "features_json": json.dumps(proposed, indent=2), "reason": f"{PROPOSED} (rm) was left out of the list",
+        "checks": {PROPOSED_CHECK: (_demo_dir() / "scaffold" / PROPOSED_CHECK).read_text()}}}
     sessions: dict[str, list[dict[str, Any]]] = {"INIT/1": init}
     for n in range(1, SCRIPTED_ATTEMPTS + 1):
         sessions[f"F01/{n}"] = solve("F01", ["F01"])
+        *work, ask = solve("F01", ["F01"])
+        sessions[f"{PROPOSE_VARIANT}:F01/{n}"] = [*work, propose, ask]
         sessions[f"F02/{n}"] = solve("F02", ["F01", "F02"])
         sessions[f"F03/{n}"] = solve("F03", ["F01", "F02", "F03", *(["F03BUG"] if n == 1 else [])])
+        sessions[f"{PROPOSED}/{n}"] = solve(PROPOSED, ["F01", "F02", "F03", PROPOSED])
     path.write_text(json.dumps({"sessions": sessions}))
     return path
 
@@ -75,8 +105,8 @@ def _demo_dir() -> Path:
 
 
 def allowed(action: str) -> set[str]:
-    return {"approve": {"completed"}, "resume": {"completed"}, "hold": {"paused"}, "reject": {"failed"},
-            "park": {"waiting"}}[action]
+    return {"approve": {"completed"}, "resume": {"completed"}, "propose": {"completed"}, "hold": {"paused"},
+            "reject": {"failed"}, "park": {"waiting"}}[action]
 
 
 def at_rest(plan: Any, wf: Any, open_approval: bool) -> bool:
@@ -133,9 +163,12 @@ def check(plan: Any, wf: Any, v: list[str], tally: Counter[str]) -> None:
     if wf.status != "completed":
         return
     result = wf.result or {}
-    if result.get("features_passing") != len(FEATURES) or result.get("head") != head:
-        v.append(f"{label}: completed with {result.get('features_passing')} of {len(FEATURES)} features passing "
-                 f"at {str(result.get('head'))[:12]} (state head {head[:12]})")
+    expected = features_of(plan.action)
+    if result.get("features_passing") != len(expected) or result.get("head") != head \
+            or [f["id"] for f in state.get("features", [])] != list(expected):
+        v.append(f"{label}: completed with {result.get('features_passing')} of {len(expected)} features "
+                 f"({[f['id'] for f in state.get('features', [])]}) passing at {str(result.get('head'))[:12]} "
+                 f"(state head {head[:12]})")
     not_verified = [f["id"] for f in state.get("features", [])
                     if f.get("status") != "passing" or (f.get("evidence") or {}).get("where") != "clone"
                     or (f.get("evidence") or {}).get("commit") != head]
@@ -144,6 +177,49 @@ def check(plan: Any, wf: Any, v: list[str], tally: Counter[str]) -> None:
     at_head, dirty = _git(root, "rev-parse", "HEAD").strip(), _git(root, "status", "--porcelain").strip()
     if at_head != head or dirty:
         v.append(f"{label}: its workspace is at {at_head[:12]} (result {head[:12]}) with changes {dirty[:200]!r}")
+    if plan.action == "propose":
+        _check_proposal(wf, root, head, label, v, tally)
+
+
+def _check_proposal(wf: Any, root: Path, head: str, label: str, v: list[str], tally: Counter[str]) -> None:
+    """A completed "propose" agent worked to the contract a person approved: the proposal's.
+
+    The contract hash is recomputed here from the proposal's commit (features.json and checks/ by
+    blob id, as ``agentops.agents.harness.checks.contract_hash`` defines it); it must be the hash the
+    workflow completed under, the one its second approval was bound to (the first was bound to the
+    scaffold's), and the contract at the final head: the sessions after the adoption left it alone.
+    """
+    from workflows.models import Wait
+
+    state = wf.state or {}
+    approved = [p for p in state.get("proposals") or [] if str(p.get("outcome", "")).startswith("approved")]
+    if len(approved) != 1:
+        v.append(f"{label}: completed with {len(approved)} approved proposals, not 1: {state.get('proposals')}")
+        return
+    proposal = approved[0]
+    tally["proposals_approved"] += 1
+    commit = str(proposal.get("commit", ""))
+    recomputed = _contract_hash(root, commit)
+    waits = list(Wait.objects.filter(workflow_id=wf.pk, kind=Wait.Kind.APPROVAL, decision=Wait.Decision.APPROVED)
+                 .order_by("pk").values_list("candidate_hash", flat=True))
+    if not recomputed == proposal.get("contract_hash") == state.get("contract_hash"):
+        v.append(f"{label}: the proposal's commit {commit[:12]} has contract {recomputed[:12]}; the workflow "
+                 f"recorded {str(proposal.get('contract_hash'))[:12]} and completed under "
+                 f"{str(state.get('contract_hash'))[:12]}")
+    if len(waits) != 2 or waits[1] != recomputed or waits[0] == recomputed:
+        v.append(f"{label}: approvals bound to {[w[:12] for w in waits]}; expected the feature list's, then "
+                 f"the proposal's {recomputed[:12]}")
+    if _git(root, "rev-parse", f"refs/heads/{proposal.get('ref')}").strip() != commit:
+        v.append(f"{label}: {proposal.get('ref')} does not point at the proposal's commit {commit[:12]}")
+    listed = [f["id"] for f in json.loads(_git(root, "show", f"{commit}:features.json"))]
+    if listed != list(features_of("propose")) or _contract_hash(root, head) != recomputed:
+        v.append(f"{label}: the proposal lists {listed}; the contract at the head {head[:12]} is "
+                 f"{_contract_hash(root, head)[:12]}, the approved one {recomputed[:12]}")
+
+
+def _contract_hash(root: Path, commit: str) -> str:
+    listing = _git(root, "ls-tree", "-r", commit, "--", "features.json", "checks").rstrip()  # as gitops.git returns it
+    return hashlib.sha256(listing.encode()).hexdigest()
 
 
 def _git(root: Path, *args: str) -> str:

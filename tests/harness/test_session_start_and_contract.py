@@ -141,6 +141,28 @@ def test_a_rejected_proposal_changes_nothing(harness_approver, mini_schedule):
     assert workflow.state["proposals"][0]["outcome"] == "rejected by hana"
 
 
+def test_a_goal_naming_a_script_variant_plays_its_sessions_beside_workflows_on_the_plain_ones(
+        harness_approver, mini_schedule):
+    """One schedule for both (as every soak worker reads one file): the goal with ``[script: propose]``
+    plays ``propose:F01/1`` and proposes; the other plays ``F01/1`` and completes without a proposal."""
+    mini_schedule({
+        "F01/1": solve("F01", APP_GREET),
+        "propose:F01/1": [write("app.py", APP_GREET), commit("F01"),
+                          {"tool": "propose_feature_change", "input": {
+                              "features_json": json.dumps(MINI_FEATURES[:1]), "reason": "drop F02"}},
+                          request_pass("F01")],
+        "F02/1": solve("F02", APP_BOTH),
+    })
+    plain = launch_approved(harness_approver)
+    wf = services.workflow_launch(kind="harness", goal="Build app.py [script: propose]", params={})
+    drive_all(wf.pk)
+    approve_feature_list(wf.pk, harness_approver)
+    variant = drive_all(wf.pk)
+    assert (plain.status, plain.state.get("proposals", [])) == ("completed", [])
+    assert (variant.status, variant.current_node) == ("waiting", "REVIEW_PROPOSAL")
+    assert [p["reason"] for p in events(wf.pk, "harness.proposal_staged")] == ["drop F02"]
+
+
 @pytest.mark.parametrize("existing", [False, True], ids=["new repository", "existing commit"])
 def test_an_initializer_retried_after_its_commit_starts_over_from_the_repository_before_it(
         harness_approver, mini_schedule, settings, tmp_path, existing):

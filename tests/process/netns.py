@@ -3,10 +3,11 @@
 Each ``Host`` is a namespace with one veth pair per service it reaches (``db``, ``broker``,
 ``app``), each on its own /30 of 10.231.<tag>.0/24 (the tag comes from this process's pid). The
 services listen in the root namespace on the root end of each link: PostgreSQL through a
-``Forwarder`` (the server listens on 127.0.0.1 only, and its configuration is left alone), Redis
-bound to those addresses, the deploy target through a forwarder. Setting a link down cuts the
-host from that one service: packets are dropped, connections hang without a reset, as across a
-real partition; setting it up again heals it. Traffic goes only to addresses made here.
+``Forwarder`` (``workflows/testing/forwarder.py``: the server listens on 127.0.0.1 only, and its
+configuration is left alone), Redis bound to those addresses, the deploy target through a
+forwarder. Setting a link down cuts the host from that one service: packets are dropped,
+connections hang without a reset, as across a real partition; setting it up again heals it.
+Traffic goes only to addresses made here.
 
 Needs root (CAP_NET_ADMIN) and ``ip`` (iproute2); ``netns_refusal()`` says why not, for a skip.
 ``Network`` deletes every namespace it made on the way out, whatever happened.
@@ -14,9 +15,7 @@ Needs root (CAP_NET_ADMIN) and ``ip`` (iproute2); ``netns_refusal()`` says why n
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import threading
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -140,71 +139,3 @@ class Network:
                 subprocess.run(["ip", "link", "del", link.root_dev], capture_output=True, check=False)
         self.hosts.clear()
 
-
-class Forwarder:
-    """Accept TCP connections on ``listen`` addresses and pipe each to ``target`` (threads).
-
-    A cut link stops the packets between a host and the forwarder, not the forwarder's own
-    connection to the service: the service sees one idle client, as across a partition.
-    """
-
-    def __init__(self, listen: list[str], port: int, target: tuple[str, int]) -> None:
-        self.target = target
-        self.servers = [socket.create_server((address, port)) for address in listen]
-        self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._closed = False
-        for server in self.servers:
-            threading.Thread(target=self._accept, args=(server,), daemon=True, name=f"forward-{port}").start()
-
-    def _accept(self, server: socket.socket) -> None:
-        while not self._closed:
-            try:
-                client, _ = server.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=10)
-            except OSError:
-                client.close()
-                continue
-            upstream.settimeout(None)
-            with self._lock:
-                self._open.update((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (source, sink):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-                with self._lock:
-                    self._open.discard(s)
-
-    def close(self) -> None:
-        self._closed = True
-        for server in self.servers:
-            # Wake the thread blocked in accept(): a close() alone leaves the listening socket open
-            # until accept returns, and the next test's forwarder on this address fails to bind.
-            try:
-                server.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            server.close()
-        with self._lock:
-            sockets = list(self._open)
-        for s in sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()

@@ -42,10 +42,11 @@ from tests.process.harness import (
     launch_release,
     wait_until_status,
 )
-from tests.process.netns import Forwarder, Host, Network, netns_refusal
+from tests.process.netns import Host, Network, netns_refusal
 from tests.workflows.test_clock import server_now
 from workflows.models import Activity, ActivityAttempt, Event, Timer, Workflow
 from workflows.testing.cluster import LEASE_SECONDS, RedisServer, free_port, publishing_to, subprocess_database_url
+from workflows.testing.forwarder import Forwarder
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 

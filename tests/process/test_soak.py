@@ -2,9 +2,11 @@
 
 It runs as its own process, as ``make soak`` does: its own database on the test server (created
 and dropped), its own Redis server on a free port (restarted by the nemesis), its own deploy
-target, three workers and a beat; only two harness agents (``approve`` and ``resume``) beside
-the release and autonomous ones. The seed is fixed, so a failure here replays locally with
-``make soak SOAK_ARGS="--seconds 120 --seed 20261201 …"`` (the command is in the failure message).
+target, three workers and a beat, each reaching PostgreSQL and Redis through forwarders of its
+own (the nemesis partitions them); only three harness agents (``approve``, ``resume`` and
+``propose``) beside the release and autonomous ones. The seed is fixed, so a failure here replays
+locally with ``make soak SOAK_ARGS="--seconds 120 --seed 20261201 …"`` (the command is in the
+failure message).
 """
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ pytestmark = [pytest.mark.process]
 SEED = 20261201
 # Every kind but clock_skew, which needs libfaketime (the soak says so when it skips it).
 FAULT_KINDS = ("worker_kill", "worker_pause", "beat_restart", "second_beat", "broker_restart", "broker_flush",
-               "pg_terminate", "target_drop", "kill_after_accept")
-ARGS = ["--seconds", "120", "--seed", str(SEED), "--release", "12", "--autonomous", "3", "--harness", "2",
+               "pg_terminate", "target_drop", "kill_after_accept", "partition")
+ARGS = ["--seconds", "120", "--seed", str(SEED), "--release", "12", "--autonomous", "3", "--harness", "3",
         "--fault-gap", "2", "4",
         "--converge-timeout", "240"]
 
@@ -34,7 +36,8 @@ ARGS = ["--seconds", "120", "--seed", str(SEED), "--release", "12", "--autonomou
 @pytest.mark.timeout(480)
 def test_a_short_soak_under_every_fault_kind_has_no_violations(tmp_path: Path, figures: Any) -> None:
     """Every workflow converges as its plan allows, each operation identity has at most one effect,
-    every model call is charged and every history is contiguous, under every kind of fault."""
+    every model call is charged and every history is contiguous, under every kind of fault; the
+    harness agent that proposes a feature change completes under the contract approved for it."""
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         pytest.skip("the soak needs PostgreSQL: run with DATABASE_URL=postgres://…")
     server = subprocess_database_url().rsplit("/", 1)[0]
@@ -48,7 +51,9 @@ def test_a_short_soak_under_every_fault_kind_has_no_violations(tmp_path: Path, f
     result = json.loads(out.read_text())
     assert result["violations"] == [] and result["duplicates"] == 0 and result["lost"] == 0, result
     assert all(result["faults"].get(kind, 0) >= 1 for kind in FAULT_KINDS), result["faults"]
+    # The propose agent's proposal was approved and checked (the soak checks it only of a completed agent).
+    assert result["harness"].get("proposals_approved") == 1, result["harness"]
     figures("issue 12 soak (CI)", seed=SEED, workflows=result["workflows"]["total"], faults=result["faults"],
-            effects=result["effects"], duplicates=result["duplicates"], lost=result["lost"],
-            converge_s=result["converge_s"], wall_s=result["wall_s"],
+            partitions=result["partitions"], effects=result["effects"], duplicates=result["duplicates"],
+            lost=result["lost"], converge_s=result["converge_s"], wall_s=result["wall_s"],
             leases_expired=result["recovery"]["activity.lease_expired"])

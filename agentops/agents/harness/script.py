@@ -6,6 +6,11 @@ file contents come from ``demo/scaffold/`` and from
 alone (the briefing's feature and attempt, and how many tool results the conversation holds), so
 a retried or replayed session gets the same answers. A feature or attempt the schedule does not
 know ends the session with a report saying so.
+
+Workflows that share one schedule may play different sessions: a goal that names a variant,
+``[script: NAME]``, plays ``NAME:<feature>/<attempt>`` where the schedule has that key, and the
+plain key elsewhere (the soak's agents that propose a feature change, ``bench/soak_harness.py``,
+beside the ones that do not, all reading one file on every worker).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from agentops.providers.base import ModelResponse, Usage
 
 DEMO = Path(__file__).resolve().parent / "demo"
 TAG = re.compile(r"^#<(?P<close>/?)(?P<negate>!?)(?P<tag>[A-Z0-9]+)>$")
+VARIANT = re.compile(r"\[script: *(?P<name>[\w-]+)\]")
 
 
 def schedule() -> dict[str, list[dict[str, Any]]]:
@@ -69,7 +75,11 @@ def scripted_turn(*, system: str, messages: list[dict[str, Any]]) -> ModelRespon
     key = f"{_between(brief, 'feature')}/{_between(brief, 'attempt')}"
     done = sum(1 for m in messages if isinstance(m.get("content"), list)
                for block in m["content"] if isinstance(block, dict) and block.get("type") == "tool_result")
-    steps = schedule().get(key)
+    variant = VARIANT.search(_between(brief, "goal"))
+    sessions = schedule()
+    steps = sessions.get(f"{variant['name']}:{key}") if variant else None
+    if steps is None:
+        steps = sessions.get(key)
     usage = Usage(input_tokens=(len(system) + sum(len(str(m.get("content", ""))) for m in messages)) // 4,
                   output_tokens=50)
     if steps is None or done >= len(steps):
