@@ -194,9 +194,8 @@ def _fenced_exists(claim: Claim) -> bool:
 
 
 def _attempt_finish(claim: Claim, status: str, error: str = "") -> None:
-    ActivityAttempt.objects.filter(activity_id=claim.activity_id, number=claim.attempt).update(
-        status=status, error=error[:2000], finished_at=clock.now()
-    )
+    row_update(ActivityAttempt, {"status": status, "error": error[:2000], "finished_at": clock.now()},
+               {"activity": claim.activity_id, "number": claim.attempt})
 
 
 def _refuse_stale(workflow: Workflow, claim: Claim) -> RunOutcome:
@@ -234,8 +233,8 @@ def activity_result_record_if_current(
             progress_validate(result)
         except Refused as exc:
             return _record_failure_locked(workflow, claim, exc, retryable=False)
-    if not _fenced(claim).update(status=Activity.Status.SUCCEEDED, result=result, error="", completed_at=now,
-                                 lease_expires_at=None, checkpoint=None):
+    if not _fenced_update(claim, {"status": Activity.Status.SUCCEEDED, "result": result, "error": "",
+                                  "completed_at": now, "lease_expires_at": None, "checkpoint": None}):
         return _refuse_stale(workflow, claim)
     _attempt_finish(claim, ActivityAttempt.Status.SUCCEEDED)
     if spec.commitment:

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from agentops import providers
 from workflows.errors import InvalidInput, NotFound
 from workflows.models import BehavioralRelease, Event, Workflow
-from workflows.services.sql import concrete_field, quoted_column, quoted_table, rows_insert
+from workflows.services.sql import concrete_field, quoted_column, quoted_table, row_update, rows_insert
 
 MAX_JSON_BYTES = 1_000_000
 
@@ -79,8 +79,7 @@ def event_record(*, workflow: Workflow, kind: str, at: datetime, **data: Any) ->
     if batch is not None and batch[0] == workflow.pk:
         batch[1].append(event)
         return event
-    Workflow.objects.filter(pk=workflow.pk).update(event_seq=workflow.event_seq)
-    event.save(force_insert=True)
+    _events_write(workflow, [event])
     return event
 
 
@@ -100,10 +99,16 @@ def events_batched(workflow: Workflow) -> Iterator[None]:
     try:
         yield
         if events:
-            Event.objects.bulk_create(events)
-            Workflow.objects.filter(pk=workflow.pk).update(event_seq=workflow.event_seq)
+            _events_write(workflow, events)
     finally:
         _event_batch.reset(token)
+
+
+def _events_write(workflow: Workflow, events: list[Event]) -> None:
+    """Insert ``events`` and write the workflow's ``event_seq`` (SQL: every step does it)."""
+    rows_insert(Event, [{"workflow": e.workflow_id, "seq": e.seq, "kind": e.kind, "data": e.data,
+                         "created_at": e.created_at} for e in events])
+    row_update(Workflow, {"event_seq": workflow.event_seq}, {"id": workflow.pk})
 
 
 def events_pending(workflow: Workflow) -> int:

@@ -10,6 +10,7 @@ SQLite alike.
 """
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,8 +46,7 @@ def rows_insert(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) ->
     fields = _insert_fields(model, names)
     params = []
     for row in rows:
-        params += [field.get_db_prep_save(row[field.name] if field.name in row else field.get_default(), connection)
-                   for field in fields]
+        params += [_db_value(field, row[field.name] if field.name in row else field.get_default()) for field in fields]
     with connection.cursor() as cursor:
         cursor.execute(_insert_sql(model, names, len(rows)), params)
 
@@ -54,7 +54,7 @@ def rows_insert(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) ->
 def row_update(model: type[models.Model], values: Mapping[str, Any], where: Where) -> int:
     """``model.objects.filter(**where).update(**values)``, for equality and one-of conditions;
     returns the rows updated."""
-    params = [concrete_field(model, name).get_db_prep_save(value, connection) for name, value in values.items()]
+    params = [_db_value(concrete_field(model, name), value) for name, value in values.items()]
     with connection.cursor() as cursor:
         cursor.execute(_update_sql(model, tuple(values), _shape(where)), params + _where_params(model, where))
         return int(cursor.rowcount)
@@ -76,8 +76,13 @@ def _where_params(model: type[models.Model], where: Where) -> list[Any]:
     params: list[Any] = []
     for name, value in where.items():
         field = concrete_field(model, name)
-        params += [field.get_db_prep_value(v, connection) for v in (value if isinstance(value, tuple) else (value,))]
+        params += [_db_value(field, v) for v in (value if isinstance(value, tuple) else (value,))]
     return params
+
+
+def _db_value(field: models.Field[Any, Any], value: Any) -> Any:
+    """``value`` as the field stores it; a choice (an enum member, such as a default) as its value."""
+    return field.get_db_prep_save(value.value if isinstance(value, enum.Enum) else value, connection)
 
 
 def _where_sql(model: type[models.Model], shape: tuple[tuple[str, int], ...]) -> str:

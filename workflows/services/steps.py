@@ -23,6 +23,7 @@ from workflows.services.common import (
     release_current,
     workflow_save,
 )
+from workflows.services.sql import rows_insert
 
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
@@ -163,8 +164,9 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
                   previous_lost: bool = False) -> Claim:
     """Record the attempt an activity row was just claimed for (status running, ``attempt``,
     ``lease_token`` already written) and the fencing token its result must present."""
-    ActivityAttempt.objects.create(activity=activity, number=activity.attempt, lease_token=activity.lease_token,
-                                   worker=worker, task_id=task_id, started_at=now)
+    rows_insert(ActivityAttempt, [{"activity": activity.pk, "number": activity.attempt,
+                                   "lease_token": activity.lease_token, "worker": worker, "task_id": task_id,
+                                   "started_at": now}])
     event_record(workflow=workflow, kind="activity.started", at=now, operation_id=activity.operation_id,
                  attempt=activity.attempt, worker=worker)
     return Claim(
