@@ -15,6 +15,7 @@ moves. AGENTOPS_CLOCK=python uses the Python clock on PostgreSQL too. See docs/a
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -35,6 +36,14 @@ class _Reading:
 # One reading per process, shared by its threads. A forked pool process inherits it and may go on
 # using it: CLOCK_MONOTONIC is the same clock in every process of the host.
 _reading: _Reading | None = None
+# The latest time now() gave in this process. A new reading may land up to half a round trip
+# behind the one before it (the server stamps the statement when it starts it, we pin the reading
+# at the round trip's middle): now() holds at the latest time given until the clock passes it,
+# so no caller sees time go back. A step back of more than STEP_BACK is the server's clock
+# really set back, and is followed.
+_latest: datetime | None = None
+_latest_lock = threading.Lock()
+STEP_BACK = timedelta(seconds=1)
 
 
 def now() -> datetime:
@@ -44,7 +53,16 @@ def now() -> datetime:
     reading, mono = _reading, time.monotonic()
     if reading is None or mono - reading.monotonic >= settings.AGENTOPS_CLOCK_RESYNC_SECONDS:
         reading = _read_database_clock(reading)
-    return reading.at + timedelta(seconds=mono - reading.monotonic)
+    return _not_before_latest(reading.at + timedelta(seconds=mono - reading.monotonic))
+
+
+def _not_before_latest(value: datetime) -> datetime:
+    global _latest
+    with _latest_lock:
+        if _latest is not None and _latest - STEP_BACK < value < _latest:
+            return _latest
+        _latest = value
+        return value
 
 
 def _python_clock() -> bool:
@@ -73,5 +91,5 @@ def _read_database_clock(previous: _Reading | None) -> _Reading:
 
 def resync() -> None:
     """Forget the last reading: the next ``now()`` reads the server's clock again."""
-    global _reading
-    _reading = None
+    global _reading, _latest
+    _reading = _latest = None

@@ -85,6 +85,20 @@ def test_the_server_is_asked_again_after_the_resync_interval(settings, django_as
     assert values == sorted(values)
 
 
+@pytest.mark.parametrize(("behind", "followed"), [(timedelta(milliseconds=200), False), (timedelta(hours=1), True)])
+def test_a_reading_behind_the_last_time_given_holds_time_unless_the_server_was_set_back(behind, followed):
+    """A new reading half a round trip behind the last one does not take time back; a server clock
+    set back an hour is followed."""
+    given = clock.now()
+    clock._reading = clock._Reading(at=given - behind, monotonic=time.monotonic())
+    later = clock.now()
+    assert (later < given) is followed
+    if not followed:
+        assert later == given
+        time.sleep(0.25)
+        assert clock.now() > given  # the held time moves on once the clock passes it
+
+
 def test_time_machine_moves_the_clock_without_asking_the_server(time_machine, django_assert_num_queries):
     """While time-machine travels, clock.now() is the Python clock it moves (tests move time this way)."""
     destination = datetime(2031, 5, 4, 3, 2, 1, tzinfo=UTC)

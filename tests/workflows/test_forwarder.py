@@ -75,4 +75,8 @@ def test_closing_the_forwarder_closes_the_connections_it_holds(forwarder: Forwar
         s.settimeout(5)
         s.sendall(b"x")
         forwarder.close()
-        assert s.recv(4096) == b""
+        # Closed with the held byte unread, the forwarder's side may answer with a reset instead of an end.
+        try:
+            assert s.recv(4096) == b""
+        except ConnectionResetError:
+            pass
