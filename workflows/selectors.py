@@ -1,6 +1,7 @@
 """Reads for the engine, the admin and the commands; no writes."""
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -36,12 +37,18 @@ def snapshot(workflow: Workflow, load_goal: Callable[[], str]) -> engine.Workflo
 
 
 def recorded_activities(workflow: Workflow) -> dict[str, engine.RecordedActivity]:
-    """Activities recorded for the workflow's current node visit, by operation id."""
-    rows = Activity.objects.filter(workflow=workflow, node_visit=workflow.node_visit).values_list(
-        "operation_id", "name", "status", "result", "error"
-    )
+    """Activities recorded for the workflow's current node visit, by operation id.
+
+    SQL (``workflows.services.sql``): every advance replays the node visit with it. The columns
+    read are text; the result's JSON comes back as text from both databases (Django reads
+    PostgreSQL's jsonb as text too) and is decoded here."""
+    from workflows.services.sql import rows_select
+
+    rows = rows_select(Activity, ("operation_id", "name", "status", "result", "error"),
+                       {"workflow": workflow.pk, "node_visit": workflow.node_visit})
     return {
-        operation_id: engine.RecordedActivity(name=name, status=status, result=result, error=error)
+        operation_id: engine.RecordedActivity(
+            name=name, status=status, result=None if result is None else json.loads(result), error=error)
         for operation_id, name, status, result, error in rows
     }
 

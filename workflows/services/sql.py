@@ -67,6 +67,14 @@ def row_exists(model: type[models.Model], where: Where) -> bool:
         return cursor.fetchone() is not None
 
 
+def rows_select(model: type[models.Model], names: tuple[str, ...], where: Where) -> list[tuple[Any, ...]]:
+    """The columns ``names`` of the rows matching ``where``, as the database driver returns them:
+    no field conversion is applied (a JSON column comes back as text; decode it with its field)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_select_sql(model, names, _shape(where)), _where_params(model, where))
+        return list(cursor.fetchall())
+
+
 def _shape(where: Where) -> tuple[tuple[str, int], ...]:
     """The conditions' names, each with how many values it lists (0 for an equality)."""
     return tuple((name, len(value) if isinstance(value, tuple) else 0) for name, value in where.items())
@@ -111,6 +119,12 @@ def _insert_sql(model: type[models.Model], names: tuple[str, ...], count: int) -
 def _update_sql(model: type[models.Model], names: tuple[str, ...], shape: tuple[tuple[str, int], ...]) -> str:
     sets = ", ".join(f"{quoted_column(concrete_field(model, name))} = %s" for name in names)
     return f"UPDATE {quoted_table(model)} SET {sets} WHERE {_where_sql(model, shape)}"
+
+
+@functools.cache
+def _select_sql(model: type[models.Model], names: tuple[str, ...], shape: tuple[tuple[str, int], ...]) -> str:
+    columns = ", ".join(quoted_column(concrete_field(model, name)) for name in names)
+    return f"SELECT {columns} FROM {quoted_table(model)} WHERE {_where_sql(model, shape)}"
 
 
 @functools.cache
