@@ -51,6 +51,23 @@ def rows_insert(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) ->
         cursor.execute(_insert_sql(model, names, len(rows)), params)
 
 
+def row_insert(instance: models.Model) -> None:
+    """``instance.save(force_insert=True)`` for a new row with an automatic primary key: every
+    concrete field as the instance holds it; sets the key the database gave. Without what
+    ``save`` adds (``pre_save``, ``auto_now``, the save signals): the models it writes have none."""
+    model = type(instance)
+    pk = model._meta.pk
+    assert pk is not None
+    fields = [field for field in model._meta.concrete_fields if field is not pk]
+    params = [_db_value(field, getattr(instance, field.attname)) for field in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_returning_sql(model), params)
+        row = cursor.fetchone() if connection.features.can_return_columns_from_insert else (cursor.lastrowid,)
+    assert row is not None
+    instance.pk = row[0]
+    instance._state.adding, instance._state.db = False, connection.alias
+
+
 def row_update(model: type[models.Model], values: Mapping[str, Any], where: Where) -> int:
     """``model.objects.filter(**where).update(**values)``, for equality and one-of conditions;
     returns the rows updated."""
@@ -113,6 +130,16 @@ def _insert_sql(model: type[models.Model], names: tuple[str, ...], count: int) -
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     columns = ", ".join(quoted_column(field) for field in fields)
     return f"INSERT INTO {quoted_table(model)} ({columns}) VALUES {', '.join([row] * count)}"
+
+
+@functools.cache
+def _insert_returning_sql(model: type[models.Model]) -> str:
+    pk = model._meta.pk
+    assert pk is not None
+    fields = [field for field in model._meta.concrete_fields if field is not pk]
+    returning = f" RETURNING {quoted_column(pk)}" if connection.features.can_return_columns_from_insert else ""
+    return (f"INSERT INTO {quoted_table(model)} ({', '.join(quoted_column(f) for f in fields)}) "
+            f"VALUES ({', '.join(['%s'] * len(fields))}){returning}")
 
 
 @functools.cache

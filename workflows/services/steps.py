@@ -23,7 +23,7 @@ from workflows.services.common import (
     release_current,
     workflow_save,
 )
-from workflows.services.sql import rows_insert
+from workflows.services.sql import row_insert, rows_insert
 
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
@@ -121,7 +121,7 @@ def activity_schedule(
     if slot is not None:
         activity.status, activity.attempt, activity.heartbeat_at = Activity.Status.RUNNING, 1, now
         activity.lease_token, activity.lease_expires_at = uuid.uuid4().hex, lease_expiry(spec, now)
-    activity.save(force_insert=True)
+    row_insert(activity)
     event_record(workflow=workflow, kind="activity.scheduled", at=now, operation_id=activity.operation_id,
                  name=activity.name)
     if slot is not None:
