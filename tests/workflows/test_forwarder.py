@@ -44,16 +44,20 @@ def ask(s: socket.socket, data: bytes, timeout: float = 5.0) -> bytes:
     return s.recv(4096)
 
 
+def assert_answered_only_after_the_heal(forwarder: Forwarder, s: socket.socket, data: bytes) -> None:
+    with pytest.raises(TimeoutError):
+        ask(s, data, timeout=0.5)
+    forwarder.heal()
+    s.settimeout(5)
+    assert s.recv(4096) == data
+
+
 def test_a_cut_stalls_an_open_connection_without_an_error_and_the_heal_delivers_what_was_held(
         forwarder: Forwarder) -> None:
     with socket.create_connection(("127.0.0.1", forwarder.port)) as s:
         assert ask(s, b"before") == b"before"
         forwarder.cut()
-        with pytest.raises(TimeoutError):
-            ask(s, b"during", timeout=0.5)
-        forwarder.heal()
-        s.settimeout(5)
-        assert s.recv(4096) == b"during"
+        assert_answered_only_after_the_heal(forwarder, s, b"during")
     assert forwarder.stalled == 1
 
 
@@ -61,11 +65,7 @@ def test_a_connection_opened_during_a_cut_is_accepted_and_answered_only_after_th
         forwarder: Forwarder) -> None:
     forwarder.cut()
     with socket.create_connection(("127.0.0.1", forwarder.port), timeout=2) as s:
-        with pytest.raises(TimeoutError):
-            ask(s, b"hello", timeout=0.5)
-        forwarder.heal()
-        s.settimeout(5)
-        assert s.recv(4096) == b"hello"
+        assert_answered_only_after_the_heal(forwarder, s, b"hello")
     assert forwarder.held == 1
 
 

@@ -113,13 +113,9 @@ class Forwarder:
         """Stop listening and close every connection (held ones too)."""
         self._closed = True
         for server in self.servers:
-            # Wake the thread blocked in accept(): a close() alone leaves the listening socket open
-            # until accept returns, and the next test's forwarder on this address fails to bind.
-            try:
-                server.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            server.close()
+            # Shut down first, to wake the thread blocked in accept(): a close() alone leaves the listening
+            # socket open until accept returns, and the next test's forwarder on this address fails to bind.
+            self._close(server)
         with self._lock:
             sockets = list(self._open)
         for s in sockets:
