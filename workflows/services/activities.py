@@ -169,27 +169,21 @@ def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -
     return attempt_start(workflow, activity, worker=worker, task_id=task_id, now=now, previous_lost=previous_lost)
 
 
-def _fenced(claim: Claim) -> Any:
-    """The activity row, only while this claim still holds the lease."""
-    return Activity.objects.filter(
-        pk=claim.activity_id, status=Activity.Status.RUNNING, attempt=claim.attempt, lease_token=claim.lease_token
-    )
-
-
 def _fence(claim: Claim) -> dict[str, Any]:
-    """The conditions of ``_fenced(claim)``, for the writes every turn of a running attempt makes
-    (heartbeat, fence, checkpoint, note) as SQL (``workflows.services.sql``)."""
+    """The activity row, only while this claim still holds the lease: the conditions of every
+    write of a running attempt (heartbeat, fence, checkpoint, note, its outcome), which are SQL
+    (``workflows.services.sql``)."""
     return {"id": claim.activity_id, "status": Activity.Status.RUNNING.value, "attempt": claim.attempt,
             "lease_token": claim.lease_token}
 
 
 def _fenced_update(claim: Claim, values: dict[str, Any]) -> bool:
-    """``_fenced(claim).update(**values)``; True when the claim held the row."""
+    """Update the activity row the claim holds; True when it still held it."""
     return bool(row_update(Activity, values, _fence(claim)))
 
 
 def _fenced_exists(claim: Claim) -> bool:
-    """``_fenced(claim).exists()``."""
+    """Whether the claim still holds the activity row."""
     return row_exists(Activity, _fence(claim))
 
 
@@ -283,15 +277,15 @@ def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseExceptio
         # A budget deferral is a wait for money, and throttling a wait for the provider's
         # capacity, not failed tries: both give their attempt back.
         refund = 1 if isinstance(error, (BudgetDeferred, Throttled)) else 0
-        updated = _fenced(claim).update(
-            status=Activity.Status.SCHEDULED, error=message, next_attempt_at=now + timedelta(seconds=delay),
-            dispatched_at=None, lease_expires_at=None, max_attempts=activity.max_attempts + refund,
-        )
+        updated = _fenced_update(claim, {
+            "status": Activity.Status.SCHEDULED, "error": message, "next_attempt_at": now + timedelta(seconds=delay),
+            "dispatched_at": None, "lease_expires_at": None, "max_attempts": activity.max_attempts + refund,
+        })
         outcome = (RunOutcome.THROTTLED if isinstance(error, Throttled)
                    else RunOutcome.DEFERRED if refund else RunOutcome.RETRY_SCHEDULED)
     else:
-        updated = _fenced(claim).update(status=Activity.Status.FAILED, error=message, completed_at=now,
-                                        lease_expires_at=None)
+        updated = _fenced_update(claim, {"status": Activity.Status.FAILED, "error": message, "completed_at": now,
+                                         "lease_expires_at": None})
         outcome = RunOutcome.FAILED
     if not updated:
         return _refuse_stale(workflow, claim)
