@@ -94,6 +94,11 @@ PARTITION_SECONDS = (2.0, 12.0)
 PARTITION_CUTS = (("db",), ("broker",), ("db", "broker"))
 # The beat and the second beat: like each worker, each reaches the services through forwarders of its own.
 BEATS = ("beat", "beat2")
+# The I/O workers: the default AGENTOPS_IO_QUEUE (the soak's processes get no AGENTOPS_ settings
+# of their own), threads and database connections each.
+IO_QUEUE = "agentops.io"
+IO_THREADS = 50
+IO_DB_POOL_SIZE = 4
 APPROVER, REQUESTER = "soak-approver", "soak-requester"
 APPROVER_GROUP = "release-approvers"
 HARNESS_APPROVER_GROUP = "harness-approvers"
@@ -112,6 +117,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="harness agents to launch, a three-feature todo project each "
                              "(default: one per 20 s of --seconds, at least 3)")
     parser.add_argument("--workers", type=int, default=3, help="worker processes (default %(default)s)")
+    parser.add_argument("--io-workers", type=int, default=1,
+                        help="of those, how many are threads workers on the I/O queue, as the README runs model-heavy "
+                             "agents; the others are prefork workers on every queue (default %(default)s)")
     parser.add_argument("--fault-gap", type=float, nargs=2, default=(3.0, 8.0), metavar=("MIN", "MAX"),
                         help="seconds between two faults, drawn uniformly (default 3 8)")
     parser.add_argument("--launch-share", type=float, default=1.0,
@@ -127,7 +135,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="logs, the deploy target's state, the Redis dir (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here too")
     parser.add_argument("--keep-db", action="store_true", help="keep the soak database afterwards")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not 0 <= args.io_workers < args.workers:
+        parser.error(f"--io-workers must be 0 or more and leave at least one prefork worker of --workers "
+                     f"{args.workers} for the default queue; got {args.io_workers}")
+    return args
 
 
 # --- The plan: drawn from the seed before anything runs ---
@@ -328,8 +340,7 @@ class Soak:
                        "AGENTOPS_HARNESS_SCHEDULE_FILE": str(self.harness_schedule),
                        "AGENTOPS_HARNESS_SESSION_LEASE_SECONDS": str(soak_harness.SESSION_LEASE_SECONDS)},
             tail_lines=60)
-        self.workers = {name: self.cluster.start_worker(name, ready=False, extra_env=self._reach(name))
-                        for name in self.links if name not in BEATS}
+        self.workers = {name: self._start_worker(name) for name in self.links if name not in BEATS}
         self.beat = self._start_beat("beat")
         self.second_beat: Proc | None = None
         self.cluster.wait_ready(*self.workers.values(), self.beat)
@@ -611,7 +622,8 @@ class Soak:
         if len(live) < 2:
             return ""
         name, proc = self.rng.choice(live)
-        pool_only = self.rng.random() < 0.5
+        # A threads worker has no pool processes: all of it stops, or nothing would.
+        pool_only = self.rng.random() < 0.5 and not self._io_worker(name)
         seconds = self.rng.uniform(*PAUSE_SECONDS)
         proc.pause(pool_only=pool_only)
         self.paused.add(name)
@@ -743,8 +755,21 @@ class Soak:
         self.armed.discard(name)
         if armed:
             self.armed.add(name)
-        self.workers[name] = self.cluster.start_worker(name, extra_env={**self._reach(name), **(env or {})},
-                                                       ready=False, faults=KILL_AFTER_ACCEPT if armed else None)
+        self.workers[name] = self._start_worker(name, env=env, faults=KILL_AFTER_ACCEPT if armed else None)
+
+    def _start_worker(self, name: str, *, env: dict[str, str] | None = None,
+                      faults: list[dict[str, Any]] | None = None) -> Proc:
+        """The last ``--io-workers`` workers: threads pools on the I/O queue with a pool of database
+        connections (the README's worker for model-heavy agents); the others prefork, every queue."""
+        shape: dict[str, Any] = {}
+        if self._io_worker(name):
+            shape = {"pool": "threads", "concurrency": IO_THREADS, "queues": (IO_QUEUE,)}
+            env = {"AGENTOPS_DB_POOL_SIZE": str(IO_DB_POOL_SIZE), **(env or {})}
+        return self.cluster.start_worker(name, extra_env={**self._reach(name), **(env or {})}, ready=False,
+                                         faults=faults, **shape)
+
+    def _io_worker(self, name: str) -> bool:
+        return int(name[1:]) > self.args.workers - self.args.io_workers
 
     def _start_beat(self, name: str) -> Proc:
         return self.cluster.start_beat(name, ready=False, extra_env=self._reach(name))
