@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from agentops.agents.harness.definition import Ctx as HarnessCtx
+from agentops.agents.harness.definition import Harness
 from agentops.agents.release.activities import RepoInput, inspect_repository
 from agentops.agents.release.definition import Ctx, Release
 from tests.conftest import drive, release_params
@@ -48,13 +50,15 @@ def replay_check(*args: str) -> tuple[int, str]:
 
 @pytest.mark.django_db
 def test_the_recorded_histories_of_the_shipped_kinds_replay():
-    """CI's guard: a change to `release` or `autonomous` that breaks these histories fails here."""
+    """CI's guard: a change to `release`, `autonomous` or `harness` that breaks these histories fails
+    here. The harness's is the `todo` demo of docs/harness.md run to completed (112 node visits:
+    the approval, repairs, the budget pause and its resume), as `agent export-history` printed it."""
     assert sorted(p.name for p in HISTORIES.glob("*.json")) == [
-        "autonomous-completed.json", "release-completed.json", "release-goal-superseded.json",
-        "release-waiting-for-approval.json",
+        "autonomous-completed.json", "harness-completed.json", "release-completed.json",
+        "release-goal-superseded.json", "release-waiting-for-approval.json",
     ]
     code, out = replay_check("--fixtures", str(HISTORIES))
-    assert (code, out.strip()) == (0, "4 of 4 histories replay on the current definitions.")
+    assert (code, out.strip()) == (0, "5 of 5 histories replay on the current definitions.")
 
 
 @pytest.mark.django_db
@@ -73,6 +77,27 @@ def test_a_changed_definition_is_named_with_its_node_and_step(changed, node, ste
     [found] = report["diverged"]
     assert (report["checked"], found["kind"], found["node"]) == (1, "release", node)
     assert found["operation_id"].endswith(step) and reason in found["reason"]
+
+
+class SkipsTheFeatureListCheck(Harness):
+    """A harness change that would break its workflows in flight: the scaffold goes to approval unvalidated."""
+
+    @node("VALIDATE_FEATURE_LIST")
+    def validate_feature_list(self, ctx: HarnessCtx) -> Decision:
+        return Goto("WAIT_FOR_APPROVAL")
+
+
+@pytest.mark.django_db
+def test_a_changed_harness_definition_is_named_against_the_demos_history():
+    with deployed(SkipsTheFeatureListCheck):
+        code, out = replay_check("--fixtures", str(HISTORIES / "harness-completed.json"), "--json")
+
+    assert code == 1
+    report = json.loads(out[: out.rindex("}") + 1])
+    [found] = report["diverged"]
+    assert (found["kind"], found["node"]) == ("harness", "VALIDATE_FEATURE_LIST")
+    assert found["reason"] == ("recorded activity 'harness_validate' (succeeded) is no longer asked for; the handler "
+                               "now goes to WAIT_FOR_APPROVAL"), found
 
 
 @pytest.mark.django_db
