@@ -12,6 +12,7 @@ from django.db.models import Count, F, Q, QuerySet, Sum
 from workflows import clock, engine, registry
 from workflows.errors import InvalidInput
 from workflows.models import Activity, ApiToken, Event, Intent, UsageEntry, Wait, Workflow
+from workflows.sql import rows_select
 
 
 def definition_of(workflow: Workflow) -> engine.WorkflowDefinition | None:
@@ -39,11 +40,9 @@ def snapshot(workflow: Workflow, load_goal: Callable[[], str]) -> engine.Workflo
 def recorded_activities(workflow: Workflow) -> dict[str, engine.RecordedActivity]:
     """Activities recorded for the workflow's current node visit, by operation id.
 
-    SQL (``workflows.services.sql``): every advance replays the node visit with it. The columns
+    SQL (``workflows.sql``): every advance replays the node visit with it. The columns
     read are text; the result's JSON comes back as text from both databases (Django reads
     PostgreSQL's jsonb as text too) and is decoded here."""
-    from workflows.services.sql import rows_select
-
     rows = rows_select(Activity, ("operation_id", "name", "status", "result", "error"),
                        {"workflow": workflow.pk, "node_visit": workflow.node_visit})
     return {

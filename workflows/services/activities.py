@@ -31,7 +31,6 @@ from workflows.services.common import (
     workflow_save,
 )
 from workflows.services.progress import progress_record_once, progress_validate
-from workflows.services.sql import row_exists, row_update
 from workflows.services.steps import (
     COMPENSATION_NODE,
     ChainSlot,
@@ -41,6 +40,7 @@ from workflows.services.steps import (
     throttled_streak,
 )
 from workflows.services.workflows import advance_locked
+from workflows.sql import row_exists, row_update
 
 logger = logging.getLogger("agentops.activities")
 
@@ -172,7 +172,7 @@ def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -
 def _fence(claim: Claim) -> dict[str, Any]:
     """The activity row, only while this claim still holds the lease: the conditions of every
     write of a running attempt (heartbeat, fence, checkpoint, note, its outcome), which are SQL
-    (``workflows.services.sql``)."""
+    (``workflows.sql``)."""
     return {"id": claim.activity_id, "status": Activity.Status.RUNNING.value, "attempt": claim.attempt,
             "lease_token": claim.lease_token}
 

@@ -19,8 +19,8 @@ from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Tran
 from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
 from workflows.selectors import spent_usd
 from workflows.services.common import event_record, workflow_lock, workflow_not_found, workflow_save
-from workflows.services.sql import concrete_field, quoted_column, quoted_table, row_update, rows_insert
 from workflows.services.steps import BUDGET_PAUSE_PREFIX, MAX_BUDGET_USD, wake_locked
+from workflows.sql import concrete_field, quoted_column, quoted_table, row_update, rows_insert
 
 HOUR = timedelta(hours=1)
 PRIORITY_PASSES_HOURLY = 9
@@ -46,7 +46,7 @@ def budget_reserve_ensure(
     BudgetExhausted over the total, BudgetDeferred (with the time the hourly window frees up)
     over the hourly limit unless the workflow's priority is 9 or more. ``fence`` (an attempt's
     ``ctx.fence``) runs under the lock first: the request is reserved only while the attempt may
-    still send it, in one transaction. Its statements are SQL (``workflows.services.sql``):
+    still send it, in one transaction. Its statements are SQL (``workflows.sql``):
     every request of every model call makes them.
     """
     limits = _budget_lock(workflow_id, key)

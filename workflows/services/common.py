@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from agentops import providers
 from workflows.errors import InvalidInput, NotFound
 from workflows.models import BehavioralRelease, Event, Workflow
-from workflows.services.sql import concrete_field, quoted_column, quoted_table, row_update, rows_insert
+from workflows.sql import concrete_field, quoted_column, quoted_table, row_update, rows_insert
 
 MAX_JSON_BYTES = 1_000_000
 
@@ -105,9 +105,8 @@ def events_batched(workflow: Workflow) -> Iterator[None]:
 
 
 def _events_write(workflow: Workflow, events: list[Event]) -> None:
-    """Insert ``events`` and write the workflow's ``event_seq`` (SQL: every step does it)."""
-    rows_insert(Event, [{"workflow": e.workflow_id, "seq": e.seq, "kind": e.kind, "data": e.data,
-                         "created_at": e.created_at} for e in events])
+    """Insert ``events`` (numbered in a row) and write the workflow's ``event_seq`` (SQL: every step does it)."""
+    events_insert(workflow.pk, events[0].seq, [(e.kind, e.created_at, e.data) for e in events])
     row_update(Workflow, {"event_seq": workflow.event_seq}, {"id": workflow.pk})
 
 

@@ -23,7 +23,7 @@ from workflows.services.common import (
     release_current,
     workflow_save,
 )
-from workflows.services.sql import row_insert, rows_insert
+from workflows.sql import row_insert, rows_insert
 
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100

@@ -45,8 +45,9 @@ def head_before(repo: Path, operation_id: str) -> str:
     A retried session's earlier attempts committed with its ``Harness-Operation`` trailer; this is
     the commit the session started from.
     """
+    # On a branch with no commit yet git log fails and prints nothing: there is no such commit.
     log = git(repo, "log", "--first-parent", "--format=%H %(trailers:key=Harness-Operation,valueonly,separator=%x2C)",
-              check=False) if head(repo) else ""
+              check=False)
     for line in log.splitlines():
         sha, _, operations = line.partition(" ")
         if operation_id not in operations.split(","):

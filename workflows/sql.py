@@ -1,4 +1,4 @@
-"""Statements written by hand for the writes every model call and every turn makes.
+"""Statements written by hand for what every model call and every step writes and reads.
 
 The ORM spends several times a short statement's own cost building it (bench/README.md, "7.
 Agents in flight": 0.30 ms of client CPU for a ``filter().update()`` against 0.08 ms as SQL).
@@ -56,10 +56,7 @@ def row_insert(instance: models.Model) -> None:
     concrete field as the instance holds it; sets the key the database gave. Without what
     ``save`` adds (``pre_save``, ``auto_now``, the save signals): the models it writes have none."""
     model = type(instance)
-    pk = model._meta.pk
-    assert pk is not None
-    fields = [field for field in model._meta.concrete_fields if field is not pk]
-    params = [_db_value(field, getattr(instance, field.attname)) for field in fields]
+    params = [_db_value(field, getattr(instance, field.attname)) for field in _fields_but_pk(model)]
     with connection.cursor() as cursor:
         cursor.execute(_insert_returning_sql(model), params)
         row = cursor.fetchone() if connection.features.can_return_columns_from_insert else (cursor.lastrowid,)
@@ -133,10 +130,15 @@ def _insert_sql(model: type[models.Model], names: tuple[str, ...], count: int) -
 
 
 @functools.cache
+def _fields_but_pk(model: type[models.Model]) -> list[models.Field[Any, Any]]:
+    return [field for field in model._meta.concrete_fields if field is not model._meta.pk]
+
+
+@functools.cache
 def _insert_returning_sql(model: type[models.Model]) -> str:
     pk = model._meta.pk
     assert pk is not None
-    fields = [field for field in model._meta.concrete_fields if field is not pk]
+    fields = _fields_but_pk(model)
     returning = f" RETURNING {quoted_column(pk)}" if connection.features.can_return_columns_from_insert else ""
     return (f"INSERT INTO {quoted_table(model)} ({', '.join(quoted_column(f) for f in fields)}) "
             f"VALUES ({', '.join(['%s'] * len(fields))}){returning}")
