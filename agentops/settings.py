@@ -302,7 +302,7 @@ if not AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS > 0:
 AGENTOPS_PROMPT_VERSION = env_str("AGENTOPS_PROMPT_VERSION", "prompts-2")  # 2: structured answers as forced tool calls
 AGENTOPS_WORKSPACE_DIR = Path(env_str("AGENTOPS_WORKSPACE_DIR", str(VAR_DIR / "workspaces")))
 # Every command run for a user (the autonomous agent's run_command, the release agent's tests) is
-# sandboxed (agentops/sandbox.py): scrubbed environment, own process group, redacted output, and
+# sandboxed (agentops/sandbox/): scrubbed environment, own process group, redacted output, and
 # bubblewrap (read-only system, no network, own PID namespace): "auto" uses it where it works,
 # "bwrap" refuses to run a command without it, "none" never uses it.
 AGENTOPS_SANDBOX = env_str("AGENTOPS_SANDBOX", "auto")
@@ -310,6 +310,16 @@ if AGENTOPS_SANDBOX not in {"auto", "bwrap", "none"}:
     raise ImproperlyConfigured(f"AGENTOPS_SANDBOX={AGENTOPS_SANDBOX!r} must be auto, bwrap or none.")
 # After a command's timeout its process group gets SIGTERM, then SIGKILL this much later.
 AGENTOPS_SANDBOX_GRACE_SECONDS = env_float("AGENTOPS_SANDBOX_GRACE_SECONDS", 5.0)
+# What one sandboxed command (and everything it starts) may use (docs/security.md, "Limits"):
+# memory and processes through a control group of its own where the worker may create one
+# (AGENTOPS_SANDBOX_CGROUP: "auto" finds a writable cgroup v1 hierarchy, a path names a
+# delegated cgroup v2 directory, "none" uses none: then memory is an address-space limit per
+# process and processes are not limited), the size of one file it writes, and its private /tmp.
+AGENTOPS_SANDBOX_MEMORY_MB = env_int("AGENTOPS_SANDBOX_MEMORY_MB", 2048)
+AGENTOPS_SANDBOX_MAX_PROCESSES = env_int("AGENTOPS_SANDBOX_MAX_PROCESSES", 256)
+AGENTOPS_SANDBOX_MAX_FILE_MB = env_int("AGENTOPS_SANDBOX_MAX_FILE_MB", 512)
+AGENTOPS_SANDBOX_TMP_MB = env_int("AGENTOPS_SANDBOX_TMP_MB", 512)
+AGENTOPS_SANDBOX_CGROUP = env_str("AGENTOPS_SANDBOX_CGROUP", "auto")
 # The harness kind (docs/harness.md): how many of a feature list's checks run at once on a worker,
 # and the ceiling of the hard timeout of one run_command on this worker (a workflow's
 # command_timeout_seconds applies under it; the command and its children are killed).

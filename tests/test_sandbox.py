@@ -70,7 +70,8 @@ def test_run_command_sees_none_of_the_workers_environment(worker_secrets, isolat
     assert f"(sandbox: {isolation})" in output
     assert f"HOME={workspace}" in output and "LANG=C.UTF-8" in output
     names = {line.split("=", 1)[0] for line in output.splitlines()[1:] if "=" in line}
-    assert names <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "TERM", "PWD", "SHLVL", "_"}, names
+    assert names <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "TERM", "PYTHONDONTWRITEBYTECODE", "PWD", "SHLVL",
+                     "_"}, names
     for name in NAMES_NO_COMMAND_MAY_SEE:
         assert name not in output
     for value in SECRET_VALUES:
@@ -332,7 +333,8 @@ def test_release_tests_see_none_of_agentops_variables(worker_secrets, tmp_path, 
     tests = workflow.state["tests"]
     assert tests["passed"] and tests["isolation"] == sandbox.isolation()
     names = set(tests["output_tail"].split("ENV:")[1].split())
-    assert names - {"PWD"} == {"HOME", "LANG", "LC_ALL", "PATH", "TERM", "TMPDIR"}, tests["output_tail"]
+    expected = {"HOME", "LANG", "LC_ALL", "PATH", "PYTHONDONTWRITEBYTECODE", "TERM", "TMPDIR"}
+    assert names - {"PWD"} == expected, tests["output_tail"]
 
 
 PYTEST_SUITE = """\

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -80,30 +78,35 @@ def test_a_silent_command_hits_the_soft_timeout_and_a_busy_one_the_hard_one(sess
     assert not ok and out.startswith("command timed out after 2 s")
 
 
+FETCH = "python -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{port}/app.py').read().decode())\""
+
+
 def test_a_service_gets_a_port_serves_on_loopback_and_is_stopped_with_its_group(session):
+    """The session's commands reach its service on loopback (under bubblewrap: in the session's own network)."""
     ok, out = tools.call(session, "service_start", {"name": "web",
                                                     "command": "python -m http.server {port} --bind 127.0.0.1"})
     assert ok and "listening on 127.0.0.1:" in out, out
     service = session.services["web"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{service.port}/app.py", timeout=10) as answer:
-        assert answer.read().decode() == SOURCE
+    ok, fetched = tools.call(session, "run_command", {"command": FETCH.format(port=service.port)})
+    assert ok and fetched.split("\n", 1)[1].strip() == SOURCE.strip(), fetched
     ok, logs = tools.call(session, "service_logs", {"name": "web"})
     assert ok and "GET /app.py" in logs
     pid = service.proc.pid
     assert tools.call(session, "service_stop", {"name": "web"})[0]
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert not list(session.service_dir.glob("*.pid"))
+    assert not list((session.service_dir / "records").iterdir())
 
 
 def test_services_still_running_at_the_end_of_a_session_are_stopped(session):
     ok, _ = tools.call(session, "service_start", {"name": "web", "command": "python -m http.server {port}"})
-    port = session.services["web"].port
+    service = session.services["web"]
     assert ok and session.close() == ["web"]
-    with socket.socket() as sock:
-        assert sock.connect_ex(("127.0.0.1", port)) != 0
+    assert service.proc.poll() is not None and session.network is None
+    ok, out = tools.call(session, "run_command", {"command": FETCH.format(port=service.port)})
+    assert not ok and "Connection refused" in out
 
 
-def test_services_a_dead_attempt_left_are_stopped_from_their_pid_files(session, tmp_path):
+def test_services_a_dead_attempt_left_are_stopped_from_the_engines_records(session, tmp_path):
     """A worker killed with its session leaves a service behind: the next attempt stops its group."""
     ok, _ = tools.call(session, "service_start", {"name": "web", "command": "python -m http.server {port}"})
     pid = session.services["web"].proc.pid

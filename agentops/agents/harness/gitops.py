@@ -1,38 +1,25 @@
 """Git as the harness uses it: the engine's own commits, session boundaries, WIP refs and tamper reverts.
 
-Git runs in the worker (not in the sandbox) with the user's and the system's configuration
-ignored and hooks disabled, so nothing a session wrote into the workspace runs as the engine.
+Git runs in the worker (not in the sandbox) through ``agentops.git``: the repository's
+configuration is the engine's own, rewritten before every command, and every setting that would
+run a program is overridden, so nothing a session wrote into the workspace (``.git`` included)
+runs as the engine.
 """
 from __future__ import annotations
 
-import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from workflows.errors import Permanent
+from agentops import git as engine_git
 
-IDENTITY = ("-c", "user.name=agentops harness", "-c", "user.email=harness@agentops.local",
-            "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main")
 # Paths the engine owns once the feature list is approved: sessions may read them, never change them.
 PROTECTED = ("features.json", "checks")
 
 
-def _env() -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CONFIG_GLOBAL": "/dev/null",
-            "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent", "LANG": "C.UTF-8", "GIT_TERMINAL_PROMPT": "0"}
-
-
 def git(repo: Path | str, *args: str, check: bool = True) -> str:
-    """Run git in ``repo``; raises Permanent naming the command when it fails (and ``check``)."""
-    try:
-        done = subprocess.run(["git", *IDENTITY, "-C", str(repo), *args], capture_output=True, text=True,
-                              timeout=120, check=False, env=_env())
-    except FileNotFoundError:
-        raise Permanent("git is not installed on this worker; install it (apt-get install git).") from None
-    if check and done.returncode != 0:
-        raise Permanent(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip()[:500]}")
-    return done.stdout.rstrip()
+    """Run git in ``repo`` as the engine (``agentops.git.run``); raises Permanent naming the
+    command when it fails (and ``check``)."""
+    return engine_git.run(repo, *args, check=check)
 
 
 def head(repo: Path) -> str:

@@ -19,6 +19,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from agentops import git as engine_git
 from workflows.admin.charts import Reading, TimeChart, time_chart
 from workflows.admin.display import usd, when
 from workflows.admin.inspection import duration
@@ -299,13 +300,12 @@ def session_commits(workspace: str, name: str, result: dict[str, Any]) -> tuple[
 def _git(workspace: str, *args: str, limit: int) -> tuple[str, bool] | None:
     """Run a read-only git command; (its output cut at ``limit`` bytes, whether it was cut), or None.
 
-    Nothing the workspace's own configuration asks for runs here: no external diff, text
-    conversion, signature check, pager or fsmonitor; global and system configuration are ignored.
+    Nothing the workspace's own configuration asks for runs here: the engine's git environment
+    and overrides (``agentops.git``), and no external diff, text conversion or signature check. It
+    only reads: the repository's configuration is not rewritten from a web process.
     """
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CONFIG_GLOBAL": "/dev/null",
-           "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent", "LANG": "C.UTF-8", "GIT_TERMINAL_PROMPT": "0"}
-    command = ["git", "--no-pager", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null",
-               "-C", workspace, *args]
+    env = engine_git.environment()
+    command = engine_git.argv(workspace, *args, identity=())
     try:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
     except OSError:

@@ -3,8 +3,10 @@
 Paths resolve (symlinks included) inside the workspace; ``.git`` is never writable and, in a
 coding session, neither are the harness-owned ``features.json`` and ``checks/``. Commands run
 through ``agentops.sandbox`` (own process group, hard and no-output timeouts that kill the
-group, scrubbed environment, bubblewrap where it works); dev servers run as engine-owned
-services (a port allocated, the process group stopped at the latest when the session ends).
+group, scrubbed environment, resource limits, bubblewrap where it works); dev servers run as
+engine-owned services (a port allocated, in the session's own loopback-only network shared with
+its commands, the process group stopped at the latest when the session ends; what the engine
+knows of them it keeps where no command can write).
 ``request_pass`` and ``end_session`` end a session; they decide nothing: the engine grades
 afterwards.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +28,8 @@ from django.conf import settings
 
 from agentops import sandbox
 from agentops.agents.harness import gitops
+from agentops.sandbox import limits as resource_limits
+from agentops.sandbox.network import Network, NetworkUnavailable, network_create
 
 MAX_OUTPUT_CHARS = 4000
 MAX_WRITE_CHARS = 200_000
@@ -92,6 +97,7 @@ class Service:
     proc: subprocess.Popen[bytes]
     port: int
     log: Path
+    group: resource_limits.Group | None = None
 
 @dataclass
 class Session:
@@ -109,8 +115,9 @@ class Session:
     require_isolation: str = "none"  # "bwrap": a command that would run with less is refused
     command_timeout_seconds: int = 120  # the hard cap of one run_command (the tool-call budget)
     idle_seconds: int = 30  # the default soft no-output timeout of run_command
-    service_dir: Path | None = None  # logs and pid files of this workflow's services
+    service_dir: Path | None = None  # this workflow's services: logs, the engine's records, their TMPDIRs
     services: dict[str, Service] = field(default_factory=dict)
+    network: Network | None = None  # the session's own network, made at its first service
     proposal: dict[str, Any] | None = None
     touched: list[str] = field(default_factory=list)
 
@@ -124,6 +131,9 @@ class Session:
         names = list(self.services)
         for name in names:
             _service_stop(self, name)
+        if self.network is not None:
+            self.network.close()
+            self.network = None
         return names
 
 
@@ -140,6 +150,8 @@ def _writable(session: Session, relative: str) -> Path:
     parts = target.relative_to(session.root).parts
     if parts and parts[0] == ".git":
         raise PermissionError(f"{relative!r} is inside .git, which only the engine changes")
+    if target.exists() and target.stat().st_nlink > 1:
+        raise PermissionError(f"{relative!r} is a hard link to another file; write a file of its own instead")
     if session.protect and parts and parts[0] in gitops.PROTECTED:
         raise PermissionError(f"{relative!r} is owned by the harness (the approved feature list and checks) and "
                               "is read-only; use request_pass to be graded")
@@ -266,11 +278,16 @@ def _run_command(session: Session, command: str, timeout: int, idle: int) -> tup
     idle = max(1, min(idle, timeout))
     try:
         done = sandbox.run(argv, workspace=session.root, timeout_seconds=timeout, idle_timeout_seconds=idle,
-                           max_output_bytes=4 * MAX_OUTPUT_CHARS, keep_head_bytes=HEAD_CHARS)
+                           max_output_bytes=4 * MAX_OUTPUT_CHARS, keep_head_bytes=HEAD_CHARS,
+                           network=session.network)
     except FileNotFoundError:
         return False, f"command {argv[0]!r} not found"
     session.isolation = done.isolation
     output = _head_and_tail(done)
+    if done.limit_hit:
+        return False, (f"command stopped: it reached the sandbox's {done.limit_hit} limit "
+                       f"({_limit_text(done.limit_hit)}); it and every process it started were stopped "
+                       f"(sandbox: {done.isolation})\n{output}")
     if done.timed_out:
         return False, (f"command timed out after {timeout} s; it and every process it started were stopped "
                        f"(sandbox: {done.isolation})\n{output}")
@@ -293,6 +310,12 @@ def _head_and_tail(done: sandbox.Completed) -> str:
     return f"{head}\n[… about {max(0, omitted):,} bytes of output left out …]\n{tail}"
 
 
+def _limit_text(limit: str) -> str:
+    if limit == "memory":
+        return f"{settings.AGENTOPS_SANDBOX_MEMORY_MB} MB"
+    return f"{settings.AGENTOPS_SANDBOX_MAX_PROCESSES} processes"
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -308,41 +331,82 @@ def _service(session: Session, name: str) -> Service:
 
 
 def _service_start(session: Session, name: str, command: str) -> tuple[bool, str]:
-    """Start ``command`` in a process group of its own with a free loopback port; ready once it listens."""
+    """Start ``command`` in a process group of its own with a free loopback port, in the session's
+    network under bubblewrap; ready once it listens there."""
     if not name.isidentifier() or len(name) > 40:
         return False, "a service name is a short identifier, e.g. web"
     if name in session.services or len(session.services) >= MAX_SERVICES:
         return False, f"service {name!r} is already running, or {MAX_SERVICES} are (stop one first)"
     assert session.service_dir is not None
     kind = _isolation_or_refuse(session)
-    port = _free_port()
-    argv = [part.replace("{port}", str(port)) for part in shlex.split(command)]
+    argv = shlex.split(command)
     if not argv:
         return False, "empty command"
-    session.service_dir.mkdir(parents=True, exist_ok=True)
-    log = session.service_dir / f"{name}.log"
-    env = {**sandbox.child_environment(session.root, session.service_dir), "PORT": str(port)}
-    if kind == "bwrap":
-        # A server must be reachable on loopback by the engine: it keeps the host's network
-        # namespace; everything else is the commands' sandbox.
-        argv = [a for a in sandbox.bwrap_argv(sandbox.bwrap_works()[1], argv, workspace=session.root,
-                                              tmpdir=session.service_dir) if a != "--unshare-net"]
+    if kind == "bwrap" and session.network is None:
+        try:
+            session.network = network_create(sandbox.bwrap_works()[1])
+        except NetworkUnavailable as exc:
+            return False, f"services cannot start on this worker: {exc}"
+    port = _free_port() if session.network is None else 8000 + len(session.services)
+    argv = [part.replace("{port}", str(port)) for part in argv]
+    log, tmpdir, records = _service_paths(session.service_dir, name)
+    env = {**sandbox.child_environment(session.root, tmpdir), "PORT": str(port)}
+    limits = resource_limits.Limits.from_settings()
+    group = resource_limits.group_create(limits)
+    line = sandbox.command_line(argv, kind=kind, workspace=session.root, tmpdir=tmpdir, network=session.network,
+                                limits=limits, group=group)
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, cwd=session.root, env=env, stdin=subprocess.DEVNULL, stdout=out,
+        proc = subprocess.Popen(line, cwd=session.root, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    (session.service_dir / f"{name}.pid").write_text(str(proc.pid))
-    session.services[name] = Service(name=name, proc=proc, port=port, log=log)
+    _record(records / f"{name}.json", proc.pid, group)
+    session.services[name] = Service(name=name, proc=proc, port=port, log=log, group=group)
+    where = " in the session's own network (reach it from run_command)" if session.network is not None else ""
     deadline = time.monotonic() + SERVICE_READY_SECONDS
     while time.monotonic() < deadline and proc.poll() is None:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return True, f"service {name} listening on 127.0.0.1:{port} (pid {proc.pid}, sandbox: {kind})"
+        if _listening(session, port):
+            return True, f"service {name} listening on 127.0.0.1:{port}{where} (pid {proc.pid}, sandbox: {kind})"
         time.sleep(0.1)
     tail = sandbox.redacted_tail(log.read_text(errors="replace"), 1000)
     if proc.poll() is not None:
-        session.services.pop(name)
+        _service_stop(session, name)
         return False, f"service {name} exited with {proc.returncode} before listening on port {port}\n{tail}"
     return True, f"service {name} started (pid {proc.pid}) but is not listening on {port} yet\n{tail}"
+
+
+def _service_paths(service_dir: Path, name: str) -> tuple[Path, Path, Path]:
+    """A service's log, its own TMPDIR (the only directory besides the workspace it may write)
+    and the engine's records, which no command can write (bubblewrap binds neither them nor the log)."""
+    records, tmpdir = service_dir / "records", service_dir / "tmp" / name
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    for path in (records, tmpdir):
+        path.mkdir(parents=True, exist_ok=True)
+    return service_dir / f"{name}.log", tmpdir, records
+
+
+def _listening(session: Session, port: int) -> bool:
+    if session.network is not None:
+        return session.network.listening(port)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _record(path: Path, pid: int, group: resource_limits.Group | None) -> None:
+    """What the engine needs to stop a service a dead attempt left: its group, the start time of
+    its leader (so a reused pid is never signalled) and its control groups."""
+    record = {"pgid": pid, "started": _start_ticks(pid), "cgroups": [str(p) for p in group.dirs] if group else [],
+              "v2": bool(group and group.v2)}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
+def _start_ticks(pid: int) -> int:
+    """The start time of process ``pid`` in clock ticks since boot (0 when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2:].split()[19])
 
 
 def _service_stop(session: Session, name: str) -> tuple[bool, str]:
@@ -351,8 +415,10 @@ def _service_stop(session: Session, name: str) -> tuple[bool, str]:
         return False, f"no service {name!r} in this session"
     stop_group(service.proc.pid)
     service.proc.wait()
+    if service.group is not None:
+        service.group.remove()
     if session.service_dir is not None:
-        (session.service_dir / f"{name}.pid").unlink(missing_ok=True)
+        (session.service_dir / "records" / f"{name}.json").unlink(missing_ok=True)
     return True, f"service {name} stopped (exit {service.proc.returncode})"
 
 
@@ -373,17 +439,22 @@ def stop_group(pgid: int, grace_seconds: float = 2.0) -> None:
 
 
 def stop_leftover_services(service_dir: Path) -> list[int]:
-    """Stop the services a dead attempt of this workflow left running (their pid files); returns the groups."""
+    """Stop the services a dead attempt of this workflow left running, from the engine's records
+    (never from anything a command could write); returns the groups stopped. A record whose
+    process is gone, or whose pid now names a process started at another time, stops nothing."""
     stopped = []
-    for pidfile in sorted(service_dir.glob("*.pid")) if service_dir.is_dir() else []:
+    records = service_dir / "records"
+    for path in sorted(records.glob("*.json")) if records.is_dir() else []:
         try:
-            pgid = int(pidfile.read_text())
-        except ValueError:
-            pgid = 0
-        if pgid > 1:
+            record = json.loads(path.read_text())
+            pgid, started = int(record["pgid"]), int(record["started"])
+        except (ValueError, KeyError, TypeError):
+            pgid, started, record = 0, 0, {}
+        if pgid > 1 and started and _start_ticks(pgid) == started:
             stop_group(pgid)
             stopped.append(pgid)
-        pidfile.unlink(missing_ok=True)
+        resource_limits.Group(dirs=[Path(p) for p in record.get("cgroups", [])], v2=bool(record.get("v2"))).remove()
+        path.unlink(missing_ok=True)
     return stopped
 
 

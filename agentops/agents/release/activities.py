@@ -4,13 +4,13 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, NotRequired, TypedDict
 
 from django.conf import settings
 
+from agentops import git as engine_git
 from agentops import providers, sandbox
 from agentops.budgets import MODEL_CALL_LEASE
 from agentops.deploytarget import client
@@ -25,13 +25,9 @@ HEARTBEAT_EVERY_SECONDS = 5.0
 
 
 def _git(repo: str, *args: str) -> str:
-    try:
-        done = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, timeout=60, check=False)
-    except FileNotFoundError:
-        raise Permanent("git is not installed on this worker; install it (apt-get install git).") from None
-    if done.returncode != 0:
-        raise Permanent(f"git {' '.join(args)} failed in {repo}: {done.stderr.strip()[:500]}")
-    return done.stdout.strip()
+    """Git on the operator's repository or a scratch clone of it, as the engine runs git
+    (``agentops.git``: no program its configuration names runs; its configuration is not rewritten)."""
+    return engine_git.run(repo, *args, owned=False, identity=(), timeout=60).strip()
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,14 @@ What a sandboxed command sees (docs/operators.md, "The sandbox"):
   ``LC_ALL``, ``TERM``, ``TMPDIR``), never the worker's own variables;
 - under bubblewrap (``AGENTOPS_SANDBOX`` = ``auto`` where it works, or ``bwrap``): the system
   (``/usr``, ``/bin``, ``/lib*``, ``/etc``) and the worker's Python read-only, the workspace
-  writable, nothing else of the file system, a private ``/tmp``, no network, its own PID
-  namespace; it dies with the worker;
+  writable but its ``.git`` read-only, nothing else of the file system, a private ``/tmp`` of
+  bounded size, no network (or a session's own loopback-only network, ``network.py``), its own
+  PID namespace; it dies with the worker;
 - with ``none`` (or ``auto`` where bubblewrap is absent): the worker's file system and network.
 
-Either way the command runs in its own session and process group: a timeout sends SIGTERM to
-the group, then SIGKILL after a grace, and nothing it started outlives it. Its output is
+Either way the command runs in its own session and process group, under the resource limits of
+``limits.py`` (a control group of its own where the worker can make one): a timeout sends SIGTERM
+to the group, then SIGKILL after a grace, and nothing it started outlives it. Its output is
 bounded and every known secret value in it is replaced by ``[redacted]`` (``redact``).
 """
 from __future__ import annotations
@@ -35,6 +37,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 from django.conf import settings
 
+from agentops.sandbox import limits as resource_limits
+from agentops.sandbox.network import Network
 from workflows.errors import Permanent
 
 logger = logging.getLogger("agentops.sandbox")
@@ -64,6 +68,7 @@ class Completed:
     cut_bytes: int = 0
     idle_timed_out: bool = False  # stopped after ``idle_timeout_seconds`` without output
     head: str = ""  # with ``keep_head_bytes`` and output cut: its first bytes (redacted), not in ``output``
+    limit_hit: str = ""  # "memory" or "processes": the command met its control group's limit
 
 
 # --- secrets -------------------------------------------------------------------------------
@@ -180,8 +185,9 @@ def child_path() -> str:
 
 def child_environment(workspace: Path, tmpdir: Path) -> dict[str, str]:
     """The whole environment a command gets: an allow-list, nothing of the worker's own."""
+    # No bytecode: a check run in the workspace must not leave files under the approved checks/.
     return {"PATH": child_path(), "HOME": str(workspace), "TMPDIR": str(tmpdir), "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8", "TERM": "dumb"}
+            "LC_ALL": "C.UTF-8", "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
 def _python_roots() -> list[str]:
@@ -195,24 +201,46 @@ def _python_roots() -> list[str]:
     return sorted(r for r in roots if os.path.isdir(r) and not (r + "/").startswith(system))
 
 
-def bwrap_argv(bwrap: str, argv: Sequence[str], *, workspace: Path, tmpdir: Path) -> list[str]:
-    """The bubblewrap command line: read-only system and Python, the workspace writable, no network."""
+def bwrap_argv(bwrap: str, argv: Sequence[str], *, workspace: Path, tmpdir: Path, shared_network: bool = False,
+               tmp_bytes: int | None = None) -> list[str]:
+    """The bubblewrap command line: read-only system and Python, the workspace writable but its
+    ``.git`` read-only, no network (``shared_network``: the network it is started in, a session's)."""
     args = [bwrap]
     for path in _SYSTEM_READ_ONLY:
         if os.path.islink(path):  # merged /usr: /bin -> usr/bin
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    if tmp_bytes:
+        args += ["--size", str(tmp_bytes)]
+    args += ["--tmpfs", "/tmp"]
     for root in _python_roots():
         args += ["--ro-bind-try", root, root]
     # Binds apply in order: the writable ones last, so a workspace under /tmp is the real one.
     args += ["--bind", str(workspace), str(workspace), "--bind", str(tmpdir), str(tmpdir)]
+    dot_git = workspace / ".git"
+    if dot_git.is_dir() and not dot_git.is_symlink():
+        # The engine's git reads it: a command may look (git log), never write, rename or replace it.
+        args += ["--ro-bind", str(dot_git), str(dot_git)]
     # No --new-session: the command must stay in the process group the timeout signals; its
     # stdin is /dev/null, so there is no terminal to inject input into.
-    args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-             "--die-with-parent", "--cap-drop", "ALL", "--chdir", str(workspace), "--", *argv]
+    args += [*([] if shared_network else ["--unshare-net"]), "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+             "--unshare-cgroup-try", "--die-with-parent", "--cap-drop", "ALL", "--chdir", str(workspace), "--", *argv]
     return args
+
+
+def command_line(argv: Sequence[str], *, kind: str, workspace: Path, tmpdir: Path, network: Network | None,
+                 limits: resource_limits.Limits, group: resource_limits.Group | None) -> list[str]:
+    """The whole command line of a sandboxed command: limits, then the session's network, then
+    bubblewrap (``kind`` "bwrap"), then ``argv``. Without bubblewrap there is no network of its own."""
+    command = list(argv)
+    if kind == "bwrap":
+        command = bwrap_argv(bwrap_works()[1], argv, workspace=workspace, tmpdir=tmpdir,
+                             shared_network=network is not None, tmp_bytes=limits.tmp_bytes)
+        if network is not None:
+            command = network.enter(command)
+    return resource_limits.wrap(command, limits, group)
 
 
 # --- running -------------------------------------------------------------------------------
@@ -220,13 +248,14 @@ def bwrap_argv(bwrap: str, argv: Sequence[str], *, workspace: Path, tmpdir: Path
 def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
         on_wait: Callable[[], None] | None = None, wait_every_seconds: float = 5.0,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES, idle_timeout_seconds: float | None = None,
-        keep_head_bytes: int = 0) -> Completed:
+        keep_head_bytes: int = 0, network: Network | None = None) -> Completed:
     """Run ``argv`` in ``workspace``, sandboxed; returns when it and everything it started are gone.
 
     Past ``timeout_seconds`` the process group gets SIGTERM, then SIGKILL after
     AGENTOPS_SANDBOX_GRACE_SECONDS; the same happens (``idle_timed_out``) when it printed
     nothing for ``idle_timeout_seconds``. Output beyond ``max_output_bytes`` is cut from the front;
-    ``keep_head_bytes`` keeps that many of its first bytes as ``head``. ``on_wait`` is called every
+    ``keep_head_bytes`` keeps that many of its first bytes as ``head``. With ``network`` (a session's,
+    under bubblewrap) it runs in that network instead of none. ``on_wait`` is called every
     ``wait_every_seconds`` while it
     runs (a heartbeat); an exception from it kills the command and propagates.
     Raises FileNotFoundError when the command is not found, SandboxUnavailable as ``isolation`` says.
@@ -237,10 +266,11 @@ def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
     kind = isolation()
     _check_found(argv[0], workspace)
     tmpdir = Path(tempfile.mkdtemp(dir=workspace.parent, prefix=f".{workspace.name}.tmp-"))
+    limits = resource_limits.Limits.from_settings()
+    group = resource_limits.group_create(limits)
     try:
-        command = list(argv)
-        if kind == "bwrap":
-            command = bwrap_argv(bwrap_works()[1], argv, workspace=workspace, tmpdir=tmpdir)
+        command = command_line(argv, kind=kind, workspace=workspace, tmpdir=tmpdir, network=network, limits=limits,
+                               group=group)
         proc = subprocess.Popen(command, cwd=workspace, env=child_environment(workspace, tmpdir),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -253,6 +283,10 @@ def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
     finally:
+        # Whatever the command started goes with it, wherever in the process tree it went.
+        hit = group.limit_hit() if group is not None else ""
+        if group is not None:
+            group.remove()
         shutil.rmtree(tmpdir, ignore_errors=True)
     secrets = secret_values()
     text = redact(raw.decode("utf-8", errors="replace").replace("\x00", "\\x00"), secrets)
@@ -261,7 +295,7 @@ def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
     head_text = _redact_end(redact(head.decode("utf-8", errors="replace").replace("\x00", "\\x00"), secrets),
                             secrets)
     return Completed(exit_code=proc.returncode, output=text, timed_out=timed_out, isolation=kind, cut_bytes=cut,
-                     idle_timed_out=idled, head=head_text)
+                     idle_timed_out=idled, head=head_text, limit_hit=hit)
 
 
 def _check_found(command: str, workspace: Path) -> None:
