@@ -18,6 +18,7 @@ change what its objects say. So the engine's git:
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from workflows.errors import Permanent
 OVERRIDES = (
     "core.fsmonitor=false", "core.hooksPath=/dev/null", "core.pager=cat", "core.editor=false",
     "core.askPass=", "core.sshCommand=false", "core.attributesFile=/dev/null", "core.untrackedCache=false",
-    "core.excludesFile=/dev/null", "credential.helper=", "diff.external=",
+    "core.excludesFile=/dev/null", "credential.helper=",
     "diff.ignoreSubmodules=all", "status.submoduleSummary=false", "submodule.recurse=false",
     "protocol.allow=never", "protocol.file.allow=always", "gpg.program=false", "commit.gpgsign=false",
     "tag.gpgsign=false", "sequence.editor=false", "gc.auto=0", "maintenance.auto=false",
@@ -74,18 +75,23 @@ def own(repo: Path) -> None:
         raise Permanent(f"{dot_git} is not a directory the engine made (a link or a gitdir file): the engine's "
                         "git does not follow it. Restore the workspace from its last approved commit.")
     _write_if_changed(dot_git / "config", OWNED_CONFIG)
-    _write_if_changed(dot_git / "info" / "exclude", OWNED_EXCLUDE)
+    _write_if_changed(dot_git / "info" / "exclude", OWNED_EXCLUDE, keep_extension=True)
     for name in REDIRECTS:
         path = dot_git / name
         if os.path.lexists(path):
             path.unlink()
 
 
-def _write_if_changed(path: Path, text: str) -> None:
+def _write_if_changed(path: Path, text: str, *, keep_extension: bool = False) -> None:
+    """Write ``text`` to ``path`` unless it holds it already (``keep_extension``: it starts with it and
+    goes on with anchored directories only, the nested repositories ``exclude_nested`` added)."""
     try:
         current = None if path.is_symlink() else path.read_text()
     except (OSError, UnicodeDecodeError):
         current = None
+    if keep_extension and current is not None and current.startswith(text) and all(
+            _NESTED.match(line) for line in current[len(text):].splitlines()):
+        return
     if current != text:
         if path.parent.is_symlink():
             path.parent.unlink()
@@ -93,6 +99,21 @@ def _write_if_changed(path: Path, text: str) -> None:
         replacement = path.with_name(path.name + ".agentops-new")
         replacement.write_text(text)
         os.replace(replacement, path)  # a link in its place is replaced, never followed
+
+
+_NESTED = re.compile(r"^/[^*?\[\]!#\\]+/$")
+
+
+def exclude_nested(repo: Path, untracked: list[str]) -> list[str]:
+    """Leave the nested repositories among ``untracked`` (``git status`` paths) out of the work: a
+    directory with a ``.git`` of its own is never added, committed, cleaned or entered by the
+    engine's git (adding one fails, and its configuration is the model's). Returns them."""
+    nested = [path for path in untracked
+              if path.endswith("/") and os.path.lexists(repo / path / ".git") and _NESTED.match("/" + path)]
+    if nested:
+        with (repo / ".git" / "info" / "exclude").open("a") as exclude:
+            exclude.writelines(f"/{path}\n" for path in nested)
+    return nested
 
 
 def run(repo: Path | str, *args: str, check: bool = True, owned: bool = True,

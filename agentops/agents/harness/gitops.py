@@ -43,8 +43,11 @@ def head_before(repo: Path, operation_id: str) -> str:
 
 
 def dirty(repo: Path) -> list[str]:
-    """Uncommitted changes, untracked files included (``git status --porcelain`` lines)."""
-    return [line for line in git(repo, "status", "--porcelain", "--untracked-files=all").splitlines() if line]
+    """Uncommitted changes, untracked files included (``git status --porcelain`` lines); a nested
+    repository is not a change: it is left out of the work (``agentops.git.exclude_nested``)."""
+    lines = [line for line in git(repo, "status", "--porcelain", "--untracked-files=all").splitlines() if line]
+    nested = engine_git.exclude_nested(repo, [line[3:] for line in lines if line.startswith("?? ")])
+    return [line for line in lines if line[3:] not in nested]
 
 
 def ensure_repo(repo: Path) -> None:
@@ -54,7 +57,9 @@ def ensure_repo(repo: Path) -> None:
 
 
 def commit_all(repo: Path, message: str, *, trailers: dict[str, str] | None = None) -> str:
-    """Commit everything in the tree; returns the new HEAD, or "" when there was nothing to commit."""
+    """Commit everything in the tree but nested repositories; returns the new HEAD, or "" when there
+    was nothing to commit."""
+    dirty(repo)
     git(repo, "add", "-A")
     if not git(repo, "status", "--porcelain"):
         return ""
