@@ -70,6 +70,14 @@ class Completed:
     head: str = ""  # with ``keep_head_bytes`` and output cut: its first bytes (redacted), not in ``output``
     limit_hit: str = ""  # "memory" or "processes": the command met its control group's limit
 
+    def limit_note(self) -> str:
+        """What to tell the model when the command met a limit ("" when it did not)."""
+        if self.limit_hit == "memory":
+            return f"the command reached the sandbox's memory limit ({settings.AGENTOPS_SANDBOX_MEMORY_MB} MB)"
+        if self.limit_hit == "processes":
+            return f"the command reached the sandbox's limit of {settings.AGENTOPS_SANDBOX_MAX_PROCESSES} processes"
+        return ""
+
 
 # --- secrets -------------------------------------------------------------------------------
 
@@ -135,6 +143,26 @@ def _redact_cut(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
+# --- paths the tools touch -------------------------------------------------------------------
+
+def confined(root: Path, relative: str) -> Path:
+    """Resolve ``relative`` inside ``root`` (symbolic links included) or raise PermissionError: a
+    model's path, or a link it made, never reaches outside its workspace."""
+    target = (root / relative).resolve()
+    if target != root and not target.is_relative_to(root):
+        raise PermissionError(f"{relative!r} is outside the workspace")
+    return target
+
+
+def confined_for_writing(root: Path, relative: str) -> Path:
+    """``confined``, and never a file with a second name: a hard link made where the model could
+    reach a file outside (without bubblewrap) would carry the write there."""
+    target = confined(root, relative)
+    if target.is_file() and target.stat().st_nlink > 1:
+        raise PermissionError(f"{relative!r} is a hard link to another file; write a file of its own instead")
+    return target
+
+
 # --- isolation -----------------------------------------------------------------------------
 
 @functools.cache
@@ -152,8 +180,10 @@ def _probe_bwrap() -> tuple[bool, str]:
     if path is None:
         return False, "bwrap is not installed (apt-get install bubblewrap)"
     try:
-        done = subprocess.run([path, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid", "--die-with-parent",
-                               "true"], capture_output=True, text=True, timeout=20, check=False, env={})
+        # The mounts every command gets: a container's masked /proc refuses --proc (docs/operators.md).
+        done = subprocess.run([path, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                               "--unshare-net", "--unshare-pid", "--die-with-parent", "true"],
+                              capture_output=True, text=True, timeout=20, check=False, env={})
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"bwrap did not start: {exc}"
     if done.returncode != 0:

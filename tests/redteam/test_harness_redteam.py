@@ -14,8 +14,18 @@ from django.test import Client
 from django.urls import reverse
 
 from agentops import git as engine_git
-from tests.harness.conftest import APP_BOTH, APP_GREET, APP_STUB, MINI_INIT, commit, events, launch_approved, \
-    request_pass, solve, write
+from tests.harness.conftest import (
+    APP_BOTH,
+    APP_GREET,
+    APP_STUB,
+    MINI_INIT,
+    commit,
+    events,
+    launch_approved,
+    request_pass,
+    solve,
+    write,
+)
 from tests.redteam.conftest import SECRET, contained, marks, needs_bwrap, running
 from workflows.models import Activity, Checkpoint, Event, Workflow
 
@@ -127,8 +137,9 @@ def test_a_hostile_session_is_contained_and_recorded(harness_approver, mini_sche
     settings.AGENTOPS_SANDBOX_MAX_FILE_MB = 8
     settings.AGENTOPS_SANDBOX_TMP_MB = 16
     settings.SECRET_KEY = SECRET + "-django"
-    mini_schedule({"INIT/1": hostile_init(outside), "F01/1": git_attacks(outside), "F01/2": process_attacks(outside, victim.pid, os.getpid()),
-                   "F01/3": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
+    mini_schedule({"INIT/1": hostile_init(outside), "F01/1": git_attacks(outside),
+                   "F01/2": process_attacks(outside, victim.pid, os.getpid()), "F01/3": solve("F01", APP_GREET),
+                   "F02/1": solve("F02", APP_BOTH)})
     wf = launch_approved(harness_approver, max_attempts=5)
     wf.refresh_from_db()
     assert wf.status == Workflow.Status.COMPLETED, (wf.status, wf.pause_cause, wf.current_node)
@@ -176,7 +187,7 @@ def test_a_hostile_session_is_contained_and_recorded(harness_approver, mini_sche
     assert "worker-hidden" in said("WORKER-VISIBLE") and "No such process" in said("kill -9")
     assert "No such file" in said(f"cat {outside}/secret.txt")
     assert "memory limit" in said("bytearray(") or "MemoryError" in said("bytearray(")
-    assert "processes limit" in said("python bomb.py") or "timed out" in said("python bomb.py")
+    assert "limit of 64 processes" in said("python bomb.py") or "timed out" in said("python bomb.py")
     assert "No space left" in said("/tmp/big")
     assert not said("big.bin").startswith("exit 0")
     assert "Read-only file system" in said("git config core.fsmonitor") and "busy" in said("mv .git")

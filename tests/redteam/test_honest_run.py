@@ -8,8 +8,17 @@ from pathlib import Path
 import pytest
 
 from agentops.agents.harness import gitops
-from tests.harness.conftest import APP_BOTH, APP_GREET, APP_STUB, MINI_FEATURES, commit, events, launch_approved, \
-    request_pass, write
+from tests.harness.conftest import (
+    APP_BOTH,
+    APP_GREET,
+    APP_STUB,
+    MINI_FEATURES,
+    commit,
+    events,
+    launch_approved,
+    request_pass,
+    write,
+)
 from workflows.models import Workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)

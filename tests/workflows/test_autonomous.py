@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from agentops.agents.autonomous.activities import confined, run_tool, validate_tasks
+from agentops.agents.autonomous.activities import run_tool, validate_tasks
+from agentops.sandbox import confined
 from tests.conftest import drive
 from workflows import selectors, services
 from workflows.errors import InvalidInput

@@ -255,13 +255,13 @@ def _run_command_tool(root: Path, args: dict[str, Any]) -> tuple[bool, str, str]
 def _run_tool(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str]:
     try:
         if name == "list_files":
-            base = confined(root, str(args.get("path") or "."))
+            base = sandbox.confined(root, str(args.get("path") or "."))
             files = sorted(str(p.relative_to(root)) for p in base.rglob("*") if p.is_file())
             return True, "\n".join(files[:500]) or "(no files)"
         if name == "read_file":
-            return True, confined(root, str(args["path"])).read_text(encoding="utf-8")[:MAX_OUTPUT_CHARS]
+            return True, sandbox.confined(root, str(args["path"])).read_text(encoding="utf-8")[:MAX_OUTPUT_CHARS]
         if name == "write_file":
-            target = confined(root, str(args["path"]))
+            target = sandbox.confined_for_writing(root, str(args["path"]))
             content = str(args["content"])
             if len(content) > 200_000:
                 return False, "content is over 200,000 characters"
@@ -271,14 +271,6 @@ def _run_tool(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str]:
         return False, f"unknown tool {name!r}; tools are {', '.join(t['name'] for t in TOOLS)}"
     except (KeyError, ValueError, OSError, UnicodeDecodeError) as exc:
         return False, f"{type(exc).__name__}: {exc}"
-
-
-def confined(root: Path, relative: str) -> Path:
-    """Resolve ``relative`` inside ``root`` (symlinks included) or refuse."""
-    target = (root / relative).resolve()
-    if target != root and not target.is_relative_to(root):
-        raise ValueError(f"{relative!r} is outside the workspace")
-    return target
 
 
 def _run(root: Path, command: str, timeout: int) -> tuple[bool, str, str]:
@@ -292,6 +284,8 @@ def _run(root: Path, command: str, timeout: int) -> tuple[bool, str, str]:
     except FileNotFoundError:
         return False, f"command {argv[0]!r} not found", sandbox.isolation()
     output = sandbox.redacted_tail(done.output, MAX_OUTPUT_CHARS)
+    if done.limit_hit:
+        return False, f"command stopped: {done.limit_note()} (sandbox: {done.isolation})\n{output}", done.isolation
     if done.timed_out:
         return False, f"command timed out after {timeout} s and was stopped (sandbox: {done.isolation})\n{output}", \
             done.isolation

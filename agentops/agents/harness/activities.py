@@ -511,7 +511,7 @@ def harness_stage_proposal(ctx: ActivityContext, input: ProposalInput) -> Staged
     try:
         (checkout / "features.json").write_text(input.proposal["features_json"], encoding="utf-8")
         for path, content in input.proposal.get("checks", {}).items():
-            target = tools.confined(checkout, path)
+            target = sandbox.confined(checkout, path)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content, encoding="utf-8")
         commit = gitops.commit_all(checkout, f"Proposed feature list change (session {input.session})",

@@ -137,21 +137,11 @@ class Session:
         return names
 
 
-def confined(root: Path, relative: str) -> Path:
-    """Resolve ``relative`` inside ``root`` (symlinks included) or refuse."""
-    target = (root / relative).resolve()
-    if target != root and not target.is_relative_to(root):
-        raise PermissionError(f"{relative!r} is outside the workspace")
-    return target
-
-
 def _writable(session: Session, relative: str) -> Path:
-    target = confined(session.root, relative)
+    target = sandbox.confined_for_writing(session.root, relative)
     parts = target.relative_to(session.root).parts
     if parts and parts[0] == ".git":
         raise PermissionError(f"{relative!r} is inside .git, which only the engine changes")
-    if target.exists() and target.stat().st_nlink > 1:
-        raise PermissionError(f"{relative!r} is a hard link to another file; write a file of its own instead")
     if session.protect and parts and parts[0] in gitops.PROTECTED:
         raise PermissionError(f"{relative!r} is owned by the harness (the approved feature list and checks) and "
                               "is read-only; use request_pass to be graded")
@@ -173,12 +163,12 @@ def call(session: Session, name: str, args: dict[str, Any]) -> tuple[bool, str]:
 def _call(session: Session, name: str, args: dict[str, Any]) -> tuple[bool, str]:
     root = session.root
     if name == "list_files":
-        base = confined(root, str(args.get("path") or "."))
+        base = sandbox.confined(root, str(args.get("path") or "."))
         files = sorted(str(p.relative_to(root)) for p in base.rglob("*")
                        if p.is_file() and ".git" not in p.relative_to(root).parts)
         return True, "\n".join(files[:500]) or "(no files)"
     if name == "read_file":
-        return True, _read(confined(root, str(args["path"])), args.get("start_line"), args.get("end_line"))
+        return True, _read(sandbox.confined(root, str(args["path"])), args.get("start_line"), args.get("end_line"))
     if name == "write_file":
         target, content = _writable(session, str(args["path"])), str(args["content"])
         if len(content) > MAX_WRITE_CHARS:
@@ -285,8 +275,7 @@ def _run_command(session: Session, command: str, timeout: int, idle: int) -> tup
     session.isolation = done.isolation
     output = _head_and_tail(done)
     if done.limit_hit:
-        return False, (f"command stopped: it reached the sandbox's {done.limit_hit} limit "
-                       f"({_limit_text(done.limit_hit)}); it and every process it started were stopped "
+        return False, (f"command stopped: {done.limit_note()}; it and every process it started were stopped "
                        f"(sandbox: {done.isolation})\n{output}")
     if done.timed_out:
         return False, (f"command timed out after {timeout} s; it and every process it started were stopped "
@@ -308,12 +297,6 @@ def _head_and_tail(done: sandbox.Completed) -> str:
     tail = sandbox.redacted_tail(text, MAX_OUTPUT_CHARS - HEAD_CHARS)
     omitted = done.cut_bytes + len(text.encode()) - len(head.encode()) - len(tail.encode())
     return f"{head}\n[… about {max(0, omitted):,} bytes of output left out …]\n{tail}"
-
-
-def _limit_text(limit: str) -> str:
-    if limit == "memory":
-        return f"{settings.AGENTOPS_SANDBOX_MEMORY_MB} MB"
-    return f"{settings.AGENTOPS_SANDBOX_MAX_PROCESSES} processes"
 
 
 def _free_port() -> int:
