@@ -274,7 +274,7 @@ def _run_tool(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str]:
 
 
 def _run(root: Path, command: str, timeout: int) -> tuple[bool, str, str]:
-    """Run a command in the sandbox (agentops/sandbox.py); returns (ok, output, isolation)."""
+    """Run a command in the sandbox (agentops/sandbox/); returns (ok, output, isolation)."""
     argv = shlex.split(command)
     if not argv:
         return False, "empty command", ""

@@ -176,7 +176,7 @@ def run_tests(ctx: ActivityContext, input: RunTestsInput) -> RunTestsReport:
 
 
 def _run_command(ctx: ActivityContext, argv: list[str], *, cwd: Path) -> RunTestsReport:
-    """Run the test command in the sandbox (agentops/sandbox.py), heartbeating every few seconds.
+    """Run the test command in the sandbox (agentops/sandbox/), heartbeating every few seconds.
 
     It sees the clone, the system and the worker's Python, and none of agentops' environment
     (DJANGO_SETTINGS_MODULE, DATABASE_URL, the API key): the repository's tests run as on their own.
