@@ -9,8 +9,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     AGENTOPS_VAR_DIR=/var/lib/agentops
 
 # git: the release agent reads and writes git repositories.
+# bubblewrap: the sandbox of every command run for a user (agentops/sandbox.py). Debian's build is not
+# setuid: it needs user namespaces, which the container must allow (docker-compose.yml's worker
+# services, docs/operators.md "The sandbox in the containers").
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git \
+    && apt-get install -y --no-install-recommends git bubblewrap \
     && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app

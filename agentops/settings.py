@@ -428,16 +428,48 @@ CELERY_BEAT_SCHEDULE["remind_approvals"] = {
 # for a person (`manage.py agent resume ID` after a fix, or cancel).
 AGENTOPS_HANDLER_MAX_FAILURES = env_int("AGENTOPS_HANDLER_MAX_FAILURES", 5)
 
-# Inbound webhooks (README, "Webhooks"): "source=secret,source2=secret2". Each source signs its
-# deliveries with HMAC-SHA256 of "<timestamp>.<body>"; secrets of at least 32 characters.
-AGENTOPS_WEBHOOK_SECRETS: dict[str, str] = {}
-for _pair in filter(None, env_str("AGENTOPS_WEBHOOK_SECRETS", "").split(",")):
-    _source, _, _secret = _pair.strip().partition("=")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}", _source) or len(_secret) < 32:
+# Inbound webhooks (README, "Webhooks"): "source=secret,source2=secret2", secrets of at least 32
+# characters. Each source signs its deliveries with scheme v2: HMAC-SHA256 of
+# "v2\n<timestamp>\n<delivery id>\n<method>\n<path>\n<body>" (workflows/api/webhooks.py).
+# During a rotation a source has a second, previous secret in AGENTOPS_WEBHOOK_PREVIOUS_SECRETS (same
+# format): deliveries signed with either verify, until the previous one is removed.
+webhook_source_name = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+
+
+def webhook_secrets(name: str) -> dict[str, str]:
+    """One source=secret list; a source named twice is refused (a second secret is a previous one)."""
+    secrets: dict[str, str] = {}
+    for pair in filter(None, (p.strip() for p in env_str(name, "").split(","))):
+        source, _, secret = pair.partition("=")
+        if not webhook_source_name.fullmatch(source) or len(secret) < 32:
+            raise ImproperlyConfigured(
+                f"{name} must be source=secret pairs separated by commas: a source of 1-40 lowercase "
+                "letters, digits or dashes, and a secret of at least 32 characters.")
+        if source in secrets:
+            raise ImproperlyConfigured(
+                f"{name} names the source {source!r} twice; give each source one secret there, and put the "
+                "secret being rotated out in AGENTOPS_WEBHOOK_PREVIOUS_SECRETS.")
+        secrets[source] = secret
+    return secrets
+
+
+AGENTOPS_WEBHOOK_SECRETS = webhook_secrets("AGENTOPS_WEBHOOK_SECRETS")
+AGENTOPS_WEBHOOK_PREVIOUS_SECRETS = webhook_secrets("AGENTOPS_WEBHOOK_PREVIOUS_SECRETS")
+for _source, _secret in AGENTOPS_WEBHOOK_PREVIOUS_SECRETS.items():
+    if AGENTOPS_WEBHOOK_SECRETS.get(_source) in (None, _secret):
         raise ImproperlyConfigured(
-            "AGENTOPS_WEBHOOK_SECRETS must be source=secret pairs separated by commas: a source of 1-40 lowercase "
-            "letters, digits or dashes, and a secret of at least 32 characters.")
-    AGENTOPS_WEBHOOK_SECRETS[_source] = _secret
+            f"AGENTOPS_WEBHOOK_PREVIOUS_SECRETS gives the source {_source!r} a previous secret, but "
+            + ("AGENTOPS_WEBHOOK_SECRETS has no current one for it; add it there."
+               if _source not in AGENTOPS_WEBHOOK_SECRETS else
+               "it is the same as its current secret; remove it from AGENTOPS_WEBHOOK_PREVIOUS_SECRETS."))
+# Sources whose senders still sign the retired unversioned scheme (sha256= over "<timestamp>.<body>",
+# which covers neither the delivery id nor the path): refused unless listed here, while they upgrade.
+AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES = frozenset(
+    filter(None, (s.strip() for s in env_str("AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES", "").split(","))))
+if not AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES <= AGENTOPS_WEBHOOK_SECRETS.keys():
+    raise ImproperlyConfigured(
+        "AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES names sources without a secret in AGENTOPS_WEBHOOK_SECRETS: "
+        + ", ".join(sorted(AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES - AGENTOPS_WEBHOOK_SECRETS.keys())) + ".")
 # How far a delivery's timestamp may be from the server's clock (replays of old deliveries are refused).
 AGENTOPS_WEBHOOK_TOLERANCE_SECONDS = env_int("AGENTOPS_WEBHOOK_TOLERANCE_SECONDS", 300)
 AGENTOPS_WEBHOOK_MAX_BODY_BYTES = 256 * 1024

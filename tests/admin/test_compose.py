@@ -143,3 +143,107 @@ def test_environment_names_are_ones_the_settings_read(compose):
                 assert key.removeprefix("FLOWER_").lower() in flower_options, key
             else:
                 assert f'"{key}"' in settings_text, f"service {name} sets {key}, which settings.py never reads"
+
+
+# --- Isolated and private by default (issue 22, item 6) ----------------------------------------
+
+SANDBOX_OPTIONS = {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined", "no-new-privileges:true"}
+VARIABLE = re.compile(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+
+
+class Unset(Exception):
+    """A `${NAME:?message}` compose refuses to start without."""
+
+
+def interpolated(value: str, env: dict[str, str]) -> str:
+    """A value as compose interpolates it (`${X}`, `${X:-default}`, `${X-default}`, `${X:?err}`, `${X?err}`, `$$`)."""
+    def one(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, op, arg = match.group("name"), match.group("op") or "", match.group("arg") or ""
+        given = env.get(name)
+        missing = given is None or (op.startswith(":") and given == "")
+        if missing and op.endswith("?"):
+            raise Unset(f"{name}: {arg}")
+        return arg if missing and op.endswith("-") else (given or "")
+    return VARIABLE.sub(one, value)
+
+
+def runs_activities(spec: dict[str, Any]) -> bool:
+    """A Celery worker: it runs activities, and so the commands models choose."""
+    argv = argv_of(spec.get("command", []))
+    return argv[:4] == ["celery", "-A", "agentops", "worker"]
+
+
+def test_the_interpolation_reads_defaults_and_required_values_as_compose_does():
+    """Guard for the checks below: a default, an empty value, a required one, an escape."""
+    assert interpolated("${A:-bwrap}", {}) == interpolated("${A:-bwrap}", {"A": ""}) == "bwrap"
+    assert interpolated("${A-bwrap}", {"A": ""}) == "" and interpolated("${A:-bwrap}", {"A": "none"}) == "none"
+    assert interpolated("$${HOSTNAME} ${B}", {"B": "x"}) == "${HOSTNAME} x"
+    with pytest.raises(Unset, match="A: set it"):
+        interpolated("${A:?set it}", {"A": ""})
+    assert interpolated("${A:?set it}", {"A": "ops:pw"}) == "ops:pw"
+
+
+def test_the_image_installs_bubblewrap_and_runs_as_a_user_without_privileges():
+    dockerfile = (REPO / "Dockerfile").read_text()
+    installs = re.findall(r"apt-get install ([^\n\\]*)", dockerfile)
+    assert any("bubblewrap" in line.split() for line in installs), installs
+    users = re.findall(r"^USER (\S+)$", dockerfile, re.M)
+    assert users and users[-1] not in {"root", "0"}, users
+
+
+def test_every_worker_runs_commands_under_bubblewrap_or_not_at_all(compose):
+    """AGENTOPS_SANDBOX=bwrap unless an operator says otherwise: a worker where bubblewrap cannot
+    start refuses the command (SandboxUnavailable) instead of running it unisolated."""
+    workers = {name: spec for name, spec in project_services(compose).items() if runs_activities(spec)}
+    assert set(workers) == {"worker", "worker-io"}
+    for name, spec in workers.items():
+        assert interpolated(str(spec["environment"]["AGENTOPS_SANDBOX"]), {}) == "bwrap", name
+        assert interpolated(str(spec["environment"]["AGENTOPS_SANDBOX"]), {"AGENTOPS_SANDBOX": "none"}) == "none"
+    from agentops.sandbox import MODES
+
+    assert "bwrap" in MODES
+
+
+def test_the_workers_get_what_bubblewrap_needs_and_no_capability(compose):
+    """The three relaxations bubblewrap needs (namespaces: seccomp; mount: AppArmor; its own /proc:
+    the masked paths), no-new-privileges, every capability dropped, none added, not privileged."""
+    for name, spec in project_services(compose).items():
+        assert not spec.get("privileged"), name
+        assert not spec.get("cap_add"), f"{name} adds capabilities {spec.get('cap_add')}"
+        if runs_activities(spec):
+            assert set(spec["security_opt"]) == SANDBOX_OPTIONS, name
+            assert spec["cap_drop"] == ["ALL"], name
+        else:
+            assert "security_opt" not in spec, f"{name} runs no command for a user and keeps Docker's confinement"
+
+
+def test_flower_listens_on_this_host_only_behind_credentials_with_no_default(compose):
+    flower = compose["services"]["flower"]
+    assert flower["ports"] == ["127.0.0.1:5555:5555"]
+    auth = str(flower["environment"]["FLOWER_BASIC_AUTH"])
+    with pytest.raises(Unset, match="FLOWER_BASIC_AUTH: set FLOWER_BASIC_AUTH=user:long-password"):
+        interpolated(auth, {})
+    with pytest.raises(Unset):
+        interpolated(auth, {"FLOWER_BASIC_AUTH": ""})
+    assert interpolated(auth, {"FLOWER_BASIC_AUTH": "ops:s3cret-long"}) == "ops:s3cret-long"
+    assert re.fullmatch(r"\$\{FLOWER_BASIC_AUTH:\?[^}]+\}", auth), "no default, no other value around it"
+
+
+def test_no_service_publishes_a_port_flower_would_share(compose):
+    """Flower is the one service without its own login (the admin and the API have theirs): it alone
+    must never be published beyond loopback, whatever port it is moved to."""
+    for name, spec in compose["services"].items():
+        for port in spec.get("ports", []):
+            if str(port).rsplit(":", 1)[-1] == "5555":
+                assert str(port).startswith("127.0.0.1:"), (name, port)
+
+
+def test_the_operators_guide_names_each_container_option_and_the_flower_setup():
+    guide = (REPO / "docs" / "operators.md").read_text()
+    section = guide[guide.index("## docker compose"):guide.index("## Metrics")]
+    for option in sorted(SANDBOX_OPTIONS) + ["cap_drop", "AGENTOPS_SANDBOX=bwrap", "127.0.0.1:5555", ".env",
+                                             "FLOWER_BASIC_AUTH"]:
+        assert option in section, option
+    assert "change-me" not in section

@@ -164,7 +164,26 @@ def test_the_signal_help_names_the_limit_and_the_reserved_prefix():
     done = subprocess.run([sys.executable, "manage.py", "agent", "signal", "--help"], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
-    assert f"at most {KEY_LIMIT} characters, not starting with 'auto-'" in " ".join(done.stdout.split())
+    help_text = " ".join(done.stdout.split())
+    assert f"at most {KEY_LIMIT} characters, not starting with 'auto-'" in help_text
+    assert "or 'webhook:' (reserved for signed webhook deliveries)" in help_text
+
+
+def test_a_user_key_in_the_webhook_namespace_is_refused(requester):
+    """`webhook:…` holds the keys of signed deliveries: no caller of the service, the command line
+    included, may store one (README, "Webhooks")."""
+    wait = gate_wait(requester)
+    before = history(wait.workflow_id)
+    with pytest.raises(InvalidInput, match="starts with 'webhook:', which is reserved for signed webhook deliveries"):
+        services.workflow_signal(workflow_id=wait.workflow_id, name="go", dedupe_key="webhook:ci:build-1")
+    message = refused_on_the_command_line("signal", str(wait.workflow_id), "go", "--dedupe-key", "webhook:x")
+    assert message == ("The dedupe key 'webhook:x' starts with 'webhook:', which is reserved for signed webhook "
+                       "deliveries; choose a key without that prefix.")
+    assert (signals_of(wait.workflow_id), history(wait.workflow_id)) == ([], before)
+    delivered = services.workflow_signal_from_webhook(workflow_id=wait.workflow_id, name="go", payload=None,
+                                                      source="ci", delivery_id="build-1")
+    assert delivered.outcome == Outcome.APPLIED
+    assert signals_of(wait.workflow_id) == [("go", "webhook:ci:build-1")]
 
 
 # --- 4. Deactivated users -----------------------------------------------------------------

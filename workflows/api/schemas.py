@@ -42,7 +42,9 @@ class RejectIn(Body):
 class SignalIn(Body):
     name: str = Field(description="the event's name")
     payload: Any = None
-    dedupe_key: str = Field(default="", description="a repeated key is delivered once")
+    dedupe_key: str = Field(default="", description=(
+        "a repeated key is delivered once; at most 200 characters, not starting with 'auto-' or 'webhook:' "
+        "(reserved for keyless signals and for signed webhook deliveries)"))
 
 
 class SupersedeIn(Body):

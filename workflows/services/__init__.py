@@ -37,6 +37,7 @@ from workflows.services.workflows import (
     workflow_launch,
     workflow_resume,
     workflow_signal,
+    workflow_signal_from_webhook,
     workflow_supersede,
 )
 
@@ -78,6 +79,7 @@ __all__ = [
     "workflow_launch",
     "workflow_resume",
     "workflow_signal",
+    "workflow_signal_from_webhook",
     "workflow_supersede",
     "workflows_redrive_idle",
 ]

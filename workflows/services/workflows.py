@@ -225,6 +225,10 @@ def _apply(workflow: Workflow, command: engine.Command, *, now: datetime, chain:
 
 
 SIGNAL_AUTO_KEY_PREFIX = "auto-"
+# The keys of signed webhook deliveries: "webhook:<source>:<delivery id>". No caller of
+# workflow_signal (the HTTP API, `agent signal`) may send a key here, so none can make a genuine
+# delivery look like a repeat.
+SIGNAL_WEBHOOK_KEY_PREFIX = "webhook:"
 
 
 @transaction.atomic
@@ -234,17 +238,42 @@ def workflow_signal(*, workflow_id: int, name: str, payload: Any = None, dedupe_
     Idempotent per ``dedupe_key``: unique constraint ``uniq_signal_dedupe``; a repeated key
     returns ALREADY_APPLIED. Without a key, every delivery is a new signal, stored under a key
     of its own that starts with SIGNAL_AUTO_KEY_PREFIX. Raises InvalidInput, and stores
-    nothing, for a key longer than the column or one in that reserved namespace.
+    nothing, for a key longer than the column or one in a reserved namespace
+    (SIGNAL_AUTO_KEY_PREFIX, or SIGNAL_WEBHOOK_KEY_PREFIX: see workflow_signal_from_webhook).
     """
+    if dedupe_key.startswith(SIGNAL_AUTO_KEY_PREFIX):
+        raise InvalidInput(f"The dedupe key {dedupe_key[:40]!r} starts with {SIGNAL_AUTO_KEY_PREFIX!r}, which is "
+                           "reserved for the keys of signals sent without one; choose a key without that prefix.")
+    if dedupe_key.startswith(SIGNAL_WEBHOOK_KEY_PREFIX):
+        raise InvalidInput(f"The dedupe key {dedupe_key[:40]!r} starts with {SIGNAL_WEBHOOK_KEY_PREFIX!r}, which is "
+                           "reserved for signed webhook deliveries; choose a key without that prefix.")
+    return _signal_deliver(workflow_id=workflow_id, name=name, payload=payload, dedupe_key=dedupe_key)
+
+
+@transaction.atomic
+def workflow_signal_from_webhook(*, workflow_id: int, name: str, payload: Any, source: str,
+                                 delivery_id: str) -> Result:
+    """Deliver the signal of a signed webhook delivery (its signature already verified).
+
+    Idempotent per delivery: the key ``webhook:<source>:<delivery_id>`` (unique constraint
+    ``uniq_signal_dedupe``), in the namespace workflow_signal refuses, so only a delivery the
+    source signed can take it; the same delivery again returns ALREADY_APPLIED. Raises
+    InvalidInput, and stores nothing, for an empty source or delivery id.
+    """
+    if not source or not delivery_id:
+        raise InvalidInput("A webhook delivery needs its source and its delivery id; nothing was delivered.")
+    return _signal_deliver(workflow_id=workflow_id, name=name, payload=payload,
+                          dedupe_key=f"{SIGNAL_WEBHOOK_KEY_PREFIX}{source}:{delivery_id}")
+
+
+def _signal_deliver(*, workflow_id: int, name: str, payload: Any, dedupe_key: str) -> Result:
+    """The delivery both entry points share, inside their transaction: the key's namespace is theirs to check."""
     name = text_checked(name, what="The signal name", max_length=100)
     payload = json_checked(payload, what="The signal payload")
     max_key = Signal._meta.get_field("dedupe_key").max_length
     if max_key is not None and len(dedupe_key) > max_key:
         raise InvalidInput(f"The dedupe key is {len(dedupe_key)} characters long; the limit is {max_key}. "
                            "Send a shorter key, e.g. a hash of this one.")
-    if dedupe_key.startswith(SIGNAL_AUTO_KEY_PREFIX):
-        raise InvalidInput(f"The dedupe key {dedupe_key[:40]!r} starts with {SIGNAL_AUTO_KEY_PREFIX!r}, which is "
-                           "reserved for the keys of signals sent without one; choose a key without that prefix.")
     workflow = workflow_lock(workflow_id)
     if workflow.is_terminal:
         raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; it takes no more signals.")

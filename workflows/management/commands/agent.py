@@ -22,7 +22,7 @@ from workflows import replay, selectors, services
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
 from workflows.models import Signal, Workflow
 from workflows.services import tokens
-from workflows.services.workflows import SIGNAL_AUTO_KEY_PREFIX
+from workflows.services.workflows import SIGNAL_AUTO_KEY_PREFIX, SIGNAL_WEBHOOK_KEY_PREFIX
 
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 3
@@ -82,7 +82,8 @@ class Command(BaseCommand):
         key_limit = Signal._meta.get_field("dedupe_key").max_length
         signal.add_argument("--dedupe-key", default="", help=(
             f"a repeated key is delivered once; at most {key_limit} characters, not starting with "
-            f"{SIGNAL_AUTO_KEY_PREFIX!r} (reserved for the keys given to signals sent without one)"))
+            f"{SIGNAL_AUTO_KEY_PREFIX!r} (reserved for the keys given to signals sent without one) or "
+            f"{SIGNAL_WEBHOOK_KEY_PREFIX!r} (reserved for signed webhook deliveries)"))
 
         supersede = verb("supersede", "Replace the goal with a new intent version; open waits are invalidated.")
         supersede.add_argument("id", type=int)
