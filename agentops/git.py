@@ -71,6 +71,11 @@ def own(repo: Path) -> None:
     dot_git = repo / ".git"
     if not os.path.lexists(dot_git):
         return
+    if not dot_git.is_symlink() and dot_git.is_file():
+        main = _worktree_of(dot_git)
+        if main is not None:  # a checkout the engine added (git worktree add): own its repository
+            own(main)
+            return
     if dot_git.is_symlink() or not dot_git.is_dir():
         raise Permanent(f"{dot_git} is not a directory the engine made (a link or a gitdir file): the engine's "
                         "git does not follow it. Restore the workspace from its last approved commit.")
@@ -80,6 +85,24 @@ def own(repo: Path) -> None:
         path = dot_git / name
         if os.path.lexists(path):
             path.unlink()
+
+
+def _worktree_of(dot_git: Path) -> Path | None:
+    """The repository whose linked worktree ``dot_git`` (a ``gitdir:`` file) is, when it names
+    ``<repository>/.git/worktrees/<name>`` of a real ``.git`` directory; else None."""
+    try:
+        text = dot_git.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text.startswith("gitdir: "):
+        return None
+    target = Path(text.removeprefix("gitdir: "))
+    if not target.is_absolute() or target.parent.name != "worktrees" or target.parent.parent.name != ".git":
+        return None
+    main_git = target.parent.parent
+    if main_git.is_symlink() or not main_git.is_dir() or os.path.realpath(main_git) != str(main_git):
+        return None
+    return main_git.parent
 
 
 def _write_if_changed(path: Path, text: str, *, keep_extension: bool = False) -> None:

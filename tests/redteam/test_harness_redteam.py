@@ -105,8 +105,8 @@ def process_attacks(outside: Path, victim: int, worker: int) -> list[dict[str, A
         write("server.py", SERVER),
         tool("service_start", name="web", command="python -u server.py"),
         tool("service_logs", name="web"),
-        tool("service_start", name="forger", command=f"sh -c 'echo {victim} > $TMPDIR/web.pid; "
-                                                      f"echo {victim} > $TMPDIR/../web.pid; "
+        tool("service_start", name="forger", command=f"sh -c 'echo {victim} > $TMPDIR/ghost.pid; "
+                                                      f"echo {victim} > $TMPDIR/../ghost.pid; "
                                                       "setsid sleep 4343 & exec python -m http.server $PORT'"),
         run("sh -c 'setsid sleep 4242 > /dev/null 2>&1 & echo started'"),
         write("bomb.py", BOMB),
@@ -121,8 +121,8 @@ def process_attacks(outside: Path, victim: int, worker: int) -> list[dict[str, A
 
 @pytest.fixture
 def victim():
-    """A process of the worker's host that no model may signal."""
-    proc = subprocess.Popen(["sleep", "600"])
+    """A process of the worker's host that no model may signal (a daemon: the leader of its process group)."""
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
     yield proc
     proc.kill()
     proc.wait()
