@@ -135,10 +135,11 @@ def workflow_launch_once(
             raise InvalidInput(f"The {name} budget must be a positive amount of USD under {MAX_BUDGET_USD:,}; "
                                f"got {value}.")
     now = clock.now()
+    # What names the request: its values as checked, so 5, 5.0 and "5.00" are one request.
     request = {"kind": kind, "goal": goal, "params": params, "release_policy": release_policy,
-               "max_hours": max_hours, "priority": priority, "budget_total_usd": _amount(budget_total_usd),
-               "budget_hourly_usd": _amount(budget_hourly_usd), "stagnation_policy": stagnation_policy,
-               "fallback_model": fallback_model, "user": username_of(user)}
+               "max_hours": None if max_hours is None else float(max_hours), "priority": priority,
+               "budget_total_usd": _amount(budget_total_usd), "budget_hourly_usd": _amount(budget_hourly_usd),
+               "stagnation_policy": stagnation_policy, "fallback_model": fallback_model, "user": username_of(user)}
     with transaction.atomic():
         claimed = None
         if idempotency_key:
