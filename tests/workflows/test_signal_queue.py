@@ -147,5 +147,6 @@ def test_a_repeated_key_of_a_queued_signal_changes_nothing():
     again = signal(workflow.pk, {"n": 99}, dedupe_key="mail-1")
 
     assert (again.outcome, again.message) == (
-        Outcome.ALREADY_APPLIED, "A signal with dedupe key 'mail-1' was received before (still queued); nothing changed.")
+        Outcome.ALREADY_APPLIED,
+        "A signal with dedupe key 'mail-1' was received before (still queued); nothing changed.")
     assert list(Signal.objects.filter(workflow=workflow).values_list("payload", flat=True)) == [{"n": 1}]
