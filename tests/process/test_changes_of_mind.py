@@ -120,7 +120,7 @@ def test_a_new_goal_while_the_deploy_runs_leaves_one_deployment(
     assert "/i2/" in new.operation_id
     stats = deploy_target.store.stats()
     assert (stats["deployments"], stats["active"]) == (1, 1), stats
-    assert stats["effects"] == {new.operation_id: {"created": 1, "deleted": 0}}, stats
+    assert stats["effects"] == {new.sent_key: {"created": 1, "deleted": 0}}, stats
     assert dict(Commitment.objects.filter(workflow_id=wf).values_list("activity__operation_id", "status")) == {
         old.operation_id: "compensated", new.operation_id: "released",
     }

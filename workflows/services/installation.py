@@ -22,17 +22,18 @@ MAX_SENT_KEY_LENGTH = 200
 _IDS: dict[tuple[str, str], str] = {}
 
 
-@transaction.atomic
 def installation_ensure() -> Installation:
-    """The installation's row, created with a new random id if absent.
+    """The installation's row, created with a new random id if absent."""
+    return _installation_get_or_create()[0]
 
-    Idempotent: one row with primary key 1 (check constraint ``installation_singleton``);
+
+@transaction.atomic
+def _installation_get_or_create() -> tuple[Installation, bool]:
+    """Idempotent: one row with primary key 1 (check constraint ``installation_singleton``);
     ``get_or_create`` under that key, so of two processes creating it at once one row wins and
-    both return it.
-    """
-    row, _ = Installation.objects.get_or_create(
+    both return it."""
+    return Installation.objects.get_or_create(
         id=Installation.SINGLETON, defaults={"installation_id": uuid.uuid4().hex, "created_at": clock.now()})
-    return row
 
 
 def installation_id() -> str:
@@ -40,7 +41,12 @@ def installation_id() -> str:
     where = (connection.alias, str(connection.settings_dict.get("NAME", "")))
     found = _IDS.get(where)
     if found is None:
-        found = _IDS[where] = installation_ensure().installation_id
+        row, created = _installation_get_or_create()
+        found = row.installation_id
+        # A row made here is remembered once it was read back: the transaction that made it may
+        # still roll back, and the id must be the one the database keeps.
+        if not created:
+            _IDS[where] = found
     return found
 
 
