@@ -93,6 +93,7 @@ def clone_parked(template_id: int, base: datetime, offsets: list[float], *, batc
                 cur.execute(f"ANALYZE bench_{name}")  # else the joins below may loop over the growing table
                 cols, exprs = _select(model, {
                     "workflow_id": "m.wf_id", "operation_id": renamed,
+                    "idempotency_key": renamed.replace("r.operation_id", "r.idempotency_key"),  # activities only
                     "expires_at": "CASE WHEN r.expires_at IS NULL THEN NULL ELSE m.fire_at END"})
                 cur.execute(f"INSERT INTO {table} (id, {cols}) SELECT m.id, {exprs} "
                             f"FROM bench_{name} m JOIN {table} r ON r.id = m.old_id")

@@ -1023,9 +1023,11 @@ class Soak:
         self.figures.faults["total"] = sum(self.faults.values())
 
 
-def _workflow_of(operation_id: str) -> int:
-    """``wf-12/COMMIT_OPERATION.7/i1/0`` → 12 (-1 for a key of another shape)."""
-    head = operation_id.split("/", 1)[0]
+def _workflow_of(key: str) -> int:
+    """``<installation id>/wf-12/COMMIT_OPERATION.7/i1/0`` (or the bare operation id an activity
+    scheduled before installation ids sends) → 12; -1 for a key of another shape."""
+    parts = key.split("/", 2)
+    head = parts[1] if len(parts) > 1 and not parts[0].startswith("wf-") else parts[0]
     return int(head[3:]) if head.startswith("wf-") and head[3:].isdigit() else -1
 
 

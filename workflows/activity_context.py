@@ -18,7 +18,7 @@ LEASE_LOST = "was taken over or its work is no longer wanted; stopping without r
 
 @dataclass
 class ActivityContext:
-    """Passed to every activity function; ``operation_id`` is the idempotency key to send out.
+    """Passed to every activity function; ``idempotency_key`` is the key to send out.
 
     The ``lease`` is handed in by whoever runs the attempt: the services' database lease on a
     worker, ``workflows.testing.FakeLease`` in a test.
@@ -31,7 +31,18 @@ class ActivityContext:
 
     @property
     def operation_id(self) -> str:
+        """The operation's identity within this installation (``wf-1/SEND.4/i1/0``): stable across
+        attempts and workers, the same string in every database. Name local things with it (a
+        scratch directory, a commit trailer); send ``idempotency_key`` outside."""
         return self.claim.operation_id
+
+    @property
+    def idempotency_key(self) -> str:
+        """The idempotency key to send to external systems: ``<installation id>/<operation id>``,
+        stable across attempts and workers and unique across installations (two databases
+        calling one system never share a key). Fixed when the activity was scheduled: an
+        activity scheduled before installations had ids sends its operation id, as it did."""
+        return self.claim.idempotency_key or self.claim.operation_id
 
     @property
     def attempt(self) -> int:
@@ -94,7 +105,7 @@ class ActivityContext:
         heartbeat does, and shows ``effect`` as what the attempt is doing.
 
         An effect sent after the fence can still land after a cancel (a worker paused in between):
-        send ``operation_id`` as its idempotency key to a target that remembers a compensated key
+        send ``idempotency_key`` to a target that remembers a compensated key
         (docs/deploy-protocol.md, "tombstones"), so the late effect is refused.
         """
         if not self.lease.heartbeat(self.claim, f"before {effect}"[:200]):

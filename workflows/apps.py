@@ -12,7 +12,13 @@ class WorkflowsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_migrate
+
         from workflows import checks  # noqa: F401  (registers the start-up checks)
+        from workflows.services.installation import installation_forget
+
+        # A flush (the tests' transactional cases) or a migration may replace the installation's row.
+        post_migrate.connect(installation_forget, sender=self, dispatch_uid="workflows.installation_forget")
 
         for module in settings.AGENTOPS_AGENT_MODULES:
             try:

@@ -68,3 +68,8 @@ class BudgetDeferred(Retryable):
 
 class BudgetExhausted(AgentOpsError):
     """Over the total budget: the workflow pauses until a person raises the budget."""
+
+
+class IdempotencyKeyReused(Refused):
+    """A client's idempotency key came back with another request than the one it first named:
+    refused (409), nothing changed. The same request with the key returns the first result."""

@@ -42,6 +42,10 @@ class Claim:
     # were throttled (429/529): provider_for moves the calls to the fallback on sustained overload.
     fallback_model: str = ""
     throttled_in_a_row: int = 0
+    # The key the attempt sends to external systems (Activity.sent_key): the installation id, then
+    # the operation id. "" (the test kit, an activity scheduled before installations had ids):
+    # the operation id itself.
+    idempotency_key: str = ""
 
 
 class Lease(Protocol):

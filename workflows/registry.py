@@ -51,10 +51,18 @@ class RetryPolicy:
 
 @dataclasses.dataclass(frozen=True)
 class CompensationInput:
-    """What a compensation activity receives: the operation it undoes and the commitment's data."""
+    """What a compensation activity receives: the operation it undoes, the commitment's data and
+    the idempotency key that operation sent (empty when it was scheduled before installations had
+    ids: it sent its operation id; ``sent_key`` gives the one to use either way)."""
 
     operation_id: str
     data: dict[str, Any]
+    idempotency_key: str = ""
+
+    @property
+    def sent_key(self) -> str:
+        """The idempotency key the undone operation sent out."""
+        return self.idempotency_key or self.operation_id
 
 
 class ActivityType(Generic[I, O]):

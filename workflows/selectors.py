@@ -11,7 +11,7 @@ from django.db.models import Count, F, Q, QuerySet, Sum
 
 from workflows import clock, engine, registry
 from workflows.errors import InvalidInput
-from workflows.models import Activity, ApiToken, Event, Intent, UsageEntry, Wait, Workflow
+from workflows.models import Activity, ApiToken, Event, Installation, Intent, UsageEntry, Wait, Workflow
 from workflows.sql import rows_select
 
 
@@ -109,8 +109,14 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
 DETAIL_KEYS = frozenset({
     "id", "kind", "status", "current_node", "intent_version", "goal", "release", "fallback_model", "reason",
     "pause_cause", "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params",
-    "result", "waits", "activities", "commitments", "spend", "progress", "events",
+    "result", "waits", "activities", "commitments", "spend", "progress", "events", "signals_queued", "installation_id",
 })
+
+
+def installation_id() -> str | None:
+    """This database's installation id (``workflows.services.installation``); None before the
+    first activity of a database whose row was removed (a test's flush) made it again."""
+    return Installation.objects.values_list("installation_id", flat=True).first()
 
 
 def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
@@ -129,7 +135,8 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
     ]
     detail["activities"] = [
         {
-            "operation_id": a.operation_id, "name": a.name, "node": a.node, "status": a.status,
+            "operation_id": a.operation_id, "idempotency_key": a.sent_key, "name": a.name, "node": a.node,
+            "status": a.status,
             "attempts": a.attempt, "error": a.error, "heartbeat": a.heartbeat_detail if a.status == "running" else "",
             "checkpointed_at": _iso(a.checkpointed_at) if a.checkpoint is not None else None,
         }
@@ -139,6 +146,12 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
         {"id": c.pk, "kind": c.kind, "status": c.status, "operation_id": c.activity.operation_id}
         for c in workflow.commitments.select_related("activity").order_by("pk")
     ]
+    # Delivered signals are in the history (wait.satisfied); the queued ones wait for a wait.
+    detail["signals_queued"] = [
+        {"name": s.name, "dedupe_key": s.dedupe_key, "received_at": s.received_at.isoformat()}
+        for s in workflow.signals.filter(consumed_by__isnull=True).order_by("pk")
+    ]
+    detail["installation_id"] = installation_id()
     recent = Event.objects.filter(workflow=workflow).order_by("-seq")[:events]
     detail["spend"] = spend_summary(workflow)
     detail["progress"] = [

@@ -166,7 +166,7 @@ def _check_key(key: str) -> None:
     ):
         raise Permanent(
             f"Idempotency key {key!r} is empty or contains control or non-ASCII characters; "
-            "derive it from the activity's operation_id.",
+            "send the activity's ctx.idempotency_key.",
             idempotency_key=key,
         )
 

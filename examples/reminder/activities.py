@@ -31,10 +31,10 @@ def outbox() -> Path:
 
 @activity(retry=RetryPolicy(max_attempts=5, initial_interval_seconds=2.0))
 def send_reminder(ctx: ActivityContext, input: ReminderInput) -> ReminderSent:
-    """Write the reminder to the outbox under the operation id: the operation id is the
-    idempotency key, so an attempt retried after a crash finds the message sent and sends
-    nothing again (a real mail API would take it as its idempotency key)."""
-    path = outbox() / f"{ctx.operation_id.replace('/', '_')}.txt"
+    """Write the reminder to the outbox under the idempotency key (the installation id, then the
+    operation id), so an attempt retried after a crash finds the message sent and sends nothing
+    again (a real mail API would take it as its idempotency key)."""
+    path = outbox() / f"{ctx.idempotency_key.replace('/', '_')}.txt"
     if not path.exists():
         ctx.fence("send the reminder")  # still wanted? (not cancelled, goal not changed, not taken over)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,4 +42,4 @@ def send_reminder(ctx: ActivityContext, input: ReminderInput) -> ReminderSent:
         draft.write_text(f"To: {input.email}\nSubject: Invoice {input.invoice} (reminder {input.number})\n\n"
                          f"Invoice {input.invoice} is still open. Please pay it at your earliest convenience.\n")
         os.replace(draft, path)  # the message appears whole or not at all
-    return ReminderSent(message_id=ctx.operation_id, path=str(path))
+    return ReminderSent(message_id=ctx.idempotency_key, path=str(path))

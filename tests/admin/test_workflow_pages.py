@@ -183,6 +183,24 @@ class TestOperatorActions:
         wait.refresh_from_db()
         assert wait.status == Wait.Status.INVALIDATED
 
+    def test_the_supersede_form_sent_twice_makes_one_intent_version(self, operator, requester):
+        """The page carries a key made when it was shown: a double click or a resent POST is one
+        supersede, and the second says so."""
+        wait = gate_wait(requester)
+        client = logged_in(operator)
+        page = client.get(action_url(wait.workflow_id, "supersede")).content.decode()
+        found = re.search(r'name="request_key" value="(admin-[0-9a-f]{32})"', page)
+        assert found, "the form carries its key"
+        data = {"goal": "Open the gate for 1.1", "request_key": found.group(1)}
+
+        first = client.post(action_url(wait.workflow_id, "supersede"), data, follow=True)
+        again = client.post(action_url(wait.workflow_id, "supersede"), data, follow=True)
+
+        assert [level for level, _ in messages_of(first)] == ["success"]
+        [(level, text)] = messages_of(again)
+        assert level == "warning" and f"already made intent v2 of workflow {wait.workflow_id}" in text
+        assert Intent.objects.filter(workflow_id=wait.workflow_id).count() == 2
+
     def test_an_empty_goal_is_a_form_error_and_changes_nothing(self, operator, requester):
         wait = gate_wait(requester)
         before = state_of(wait)

@@ -176,11 +176,13 @@ def test_operator_verbs_need_the_change_permission_and_answer_like_the_cli(
     base = f"/workflows/{workflow_id}"
     signal = http.post(f"{base}/signal", {"name": "ci.done", "payload": {"ok": True}, "dedupe_key": "ci-1"},
                        token=operator_token)
-    assert signal.body == {"id": workflow_id, "outcome": "applied", "status": "waiting", "intent_version": 1,
-                           "message": "Signal delivered."}
+    # The release agent waits for an approval, not for ci.done: the signal is queued, and says so.
+    assert signal.body == {"id": workflow_id, "outcome": "queued", "status": "waiting", "intent_version": 1,
+                           "message": f"No wait for signal 'ci.done' is open on workflow {workflow_id}; the signal is "
+                                      "queued and the next wait for 'ci.done' receives it (oldest first)."}
     repeat = http.post(f"{base}/signal", {"name": "ci.done", "dedupe_key": "ci-1"}, token=operator_token)
     assert (repeat.body["outcome"], repeat.body["message"]) == (
-        "already_applied", "Already delivered; nothing changed.")
+        "already_applied", "A signal with dedupe key 'ci-1' was received before (still queued); nothing changed.")
 
     budget = http.post(f"{base}/budget", {"total_usd": "12.50"}, token=operator_token)
     assert budget.status == 200

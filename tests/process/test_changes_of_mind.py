@@ -80,16 +80,16 @@ def test_a_worker_paused_before_its_post_deploys_nothing_after_cancel(
 
     os.kill(pool.pid, signal.SIGCONT)
     paused_s = time.monotonic() - stopped_at
-    cluster.wait_for(lambda: late_posts(requests, deploy.operation_id), timeout=20,
+    cluster.wait_for(lambda: late_posts(requests, deploy.sent_key), timeout=20,
                      what="the resumed worker to send its late POST")
 
-    assert late_posts(requests, deploy.operation_id) == ["410"]
+    assert late_posts(requests, deploy.sent_key) == ["410"]
     stats = deploy_target.store.stats()
     assert (stats["deployments"], stats["active"], stats["effects"]) == (0, 0, {}), stats
     commitment = Commitment.objects.get(activity=deploy)
     assert (commitment.status, commitment.data) == ("compensated", {"uncertain": True})
     compensation = Activity.objects.get(workflow_id=wf, name="undeploy")
-    assert compensation.result == {"deleted": False, "idempotency_key": deploy.operation_id}
+    assert compensation.result == {"deleted": False, "idempotency_key": deploy.sent_key}
     cluster.wait_for(lambda: ActivityAttempt.objects.filter(activity=deploy, number=1, status="cancelled").exists(),
                      timeout=5, what="attempt 1 to stay cancelled")
     assert event_count("activity.stale_result_discarded", workflow_id=wf) == 1
@@ -112,15 +112,15 @@ def test_a_new_goal_while_the_deploy_runs_leaves_one_deployment(
     approve(wf, approver)
     wait_until_status(cluster, [wf], "completed", timeout=60)
     os.kill(pool.pid, signal.SIGCONT)
-    cluster.wait_for(lambda: late_posts(requests, old.operation_id), timeout=20,
+    cluster.wait_for(lambda: late_posts(requests, old.sent_key), timeout=20,
                      what="the resumed worker to send the old goal's late POST")
 
-    assert late_posts(requests, old.operation_id) == ["410"]
+    assert late_posts(requests, old.sent_key) == ["410"]
     new = Activity.objects.filter(workflow_id=wf, name="deploy").exclude(pk=old.pk).get()
     assert "/i2/" in new.operation_id
     stats = deploy_target.store.stats()
     assert (stats["deployments"], stats["active"]) == (1, 1), stats
-    assert stats["effects"] == {new.operation_id: {"created": 1, "deleted": 0}}, stats
+    assert stats["effects"] == {new.sent_key: {"created": 1, "deleted": 0}}, stats
     assert dict(Commitment.objects.filter(workflow_id=wf).values_list("activity__operation_id", "status")) == {
         old.operation_id: "compensated", new.operation_id: "released",
     }

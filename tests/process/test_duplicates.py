@@ -112,7 +112,7 @@ def test_duplicate_doorbells_are_ignored_and_deploy_once(
     assert [outcomes[t] for t in after] == ["'skipped'"] * 3 + ["'not_runnable'"], outcomes
     assert Workflow.objects.values("status", "updated_at", "state", "result").get(pk=wf) == before
     assert event_count("workflow.completed", workflow_id=wf) == 1
-    assert_one_effect_per_key(deploy_target, {deploy.operation_id})
+    assert_one_effect_per_key(deploy_target, {deploy.sent_key})
     assert_event_seqs_contiguous([wf])
     figures("6.14 forced duplicates", duplicate_messages_published=len(during) + len(after),
             duplicate_deliveries_seen=ignored_during + 3, doorbell_ignored_while_running=ignored_during,

@@ -92,7 +92,7 @@ def host_env(host: Host, redis: RedisServer, deploy_target: DeployTargetServer) 
 
 def assert_each_deploy_once_and_histories_whole(deploy_target: DeployTargetServer, ids: list[int]) -> int:
     """One deployment per deploy operation of ``ids`` and gapless histories; returns how many deploys."""
-    deploys = set(Activity.objects.filter(workflow_id__in=ids, name="deploy").values_list("operation_id", flat=True))
+    deploys = {a.sent_key for a in Activity.objects.filter(workflow_id__in=ids, name="deploy")}
     assert_one_effect_per_key(deploy_target, deploys)
     assert_event_seqs_contiguous(ids)
     return len(deploys)

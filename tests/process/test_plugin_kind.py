@@ -10,7 +10,7 @@ from examples.reminder.activities import send_reminder
 from examples.reminder.definition import Reminder
 from tests.process.harness import Cluster, wait_until_status
 from workflows import clock, services
-from workflows.models import Event, Timer, Workflow
+from workflows.models import Event, Installation, Timer, Workflow
 from workflows.testing import registered
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -43,4 +43,6 @@ def test_the_reminder_example_runs_on_real_workers_with_one_settings_line(cluste
             results=[r["reminders"] for r in results],
             handler_failures=Event.objects.filter(kind="workflow.handler_failed").count())
     assert [r["reminders"] for r in results] == [2, 1, 1]
-    assert len(sent) == 4 and all(name.startswith("wf-") for name in sent)
+    # One file per idempotency key: the installation id, then the operation id.
+    installation = Installation.objects.get().installation_id
+    assert len(sent) == 4 and all(name.startswith(f"{installation}_wf-") for name in sent)

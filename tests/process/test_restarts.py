@@ -69,7 +69,7 @@ def test_full_stack_restart_while_waiting_for_approval_resumes_each_workflow_onc
         assert event_count("wait.approved", workflow_id=pk) == 1
         assert event_count("workflow.woken", workflow_id=pk) == 1
         assert event_count("workflow.completed", workflow_id=pk) == 1
-    keys = set(Activity.objects.filter(workflow_id__in=ids[:2], name="deploy").values_list("operation_id", flat=True))
+    keys = {a.sent_key for a in Activity.objects.filter(workflow_id__in=ids[:2], name="deploy")}
     assert_one_effect_per_key(deploy_target, keys)
     failed = Workflow.objects.get(pk=expiring)
     assert "expired" in failed.reason, failed.reason
@@ -135,7 +135,7 @@ def test_redis_restart_with_messages_in_flight_loses_no_workflow(
     wait_until_status(cluster, [late], "completed", timeout=60)
     everything = [*ids, late]
     deploys = Activity.objects.filter(workflow_id__in=everything, name="deploy")
-    keys = set(deploys.values_list("operation_id", flat=True))
+    keys = {a.sent_key for a in deploys}
     assert_one_effect_per_key(deploy_target, keys)
     assert_event_seqs_contiguous(everything)
 

@@ -64,12 +64,12 @@ def test_retry_after_a_503_runs_on_another_worker_with_the_same_key_and_inputs(
     second = attempts[1]
     assert second.worker.startswith("wb@") and second.worker.split("@")[0] != first.worker.split("@")[0]
     assert second.started_at.timestamp() > a_stopped_at, "attempt 2 must start after worker A stopped"
-    key = deploy.operation_id
+    key, sent = deploy.operation_id, deploy.sent_key
     posts = [r for r in requests if r.method == "POST" and r.path == "/deployments"]
-    assert [(r.key, r.status) for r in posts] == [(key, "503"), (key, "201")], posts
+    assert [(r.key, r.status) for r in posts] == [(sent, "503"), (sent, "201")], posts
     assert posts[0].body_sha256 == posts[1].body_sha256, "attempt 2 must send the same inputs"
-    assert deploy.result["idempotency_key"] == key
-    assert_one_effect_per_key(deploy_target, {key})
+    assert deploy.result["idempotency_key"] == sent
+    assert_one_effect_per_key(deploy_target, {sent})
     retries = Event.objects.filter(workflow_id=wf, kind="activity.retry_scheduled", data__operation_id=key)
     assert list(retries.values_list("data__attempt", flat=True)) == [1]
     assert event_count("activity.succeeded", workflow_id=wf, data__operation_id=key, data__attempt=2) == 1
@@ -132,15 +132,15 @@ def test_cancel_releases_the_deployment_although_the_compensating_worker_is_kill
     assert killed["operation_id"] == compensation.operation_id and killed["attempt"] == 1
     attempts = list(compensation.attempts.order_by("number"))
     assert [(a.number, a.status) for a in attempts] == [(1, "lost"), (2, "succeeded")]
-    assert compensation.result == {"deleted": True, "idempotency_key": deploy.operation_id}
+    assert compensation.result == {"deleted": True, "idempotency_key": deploy.sent_key}
     commitment.refresh_from_db()
     assert commitment.status == "compensated"
     assert not Commitment.objects.filter(workflow_id=wf, status="active").exists()  # I6
     # The target saw the DELETE twice under the same key and counted one effect.
     deletes = [r for r in requests if r.method == "DELETE"]
-    assert [(r.key, r.status) for r in deletes] == [(deploy.operation_id, "200")] * 2, deletes
+    assert [(r.key, r.status) for r in deletes] == [(deploy.sent_key, "200")] * 2, deletes
     stats = deploy_target.store.stats()
-    assert stats["effects"] == {deploy.operation_id: {"created": 1, "deleted": 1}}, stats
+    assert stats["effects"] == {deploy.sent_key: {"created": 1, "deleted": 1}}, stats
     assert (stats["deployments"], stats["active"]) == (1, 0), stats
     verify_held = [f for f in cluster.faults_fired() if f.get("activity") == "verify_deployment"]
     assert len(verify_held) == 1 and verify_held[0]["action"] == "sleep"

@@ -77,7 +77,7 @@ def test_kill_after_the_deploy_target_accepted_reconciles_one_deployment_per_wor
                      what=f"the workers to report the killed pool processes {[f['pid'] for f in fired]}")
     kills_seen = len(lost_pids())
 
-    assert_one_effect_per_key(deploy_target, set(deploys))
+    assert_one_effect_per_key(deploy_target, {a.sent_key for a in deploys.values()})
     recover = []
     for fault in fired:
         activity = deploys[fault["operation_id"]]
@@ -195,7 +195,7 @@ def test_paused_worker_cannot_write_back_after_its_lease_was_taken_over(
     assert list(succeeded.values_list("data__attempt", flat=True)) == [2]
     approve(wf, approver)
     wait_until_status(cluster, [wf], "completed", timeout=40)
-    deploy_key = Activity.objects.get(workflow_id=wf, name="deploy").operation_id
+    deploy_key = Activity.objects.get(workflow_id=wf, name="deploy").sent_key
     assert_one_effect_per_key(deploy_target, {deploy_key})
     assert_event_seqs_contiguous([wf])
     figures("6.3 zombie pool process", faults_injected=1, paused_s=f"{paused:.1f}",

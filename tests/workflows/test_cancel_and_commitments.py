@@ -54,7 +54,7 @@ def deployed(repo: Any, requester: Any, approver: Any) -> tuple[Workflow, Activi
 
 
 def effects(deploy_target: Any, activity: Activity) -> dict[str, int]:
-    return deploy_target.store.stats()["effects"].get(activity.operation_id, {"created": 0, "deleted": 0})
+    return deploy_target.store.stats()["effects"].get(activity.sent_key, {"created": 0, "deleted": 0})
 
 
 def compensations(workflow: Workflow) -> list[Activity]:
@@ -167,7 +167,7 @@ def test_cancel_during_a_running_deploy_compensates_at_once_and_a_late_post_is_r
     assert deploy_target.store.stats()["tombstones"] == 1
 
     with pytest.raises(Permanent, match="410"):  # the paused worker wakes and sends its POST
-        client.create_deployment(base_url=deploy_target.url, idempotency_key=claim.operation_id,
+        client.create_deployment(base_url=deploy_target.url, idempotency_key=claim.idempotency_key,
                                  body={"workflow_id": workflow.pk}, timeout=5)
     assert effects(deploy_target, activity) == {"created": 0, "deleted": 0}
     assert deploy_target.store.stats()["active"] == 0
@@ -249,7 +249,7 @@ def test_cancel_voids_a_pending_retry(git_repo, deploy_target, requester, approv
     assert (workflow.status, activity.status, activity.attempt) == ("cancelled", "cancelled", 1)
     assert deploy_target.store.stats()["deployments"] == 0
     [undeploy] = compensations(workflow)
-    assert undeploy.result == {"deleted": False, "idempotency_key": activity.operation_id}
+    assert undeploy.result == {"deleted": False, "idempotency_key": activity.sent_key}
 
 
 def test_commitments_are_compensated_newest_first(git_repo, deploy_target, requester, approver, settings):

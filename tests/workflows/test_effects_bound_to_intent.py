@@ -61,7 +61,7 @@ def test_a_deploy_in_flight_when_the_goal_changes_is_not_retried_for_the_old_goa
     services.workflow_supersede(workflow_id=workflow.pk, goal="Ship the release notes, in French", user=requester)
     deploy_target.store.set_fault(Fault.build("fail", 1))
     with pytest.raises(Retryable):
-        client.create_deployment(base_url=deploy_target.url, idempotency_key=claim.operation_id,
+        client.create_deployment(base_url=deploy_target.url, idempotency_key=claim.idempotency_key,
                                  body={"workflow_id": workflow.pk}, timeout=5)
     assert services.activity_failure_record_if_current(claim=claim, error=Retryable("503")) == RunOutcome.STALE
     old.refresh_from_db()

@@ -78,10 +78,11 @@ def test_a_dedupe_key_longer_than_the_column_is_refused_and_stores_nothing(reque
     assert (signals_of(wait.workflow_id), history(wait.workflow_id)) == ([], before)
 
 
-def test_a_dedupe_key_of_exactly_the_column_length_is_delivered_once(requester):
+def test_a_dedupe_key_of_exactly_the_column_length_is_received_once(requester):
+    """(The workflow waits for an approval, not for "go": the signal is queued.)"""
     key = "k" * KEY_LIMIT
     wait = gate_wait(requester)
-    assert services.workflow_signal(workflow_id=wait.workflow_id, name="go", dedupe_key=key).outcome == Outcome.APPLIED
+    assert services.workflow_signal(workflow_id=wait.workflow_id, name="go", dedupe_key=key).outcome == Outcome.QUEUED
     assert services.workflow_signal(workflow_id=wait.workflow_id, name="go", dedupe_key=key).outcome == \
         Outcome.ALREADY_APPLIED
     assert signals_of(wait.workflow_id) == [("go", key)]
@@ -133,26 +134,28 @@ def test_a_user_key_in_the_generated_namespace_is_refused(requester):
     assert "reserved for the keys of signals sent without one" in message
 
 
-def test_a_keyless_signal_is_delivered_even_when_a_stored_user_key_has_its_generated_key(requester):
-    """A row stored before the namespace was reserved (a user's `auto-N`) never swallows a keyless signal."""
+def test_a_keyless_signal_is_kept_even_when_a_stored_user_key_has_its_generated_key(requester):
+    """A row stored before the namespace was reserved (a user's `auto-N`) never swallows a keyless
+    signal (queued: the workflow waits for an approval, not for "go")."""
     wait = gate_wait(requester)
     workflow = Workflow.objects.get(pk=wait.workflow_id)
     taken = f"auto-{workflow.event_seq + 1}"  # the key today's code would generate next
     Signal.objects.create(workflow=workflow, name="user", dedupe_key=taken, received_at=workflow.created_at)
 
-    assert services.workflow_signal(workflow_id=workflow.pk, name="go").outcome == Outcome.APPLIED
+    assert services.workflow_signal(workflow_id=workflow.pk, name="go").outcome == Outcome.QUEUED
 
     assert signals_of(workflow.pk) == [("user", taken), ("go", f"{taken}.1")]
     assert history(workflow.pk)[-1][1] == "signal.received"
 
 
-def test_keyless_signals_are_each_delivered_and_stored_keys_still_deduplicate(requester):
+def test_keyless_signals_are_each_queued_and_stored_keys_still_deduplicate(requester):
+    """No wait for "go" is open: each keyless signal is a new one, queued; a repeated key is not."""
     wait = gate_wait(requester)
     workflow_id = wait.workflow_id
-    assert services.workflow_signal(workflow_id=workflow_id, name="go").outcome == Outcome.APPLIED
-    assert services.workflow_signal(workflow_id=workflow_id, name="go").outcome == Outcome.APPLIED
+    assert services.workflow_signal(workflow_id=workflow_id, name="go").outcome == Outcome.QUEUED
+    assert services.workflow_signal(workflow_id=workflow_id, name="go").outcome == Outcome.QUEUED
     first = services.workflow_signal(workflow_id=workflow_id, name="go", dedupe_key="deliver-1")
-    assert first.outcome == Outcome.APPLIED
+    assert first.outcome == Outcome.QUEUED
     assert services.workflow_signal(workflow_id=workflow_id, name="go", dedupe_key="deliver-1").outcome == \
         Outcome.ALREADY_APPLIED
     keys = [key for _, key in signals_of(workflow_id)]

@@ -101,7 +101,7 @@ def test_lost_deploy_attempt_is_reconciled_not_redeployed(git_repo, deploy_targe
     claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="doomed", task_id="t1")
     with pytest.raises(Retryable, match="closed the connection without a response"):
         run_claimed(deploy, claim)  # the POST took effect; this worker never records anything
-    assert deploy_target.store.stats()["effects"][activity.operation_id]["created"] == 1
+    assert deploy_target.store.stats()["effects"][activity.sent_key]["created"] == 1
     expire_lease(activity)
     rung.clear()
 
@@ -120,7 +120,7 @@ def test_lost_deploy_attempt_is_reconciled_not_redeployed(git_repo, deploy_targe
     }
     stats = deploy_target.store.stats()
     assert stats["deployments"] == 1
-    assert stats["effects"] == {activity.operation_id: {"created": 1, "deleted": 0}}
+    assert stats["effects"] == {activity.sent_key: {"created": 1, "deleted": 0}}
     workflow = drive(workflow.pk)
     assert workflow.status == "completed", workflow.reason
     assert workflow.result["deployment_id"] == activity.result["deployment_id"]
@@ -238,7 +238,7 @@ def test_retryable_failure_waits_for_its_retry_window(git_repo, deploy_target, a
 
     activity.refresh_from_db()
     assert (activity.status, activity.attempt) == ("succeeded", 2)
-    assert deploy_target.store.stats()["effects"] == {activity.operation_id: {"created": 1, "deleted": 0}}
+    assert deploy_target.store.stats()["effects"] == {activity.sent_key: {"created": 1, "deleted": 0}}
 
 
 @pytest.mark.django_db

@@ -294,10 +294,11 @@ def test_signal_satisfies_the_open_event_wait():
 
 
 def test_signal_before_the_wait_is_consumed_when_it_opens():
-    """A signal that arrives early is kept and satisfies the wait the moment it opens."""
+    """A signal that arrives early is queued, says so, and satisfies the wait the moment it opens."""
     workflow = services.workflow_launch(kind=EVENT_KIND, goal="Wait for the go")
     early = services.workflow_signal(workflow_id=workflow.pk, name="go", payload={"early": True})
-    assert early.outcome == Outcome.APPLIED
+    assert early.outcome == Outcome.QUEUED
+    assert "No wait for signal 'go' is open" in early.message
     signal = Signal.objects.get(workflow=workflow)
     assert signal.consumed_by is None
     assert not Wait.objects.filter(workflow=workflow).exists()
@@ -312,9 +313,9 @@ def test_signal_before_the_wait_is_consumed_when_it_opens():
 
 
 def test_signal_with_another_name_leaves_the_wait_open():
-    """A signal for a name nobody waits on is stored, and the workflow keeps waiting."""
+    """A signal for a name nobody waits on is queued (and answered so), and the workflow keeps waiting."""
     workflow = waiting_for_go()
-    assert services.workflow_signal(workflow_id=workflow.pk, name="stop").outcome == Outcome.APPLIED
+    assert services.workflow_signal(workflow_id=workflow.pk, name="stop").outcome == Outcome.QUEUED
     workflow.refresh_from_db()
     assert workflow.status == "waiting"
     assert Wait.objects.get(workflow=workflow).status == "open"
@@ -329,7 +330,10 @@ def test_repeated_dedupe_key_changes_nothing():
 
     again = services.workflow_signal(workflow_id=workflow.pk, name="go", payload={"n": 2}, dedupe_key="deliver-1")
 
-    assert (again.outcome, again.message) == (Outcome.ALREADY_APPLIED, "Already delivered; nothing changed.")
+    wait = Wait.objects.get(workflow=workflow)
+    assert (again.outcome, again.message) == (
+        Outcome.ALREADY_APPLIED,
+        f"A signal with dedupe key 'deliver-1' was received before (delivered to wait {wait.pk}); nothing changed.")
     assert unchanged(workflow) == before
     assert list(Signal.objects.filter(workflow=workflow).values_list("payload", flat=True)) == [{"n": 1}]
     assert len(events(workflow, "signal.received")) == 1

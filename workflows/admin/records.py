@@ -28,7 +28,7 @@ class AttemptInline(admin.TabularInline):
 class ActivityAdmin(ReadOnlyAdmin):
     list_display = ("id", "workflow_id", "name", "node", "status", "attempt", "max_attempts", "next_attempt_at")
     list_filter = ("status", "name")
-    search_fields = ("=id", "=workflow__id", "operation_id")
+    search_fields = ("=id", "=workflow__id", "operation_id", "=idempotency_key")
     ordering = ("-pk",)
     inlines = (AttemptInline,)
 

@@ -1,6 +1,7 @@
 """Workflows: the list with its filters, the inspection page and the operator actions."""
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -105,6 +106,8 @@ class SupersedeForm(forms.Form):
         max_length=MAX_GOAL_CHARS, widget=forms.Textarea(attrs={"rows": 5, "cols": 80}),
         help_text="The new goal, in the requester's words. It becomes the next intent version.",
     )
+    # Made when the page is shown: the form sent twice (a double click, a resent POST) is one supersede.
+    request_key = forms.CharField(required=False, max_length=200, widget=forms.HiddenInput)
 
 
 class ResumeForm(forms.Form):
@@ -326,7 +329,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         if refusal:  # a page reached by an old link or a typed URL: say what applies instead of promising it
             return redirect_with_outcome(change_url, refusal, messages.WARNING)
         initial = {
-            "supersede": {"goal": workflow.goal},
+            "supersede": {"goal": workflow.goal, "request_key": f"admin-{uuid.uuid4().hex}"},
             "budget": {"total_usd": workflow.budget_total_usd, "hourly_usd": workflow.budget_hourly_usd},
         }.get(action, {})
         form = spec.form(request.POST if request.method == "POST" else None, initial=initial)
@@ -370,4 +373,6 @@ def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: An
         result = services.workflow_resume(workflow_id=workflow_id, user=user)
         level = {services.Outcome.APPLIED: messages.SUCCESS, services.Outcome.HANDLER_FAILED: messages.ERROR}
         return result.message, level.get(result.outcome, messages.WARNING)
-    return services.workflow_supersede(workflow_id=workflow_id, goal=data["goal"], user=user).message, messages.SUCCESS
+    result = services.workflow_supersede(workflow_id=workflow_id, goal=data["goal"], user=user,
+                                         idempotency_key=data.get("request_key", ""))
+    return result.message, messages.WARNING if result.outcome == services.Outcome.ALREADY_APPLIED else messages.SUCCESS

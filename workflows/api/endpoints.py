@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
-from ninja import NinjaAPI, Status
+from ninja import Header, NinjaAPI, Status
 
 from workflows import selectors, services
 from workflows.api.auth import LAUNCH_PERMISSION, OPERATE_PERMISSION, VIEW_PERMISSIONS, JsonParser, TokenAuth, require
@@ -60,17 +60,28 @@ def workflow_by_id(workflow_id: int) -> Workflow:
                        workflow_id=workflow_id) from None
 
 
-@api.post("/workflows", response={201: Json, **ERRORS}, summary="Launch an agent", tags=["workflows"])
-def launch(request: HttpRequest, payload: LaunchIn) -> Status[Json]:
-    """`agent launch`: the token's user is the launcher (who may not approve it). Needs `workflows.add_workflow`."""
+IDEMPOTENCY_KEY = Header(
+    default="", alias="Idempotency-Key",
+    description="1–200 printable characters, e.g. a UUID made once per request: the same request sent again with "
+                "the key returns the first one's result instead of doing it again; the key with another body is "
+                "refused with 409. Keys are kept for good, per operation (launch, supersede).",
+)
+
+
+@api.post("/workflows", response={200: Json, 201: Json, **ERRORS}, summary="Launch an agent", tags=["workflows"])
+def launch(request: HttpRequest, payload: LaunchIn, idempotency_key: str = IDEMPOTENCY_KEY) -> Status[Json]:
+    """`agent launch`: the token's user is the launcher (who may not approve it). Needs `workflows.add_workflow`.
+    With an `Idempotency-Key`, launched once: 201 the first time, 200 with the same workflow when the same
+    request comes again (a retry after a lost answer), 409 when the key was used with another body."""
     require(caller(request), LAUNCH_PERMISSION, to="launch workflows")
-    workflow = services.workflow_launch(
-        kind=payload.kind, goal=payload.goal, params=payload.params, user=caller(request),
+    workflow, created = services.workflow_launch_once(
+        idempotency_key=idempotency_key, kind=payload.kind, goal=payload.goal, params=payload.params,
+        user=caller(request),
         release_policy=payload.release_policy, max_hours=payload.max_hours, priority=payload.priority,
         budget_total_usd=payload.budget_total_usd, budget_hourly_usd=payload.budget_hourly_usd,
         stagnation_policy=payload.stagnation_policy, fallback_model=payload.fallback_model,
     )
-    return Status(201, {"id": workflow.pk, "kind": workflow.kind, "status": workflow.status})
+    return Status(201 if created else 200, {"id": workflow.pk, "kind": workflow.kind, "status": workflow.status})
 
 
 @api.get("/workflows", response={200: list[Json], **ERRORS}, summary="List workflows", tags=["workflows"])
@@ -106,10 +117,13 @@ def workflow_signal(request: HttpRequest, workflow_id: int, payload: SignalIn) -
 
 @api.post("/workflows/{workflow_id}/supersede", response={200: Json, **ERRORS}, summary="Change the goal",
           tags=["workflows"])
-def workflow_supersede(request: HttpRequest, workflow_id: int, payload: SupersedeIn) -> Json:
-    """`agent supersede`: a new intent version; open waits are invalidated. Needs `workflows.change_workflow`."""
+def workflow_supersede(request: HttpRequest, workflow_id: int, payload: SupersedeIn,
+                       idempotency_key: str = IDEMPOTENCY_KEY) -> Json:
+    """`agent supersede`: a new intent version; open waits are invalidated. Needs `workflows.change_workflow`.
+    With an `Idempotency-Key`, once: the same supersede again answers `already_applied` (no second version)."""
     require(caller(request), OPERATE_PERMISSION, to="change the goal of workflows")
-    result = services.workflow_supersede(workflow_id=workflow_id, goal=payload.goal, user=caller(request))
+    result = services.workflow_supersede(workflow_id=workflow_id, goal=payload.goal, user=caller(request),
+                                         idempotency_key=idempotency_key)
     return result.to_json()
 
 

@@ -1,5 +1,6 @@
 """Durable workflow state: tables, constraints, indexes and FSM transitions (no I/O, no clock)."""
 from workflows.models.activities import Activity, ActivityAttempt, Commitment
+from workflows.models.identity import ClientRequest, Installation
 from workflows.models.ledger import ProgressSample, UsageEntry
 from workflows.models.tokens import ApiToken
 from workflows.models.waits import Signal, Timer, Wait
@@ -11,8 +12,10 @@ __all__ = [
     "ApiToken",
     "BehavioralRelease",
     "Checkpoint",
+    "ClientRequest",
     "Commitment",
     "Event",
+    "Installation",
     "Intent",
     "ProgressSample",
     "Signal",

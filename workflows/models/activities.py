@@ -28,7 +28,13 @@ class Activity(models.Model):
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="activities")
     operation_id = models.CharField(
         max_length=200, unique=True,
-        help_text="Stable identity across attempts and workers; the idempotency key sent to external systems.",
+        help_text="Stable identity across attempts and workers, within this installation.",
+    )
+    idempotency_key = models.CharField(
+        max_length=240, blank=True,
+        help_text="The key sent to external systems: the installation id, then the operation id, fixed when the "
+                  "activity is scheduled. Empty for activities scheduled before installations had ids: they send "
+                  "their operation id, as they always did.",
     )
     name = models.CharField(max_length=80, help_text="Registered activity type.")
     node = models.CharField(max_length=60, help_text="Node that scheduled it.")
@@ -72,6 +78,11 @@ class Activity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} {self.operation_id} ({self.status})"
+
+    @property
+    def sent_key(self) -> str:
+        """The idempotency key this activity sends out (``ActivityContext.idempotency_key``)."""
+        return self.idempotency_key or self.operation_id
 
 
 class ActivityAttempt(models.Model):

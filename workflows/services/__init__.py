@@ -22,6 +22,7 @@ from workflows.services.budgets import (
     workflow_budget_set,
 )
 from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
+from workflows.services.installation import idempotency_key_for, installation_ensure, installation_id
 from workflows.services.progress import stagnation_check, stagnation_flag_if_due
 from workflows.services.steps import Outcome, Result
 from workflows.services.sweeps import (
@@ -35,6 +36,7 @@ from workflows.services.waits import Decision, DecisionResult, timer_fire_if_due
 from workflows.services.workflows import (
     workflow_advance_if_runnable,
     workflow_launch,
+    workflow_launch_once,
     workflow_resume,
     workflow_signal,
     workflow_signal_from_webhook,
@@ -61,6 +63,9 @@ __all__ = [
     "budget_reserve_ensure",
     "budget_uncertain_once",
     "deadlines_enforce",
+    "idempotency_key_for",
+    "installation_ensure",
+    "installation_id",
     "leases_reap_expired",
     "stagnation_check",
     "stagnation_flag_if_due",
@@ -77,6 +82,7 @@ __all__ = [
     "workflow_cancel",
     "workflow_deadline_enforce_if_due",
     "workflow_launch",
+    "workflow_launch_once",
     "workflow_resume",
     "workflow_signal",
     "workflow_signal_from_webhook",

@@ -23,6 +23,7 @@ from workflows.services.common import (
     release_current,
     workflow_save,
 )
+from workflows.services.installation import idempotency_key_for
 from workflows.sql import row_insert, rows_insert
 
 MAX_GOAL_CHARS = 10_000
@@ -42,6 +43,8 @@ class Outcome(enum.StrEnum):
 
     APPLIED = "applied"
     ALREADY_APPLIED = "already_applied"
+    # A signal no wait received yet: kept, in order, for the next wait of its name.
+    QUEUED = "queued"
     NOT_RUNNABLE = "not_runnable"
     SUSPENDED = "suspended"
     HANDLER_FAILED = "handler_failed"
@@ -115,7 +118,7 @@ def activity_schedule(
         intent_version=workflow.intent_version,
         input=json_checked(command.input, what=f"Input of activity {command.name}"),
         max_attempts=spec.retry.max_attempts, next_attempt_at=now, dispatched_at=now, created_at=now,
-        operation_id=command.operation_id,
+        operation_id=command.operation_id, idempotency_key=idempotency_key_for(command.operation_id),
     )
     slot = chain if chain is not None and chain.claim is None and chain.io_bound == spec.io_bound else None
     if slot is not None:
@@ -170,7 +173,8 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
     event_record(workflow=workflow, kind="activity.started", at=now, operation_id=activity.operation_id,
                  attempt=activity.attempt, worker=worker)
     return Claim(
-        activity_id=activity.pk, workflow_id=workflow.pk, operation_id=activity.operation_id, name=activity.name,
+        activity_id=activity.pk, workflow_id=workflow.pk, operation_id=activity.operation_id,
+        idempotency_key=activity.sent_key, name=activity.name,
         attempt=activity.attempt, lease_token=activity.lease_token, input=activity.input,
         previous_attempt_lost=previous_lost, checkpoint=activity.checkpoint,
         definition_version=workflow.definition_version, release=workflow.release.spec(),
@@ -229,7 +233,9 @@ def wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) ->
         # cannot open the wait without it, and its failure never blocks the workflow.
         approval_notify_ensure(workflow, wait, purpose=OPENED, now=now)
     if wait.kind == Wait.Kind.EVENT:
-        signal = Signal.objects.filter(workflow=workflow, name=wait.event_name, consumed_by__isnull=True).first()
+        # Signals queued before the wait opened: the oldest of its name is its answer.
+        signal = Signal.objects.filter(workflow=workflow, name=wait.event_name,
+                                       consumed_by__isnull=True).order_by("pk").first()
         if signal is not None:
             signal_consume(workflow, wait, signal, now=now)
             return True
@@ -359,7 +365,8 @@ def compensation_ensure(workflow: Workflow, commitment: Commitment, *, now: date
         workflow=workflow, now=now, node=COMPENSATION_NODE,
         command=engine.ScheduleActivity(
             operation_id=compensation_operation_id(commitment.activity.operation_id), name=commitment.compensation,
-            input={"operation_id": commitment.activity.operation_id, "data": commitment.data},
+            input={"operation_id": commitment.activity.operation_id, "data": commitment.data,
+                   "idempotency_key": commitment.activity.sent_key},
         ),
     )
 

@@ -13,8 +13,9 @@ from django.db import transaction
 
 from workflows import clock, doorbells, engine, registry, selectors
 from workflows.errors import InvalidInput, NotFound, TransitionRefused
-from workflows.models import Commitment, Intent, Signal, Wait, Workflow
+from workflows.models import ClientRequest, Commitment, Intent, Signal, Wait, Workflow
 from workflows.services.cancellation import advance_cancellation, compensations_retry
+from workflows.services.client_requests import client_request_claim_once, idempotency_key_checked
 from workflows.services.common import (
     event_record,
     events_batched,
@@ -74,9 +75,43 @@ def workflow_launch(
     ``max_hours`` sets a durable deadline: past it, beat cancels the workflow. ``fallback_model``
     is the model its calls move to on sustained overload (``agentops.providers.provider_for``).
 
-    Not idempotent: every call launches a new workflow. Raises InvalidInput for an unknown
-    kind, bad parameters or a bad goal, and then writes nothing.
+    Not idempotent: every call launches a new workflow (``workflow_launch_once`` takes a key).
+    Raises InvalidInput for an unknown kind, bad parameters or a bad goal, and then writes nothing.
     """
+    workflow, _ = workflow_launch_once(
+        idempotency_key="", kind=kind, goal=goal, params=params, user=user, release_policy=release_policy,
+        max_hours=max_hours, priority=priority, budget_total_usd=budget_total_usd,
+        budget_hourly_usd=budget_hourly_usd, stagnation_policy=stagnation_policy, fallback_model=fallback_model,
+    )
+    return workflow
+
+
+def workflow_launch_once(
+    *,
+    idempotency_key: str,
+    kind: str,
+    goal: str,
+    params: dict[str, Any] | None = None,
+    user: Any = None,
+    release_policy: str = Workflow.ReleasePolicy.REVALIDATE,
+    max_hours: float | None = None,
+    priority: int = 5,
+    budget_total_usd: Decimal | None = None,
+    budget_hourly_usd: Decimal | None = None,
+    stagnation_policy: str = Workflow.StagnationPolicy.RECORD,
+    fallback_model: str = "",
+) -> tuple[Workflow, bool]:
+    """Launch as ``workflow_launch`` does, once per ``idempotency_key``: (workflow, True) when
+    this call launched it; (workflow, False) when the same request with this key launched it
+    before (the same kind, goal, parameters, options and user), and nothing was changed.
+
+    Idempotent per key: unique constraint ``uniq_client_request_key``, claimed in the launch's
+    transaction, so two concurrent launches with one key make one workflow
+    (``client_request_claim_once``). An empty key launches every time. Raises
+    IdempotencyKeyReused when the key named another request, InvalidInput as ``workflow_launch``
+    does; both write nothing.
+    """
+    idempotency_key = idempotency_key_checked(idempotency_key)
     definition = registry.definition(kind)
     goal = text_checked(goal, what="The goal", max_length=MAX_GOAL_CHARS)
     params = json_checked(definition.validate_params(dict(params or {})), what="The parameters")
@@ -100,7 +135,19 @@ def workflow_launch(
             raise InvalidInput(f"The {name} budget must be a positive amount of USD under {MAX_BUDGET_USD:,}; "
                                f"got {value}.")
     now = clock.now()
+    # What names the request: its values as checked, so 5, 5.0 and "5.00" are one request.
+    request = {"kind": kind, "goal": goal, "params": params, "release_policy": release_policy,
+               "max_hours": None if max_hours is None else float(max_hours), "priority": priority,
+               "budget_total_usd": _amount(budget_total_usd), "budget_hourly_usd": _amount(budget_hourly_usd),
+               "stagnation_policy": stagnation_policy, "fallback_model": fallback_model, "user": username_of(user)}
     with transaction.atomic():
+        claimed = None
+        if idempotency_key:
+            claimed, first = client_request_claim_once(operation=ClientRequest.Operation.LAUNCH, key=idempotency_key,
+                                                       body=request, user=user, now=now)
+            if not first:
+                assert claimed.workflow is not None  # set in the launch's own transaction
+                return claimed.workflow, False
         release = release_current(at=now)
         workflow = Workflow(
             kind=kind, definition_version=definition.version, current_node=definition.start_node, params=params,
@@ -121,8 +168,16 @@ def workflow_launch(
             )
             # Nobody else sees the new row before the commit: advance it here, no doorbell needed.
             advance_locked(workflow)
+        if claimed is not None:
+            claimed.workflow = workflow
+            claimed.save(update_fields=["workflow"])
     logger.info("workflow.launched", extra={"workflow_id": workflow.pk, "kind": kind})
-    return workflow
+    return workflow, True
+
+
+def _amount(value: Decimal | None) -> str | None:
+    """An amount as the same text however it was written (5, 5.0 and 5.00 alike)."""
+    return None if value is None else str(value.normalize())
 
 
 @transaction.atomic
@@ -233,12 +288,18 @@ SIGNAL_WEBHOOK_KEY_PREFIX = "webhook:"
 
 @transaction.atomic
 def workflow_signal(*, workflow_id: int, name: str, payload: Any = None, dedupe_key: str = "") -> Result:
-    """Deliver a named event; it satisfies an open event wait for that name, now or later.
+    """Deliver a named event to the workflow's open event wait for that name, or queue it.
+
+    Signals are queued per name in order of arrival, and each event wait for a name receives
+    the oldest one queued (when it opens, or when the next signal arrives). Outcome APPLIED: the
+    signal satisfied an open wait now (the message names it); QUEUED: no wait for the name is
+    open, the signal waits for the next one (``agent show`` lists it under ``signals_queued``).
+    A signal is never answered as delivered when no wait received it.
 
     Idempotent per ``dedupe_key``: unique constraint ``uniq_signal_dedupe``; a repeated key
-    returns ALREADY_APPLIED. Without a key, every delivery is a new signal, stored under a key
-    of its own that starts with SIGNAL_AUTO_KEY_PREFIX. Raises InvalidInput, and stores
-    nothing, for a key longer than the column or one in a reserved namespace
+    returns ALREADY_APPLIED and changes nothing. Without a key, every delivery is a new signal,
+    stored under a key of its own that starts with SIGNAL_AUTO_KEY_PREFIX. Raises InvalidInput,
+    and stores nothing, for a key longer than the column or one in a reserved namespace
     (SIGNAL_AUTO_KEY_PREFIX, or SIGNAL_WEBHOOK_KEY_PREFIX: see workflow_signal_from_webhook).
     """
     if dedupe_key.startswith(SIGNAL_AUTO_KEY_PREFIX):
@@ -279,8 +340,12 @@ def _signal_deliver(*, workflow_id: int, name: str, payload: Any, dedupe_key: st
         raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; it takes no more signals.")
     now = clock.now()
     keys = Signal.objects.filter(workflow=workflow)
-    if dedupe_key and keys.filter(dedupe_key=dedupe_key).exists():
-        return Result.of(workflow, Outcome.ALREADY_APPLIED, "Already delivered; nothing changed.")
+    if dedupe_key:
+        earlier = keys.filter(dedupe_key=dedupe_key).first()
+        if earlier is not None:
+            where = "still queued" if earlier.consumed_by_id is None else f"delivered to wait {earlier.consumed_by_id}"
+            return Result.of(workflow, Outcome.ALREADY_APPLIED,
+                             f"A signal with dedupe key {dedupe_key!r} was received before ({where}); nothing changed.")
     key = dedupe_key
     if not key:
         # A keyless signal is never a repeat. The seq of the event that records it makes its key
@@ -292,29 +357,56 @@ def _signal_deliver(*, workflow_id: int, name: str, payload: Any, dedupe_key: st
             n += 1
             key = f"{SIGNAL_AUTO_KEY_PREFIX}{seq}.{n}"
     signal = Signal.objects.create(workflow=workflow, name=name, payload=payload, dedupe_key=key, received_at=now)
-    event_record(workflow=workflow, kind="signal.received", at=now, name=name, dedupe_key=key)
-    wait = workflow.waits.filter(kind=Wait.Kind.EVENT, status=Wait.Status.OPEN, event_name=name).first()
-    if wait is not None:
-        signal_consume(workflow, wait, signal, now=now)
-        wake_locked(workflow, now=now, cause=f"signal {name}")
-    return Result.of(workflow, Outcome.APPLIED, "Signal delivered.")
+    wait = workflow.waits.filter(kind=Wait.Kind.EVENT, status=Wait.Status.OPEN, event_name=name).order_by("pk").first()
+    queued = keys.filter(name=name, consumed_by__isnull=True)
+    event_record(workflow=workflow, kind="signal.received", at=now, name=name, dedupe_key=key,
+                 queued=wait is None)
+    if wait is None:
+        ahead = queued.count() - 1
+        return Result.of(workflow, Outcome.QUEUED,
+                         f"No wait for signal {name!r} is open on workflow {workflow_id}; the signal is queued"
+                         + (f" behind {ahead} earlier one{'s' if ahead > 1 else ''}" if ahead else "")
+                         + f" and the next wait for {name!r} receives it (oldest first).")
+    # The oldest queued signal of the name: normally this one, since an open wait leaves none queued.
+    oldest = queued.order_by("pk").first() or signal
+    signal_consume(workflow, wait, oldest, now=now)
+    wake_locked(workflow, now=now, cause=f"signal {name}")
+    return Result.of(workflow, Outcome.APPLIED, f"Signal {name!r} delivered to wait {wait.pk}.")
 
 
 @transaction.atomic
-def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None) -> Result:
+def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None, idempotency_key: str = "") -> Result:
     """Record a new intent version; old waits are invalidated and the workflow revalidates.
 
     The old intent's activities in flight are voided (a running attempt stops at its next
-    fenced call) and its active commitments are compensated.
-    Not idempotent: each call adds an intent version. Timers of the old version stay in
-    place and are recorded as ignored when they fire.
+    fenced call) and its active commitments are compensated. Timers of the old version stay
+    in place and are recorded as ignored when they fire.
+
+    Without ``idempotency_key`` not idempotent: each call adds an intent version. With one,
+    once per key: the same supersede again (same workflow, goal and user) returns
+    ALREADY_APPLIED naming the version it made, and changes nothing (unique constraint
+    ``uniq_client_request_key``, claimed under the workflow's row lock); the key with another
+    request raises IdempotencyKeyReused.
     """
     goal = text_checked(goal, what="The goal", max_length=MAX_GOAL_CHARS)
+    idempotency_key = idempotency_key_checked(idempotency_key)
     workflow = workflow_lock(workflow_id)
+    now = clock.now()
+    claimed = None
+    if idempotency_key:
+        claimed, first = client_request_claim_once(
+            operation=ClientRequest.Operation.SUPERSEDE, key=idempotency_key, user=user, now=now,
+            body={"workflow_id": workflow_id, "goal": goal, "user": username_of(user)})
+        if not first:
+            return Result.of(workflow, Outcome.ALREADY_APPLIED,
+                             f"This supersede (key {idempotency_key!r}) already made intent v{claimed.intent_version} "
+                             f"of workflow {workflow_id}; nothing changed.")
     if workflow.is_terminal or workflow.status == Workflow.Status.CANCELLING:
         raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; its goal can no longer change.")
-    now = clock.now()
     old = workflow.intent_version
+    if claimed is not None:
+        claimed.workflow, claimed.intent_version = workflow, old + 1
+        claimed.save(update_fields=["workflow", "intent_version"])
     Intent.objects.filter(workflow=workflow, version=old).update(superseded_at=now)
     Intent.objects.create(workflow=workflow, version=old + 1, goal=goal, created_by=user, created_at=now)
     workflow.intent_version = old + 1

@@ -114,11 +114,13 @@ class ActivityEnvironment:
     """Run an activity as a worker would (input and result through JSON) with a ``FakeLease``.
 
     ``resume`` is the checkpoint an earlier attempt saved; ``previous_attempt_lost`` makes the
-    activity's ``reconcile`` run first, as after a crash.
+    activity's ``reconcile`` run first, as after a crash. ``idempotency_key`` is what
+    ``ctx.idempotency_key`` gives (empty: the operation id).
     """
 
     workflow_id: int = 1
     operation_id: str = "wf-1/TEST.1/i1/0"
+    idempotency_key: str = ""
     attempt: int = 1
     resume: dict[str, Any] | None = None
     previous_attempt_lost: bool = False
@@ -130,7 +132,7 @@ class ActivityEnvironment:
             activity_id=0, workflow_id=self.workflow_id, operation_id=self.operation_id, name=activity.name,
             attempt=self.attempt, lease_token="test-lease", input=activity.encode_input(input),
             previous_attempt_lost=self.previous_attempt_lost, checkpoint=self.resume,
-            definition_version=self.definition_version,
+            definition_version=self.definition_version, idempotency_key=self.idempotency_key,
         )
         ctx = ActivityContext(claim=claim, lease=self.lease)
         found = activity.reconcile_json(ctx, claim.input) if self.previous_attempt_lost else None

@@ -204,8 +204,8 @@ def _deployment_result(deployment: dict[str, Any], key: str) -> Deployment:
 def find_deployment_by_key(ctx: ActivityContext, input: DeployInput) -> Deployment | None:
     """Reconcile a lost attempt: did the deploy target already accept this operation?"""
     url, timeout = _deploy_target()
-    found = client.get_deployment(base_url=url, idempotency_key=ctx.operation_id, timeout=timeout)
-    return _deployment_result(found, ctx.operation_id) if found else None
+    found = client.get_deployment(base_url=url, idempotency_key=ctx.idempotency_key, timeout=timeout)
+    return _deployment_result(found, ctx.idempotency_key) if found else None
 
 
 @activity("undeploy", retry=RetryPolicy(max_attempts=10, initial_interval_seconds=2.0))
@@ -214,9 +214,9 @@ def undeploy(ctx: ActivityContext, input: CompensationInput) -> dict[str, Any]:
     url, timeout = _deploy_target()
     ctx.fence("DELETE the deployment")
     ctx.faultpoint("activity.before_external_call")
-    deleted = client.delete_deployment(base_url=url, idempotency_key=input.operation_id, timeout=timeout)
+    deleted = client.delete_deployment(base_url=url, idempotency_key=input.sent_key, timeout=timeout)
     ctx.faultpoint("activity.after_external_call")
-    return {"deleted": deleted, "idempotency_key": input.operation_id}
+    return {"deleted": deleted, "idempotency_key": input.sent_key}
 
 
 @activity(
@@ -229,9 +229,10 @@ def deploy(ctx: ActivityContext, input: DeployInput) -> Deployment:
             "title": input.title, "files": input.files}
     ctx.fence("POST the deployment")
     ctx.faultpoint("activity.before_external_call")
-    deployment = client.create_deployment(base_url=url, idempotency_key=ctx.operation_id, body=body, timeout=timeout)
+    deployment = client.create_deployment(base_url=url, idempotency_key=ctx.idempotency_key, body=body,
+                                          timeout=timeout)
     ctx.faultpoint("activity.after_external_call")
-    return _deployment_result(deployment, ctx.operation_id)
+    return _deployment_result(deployment, ctx.idempotency_key)
 
 
 def _postcondition(recorded: Deployment, body: dict[str, Any]) -> tuple[bool, str]:

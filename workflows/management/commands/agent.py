@@ -52,6 +52,9 @@ class Command(BaseCommand):
                             choices=Workflow.StagnationPolicy.values, help="what beat does when progress stalls")
         launch.add_argument("--release-policy", default=Workflow.ReleasePolicy.REVALIDATE,
                             choices=Workflow.ReleasePolicy.values, help="what to do when the model release changes")
+        launch.add_argument("--idempotency-key", default="", metavar="KEY",
+                            help="launch at most once per key: the same launch again prints the workflow it made; "
+                                 "the key with other values is refused")
         launch.add_argument("--fallback-model", default="", metavar="MODEL",
                             help="model to move to on sustained overload (429/529), e.g. claude-haiku-4-5")
 
@@ -89,6 +92,8 @@ class Command(BaseCommand):
         supersede.add_argument("id", type=int)
         supersede.add_argument("--goal", required=True)
         supersede.add_argument("--user", help="username of who changed the goal")
+        supersede.add_argument("--idempotency-key", default="", metavar="KEY",
+                               help="supersede at most once per key: the same supersede again changes nothing")
 
         cancel = verb("cancel", "Cancel a workflow; its commitments are compensated first.")
         cancel.add_argument("id", type=int)
@@ -150,15 +155,18 @@ class Command(BaseCommand):
 
     def _launch(self, options: dict[str, Any]) -> None:
         params = parse_params(options["param"])
-        workflow = services.workflow_launch(
+        workflow, created = services.workflow_launch_once(
+            idempotency_key=options["idempotency_key"],
             kind=options["kind"], goal=options["goal"], params=params, user=user_or_none(options["user"]),
             release_policy=options["release_policy"], max_hours=options["max_hours"], priority=options["priority"],
             budget_total_usd=options["budget_total"], budget_hourly_usd=options["budget_hourly"],
             stagnation_policy=options["stagnation_policy"], fallback_model=options["fallback_model"],
         )
+        what = (f"Launched {workflow.kind} workflow {workflow.pk} on {workflow.release}." if created else
+                f"Workflow {workflow.pk} ({workflow.kind}) was launched before with this idempotency key; "
+                f"nothing new was launched. It is {workflow.status}.")
         self._emit(options, {"id": workflow.pk, "kind": workflow.kind, "status": workflow.status},
-                   f"Launched {workflow.kind} workflow {workflow.pk} on {workflow.release}.\n"
-                   f"Follow it with: manage.py agent show {workflow.pk}")
+                   f"{what}\nFollow it with: manage.py agent show {workflow.pk}")
 
     def _list(self, options: dict[str, Any]) -> None:
         if options["limit"] < 1:
@@ -213,7 +221,8 @@ class Command(BaseCommand):
 
     def _supersede(self, options: dict[str, Any]) -> None:
         result = services.workflow_supersede(
-            workflow_id=options["id"], goal=options["goal"], user=user_or_none(options["user"])
+            workflow_id=options["id"], goal=options["goal"], user=user_or_none(options["user"]),
+            idempotency_key=options["idempotency_key"],
         )
         self._emit(options, result.to_json(), result.message)
 
@@ -444,6 +453,7 @@ def render_detail(detail: dict[str, Any]) -> Any:
              + (f"; runway {spend['runway_hours']} h" if spend["runway_hours"] is not None else ""))
     for suggestion in spend["suggestions"]:
         head += f"\n  suggestion: {suggestion}"
+    head += f"\nInstallation: {detail['installation_id'] or 'none yet'} (the prefix of its idempotency keys)"
     parts: list[Any] = [head]
     for w in detail["waits"]:
         line = (f"\n[bold]{w['kind'].capitalize()} wait {w['id']}[/] — {w['status']} (node {w['node']}, "
@@ -457,6 +467,9 @@ def render_detail(detail: dict[str, Any]) -> Any:
             elif w["decision"]:
                 line += f"\n  {w['decision']} by {w['decided_by']}"
         parts.append(line)
+    if detail["signals_queued"]:
+        parts.append("Signals queued for the next wait of their name: " + ", ".join(
+            f"{q['name']} ({q['dedupe_key']}, {q['received_at'][:19]})" for q in detail["signals_queued"]))
     if detail["progress"]:
         latest = detail["progress"][0]
         parts.append(f"Progress: {latest['percent']}% (confidence {latest['confidence']:.0%}) at {latest['at'][:19]}; "
