@@ -185,7 +185,7 @@ def test_a_user_key_in_the_webhook_namespace_is_refused(requester):
     assert (signals_of(wait.workflow_id), history(wait.workflow_id)) == ([], before)
     delivered = services.workflow_signal_from_webhook(workflow_id=wait.workflow_id, name="go", payload=None,
                                                       source="ci", delivery_id="build-1")
-    assert delivered.outcome == Outcome.APPLIED
+    assert delivered.outcome == Outcome.QUEUED  # the workflow waits for an approval, not for "go"
     assert signals_of(wait.workflow_id) == [("go", "webhook:ci:build-1")]
 
 
