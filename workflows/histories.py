@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Protocol
 
 from django.db import transaction
 
@@ -76,7 +76,13 @@ def lines_of(workflow: Workflow, written: Written | None = None) -> Iterator[str
     yield _line({"type": "end", "visits": written.visits, "events": written.events})
 
 
-def write(workflow: Workflow, out: IO[str]) -> Written:
+class TextOut(Protocol):
+    """Where a history is written: a text file, or anything with its ``write``."""
+
+    def write(self, text: str, /) -> object: ...
+
+
+def write(workflow: Workflow, out: TextOut) -> Written:
     """Write the history of ``workflow`` to ``out`` line by line, in constant memory; one
     transaction holds the reads together."""
     written = Written()

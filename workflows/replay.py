@@ -113,13 +113,13 @@ def visits_of(workflow: Workflow, *, first: int = 1) -> Iterator[Visit]:
     reads are linear in visits. Run it inside a transaction on PostgreSQL (``export-history``
     does) so the cursors need not be held past a commit."""
     goals = dict(Intent.objects.filter(workflow=workflow).values_list("version", "goal"))
-    checkpoints = _by_visit(
+    checkpoints = _ByVisit(
         Checkpoint.objects.filter(workflow=workflow, node_visit__gte=first).order_by("node_visit", "pk")
         .iterator(chunk_size=CHECKPOINTS_PER_FETCH))
-    activities = _by_visit(
+    activities = _ByVisit(
         Activity.objects.filter(workflow=workflow, node_visit__gte=first).exclude(node=COMPENSATION_NODE)
         .order_by("node_visit", "pk").iterator(chunk_size=STEPS_PER_FETCH))
-    waits = _by_visit(
+    waits = _ByVisit(
         Wait.objects.filter(workflow=workflow, node_visit__gte=first).select_related("decided_by")
         .order_by("node_visit", "pk").iterator(chunk_size=STEPS_PER_FETCH))
     start_node = _first_node(workflow) if first == 1 else ""
@@ -149,11 +149,11 @@ def _wait_step(w: Wait) -> engine.Step:
 R = TypeVar("R", Activity, Checkpoint, Wait)
 
 
-class _by_visit(Generic[R]):  # noqa: N801 - read as a function: rows grouped by visit
+class _ByVisit(Generic[R]):
     """Rows ordered by ``node_visit``, taken one visit at a time (a merge join of cursors)."""
 
     def __init__(self, rows: Iterator[R]) -> None:
-        self._groups = itertools.groupby(rows, key=lambda r: r.node_visit)
+        self._groups: Iterator[tuple[int, Iterator[R]]] = itertools.groupby(rows, key=lambda r: r.node_visit)
         self._next: tuple[int, list[R]] | None = None
         self._advance()
 
