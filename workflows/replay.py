@@ -110,8 +110,8 @@ def visits_of(workflow: Workflow, *, first: int = 1) -> Iterator[Visit]:
     """The recorded visits of ``workflow`` from visit ``first`` on, in order, streamed: the
     checkpoints, activities and waits are read by three cursors ordered by visit
     (``.iterator(chunk_size=…)``) and merged, so memory holds one visit at a time and the
-    reads are linear in visits. Run it inside a transaction on PostgreSQL (``export-history``
-    does) so the cursors need not be held past a commit."""
+    reads are linear in visits. Inside a transaction (``export-history`` opens one) the
+    PostgreSQL cursors live in it; outside one, Django declares them WITH HOLD."""
     goals = dict(Intent.objects.filter(workflow=workflow).values_list("version", "goal"))
     checkpoints = _ByVisit(
         Checkpoint.objects.filter(workflow=workflow, node_visit__gte=first).order_by("node_visit", "pk")

@@ -262,3 +262,18 @@ def test_the_admin_page_of_an_archived_workflow_says_where_its_history_went(time
                                           params=release_params(git_repo), user=requester).pk)
     live_page = admin_client.get(f"/admin/workflows/workflow/{live.pk}/change/").content.decode()
     assert 'id="history-archived"' not in live_page and "No checkpoints yet" not in live_page
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("AGENTOPS_RETENTION_DAYS", "-1", "AGENTOPS_RETENTION_DAYS=-1 must be 0 (keep forever) or more."),
+    ("AGENTOPS_RETENTION_DAYS", "a month", "AGENTOPS_RETENTION_DAYS='a month' is not a number"),
+    ("AGENTOPS_RETENTION_BATCH_SIZE", "0", "AGENTOPS_RETENTION_BATCH_SIZE=0 must be at least 1."),
+])
+def test_a_bad_retention_setting_stops_start_up_with_what_to_set(tmp_path, name, value, message):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTOPS_", "DATABASE_URL"))}
+    env.update({name: value, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+                "AGENTOPS_VAR_DIR": str(tmp_path / "var")})
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+    assert done.returncode != 0 and message in done.stderr, done.stderr[-1500:]
