@@ -423,6 +423,32 @@ CELERY_BEAT_SCHEDULE["remind_approvals"] = {
     "options": {"expires": float(AGENTOPS_APPROVAL_REMINDER_CHECK_SECONDS)},
 }
 
+# Retention (docs/operators.md, "Retention"): the checkpoints and events of workflows that
+# completed, failed or were cancelled this many days ago are written to an archive file (JSON
+# Lines, `agent export-history`'s format) in AGENTOPS_ARCHIVE_DIR, then deleted; the workflow row
+# stays and says where its history went. 0 (the default) keeps every history in the database
+# forever: deleting history is for an operator to decide. Fractions of a day are allowed.
+AGENTOPS_RETENTION_DAYS = env_float("AGENTOPS_RETENTION_DAYS", 0.0)
+if AGENTOPS_RETENTION_DAYS < 0:
+    raise ImproperlyConfigured(f"AGENTOPS_RETENTION_DAYS={AGENTOPS_RETENTION_DAYS:g} must be 0 (keep forever) or more.")
+AGENTOPS_ARCHIVE_DIR = Path(env_str("AGENTOPS_ARCHIVE_DIR", "") or VAR_DIR / "archive")
+# Workflows archived per run of the job, at most; the next run takes the rest.
+AGENTOPS_RETENTION_BATCH_SIZE = env_int("AGENTOPS_RETENTION_BATCH_SIZE", 20)
+if AGENTOPS_RETENTION_BATCH_SIZE < 1:
+    raise ImproperlyConfigured(f"AGENTOPS_RETENTION_BATCH_SIZE={AGENTOPS_RETENTION_BATCH_SIZE} must be at least 1.")
+# A run that claimed a workflow and died is taken over after this long; longer than writing the
+# largest archive takes.
+AGENTOPS_RETENTION_CLAIM_SECONDS = env_int("AGENTOPS_RETENTION_CLAIM_SECONDS", 3600)
+AGENTOPS_RETENTION_CHECK_SECONDS = env_int("AGENTOPS_RETENTION_CHECK_SECONDS", 3600)
+if AGENTOPS_RETENTION_CHECK_SECONDS < 1 or AGENTOPS_RETENTION_CLAIM_SECONDS < 1:
+    raise ImproperlyConfigured("AGENTOPS_RETENTION_CHECK_SECONDS and AGENTOPS_RETENTION_CLAIM_SECONDS must be at "
+                               "least 1.")
+CELERY_BEAT_SCHEDULE["archive_histories"] = {
+    "task": "agentops.beat.archive_histories",
+    "schedule": schedule(AGENTOPS_RETENTION_CHECK_SECONDS),
+    "options": {"expires": float(AGENTOPS_RETENTION_CHECK_SECONDS)},
+}
+
 # The failure boundary around definition code: an advance that raises is recorded and retried
 # with backoff (30 s, 60 s, 120 s …); after this many failures in a row the workflow pauses
 # for a person (`manage.py agent resume ID` after a fix, or cancel).

@@ -49,3 +49,10 @@ def remind_approvals() -> int:
     from workflows.services import sweeps
 
     return sweeps.approval_reminders_schedule()
+
+
+@shared_task(name="agentops.beat.archive_histories", acks_late=True)
+def archive_histories() -> int:
+    from workflows.services import retention
+
+    return retention.histories_archive_due()

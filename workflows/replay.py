@@ -18,9 +18,10 @@ kind's path fails it).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from workflows import engine, registry
 from workflows.errors import AgentOpsError, NonDeterminismError
@@ -89,31 +90,86 @@ class Divergence:
 def history_of(workflow: Workflow, *, current_visit_only: bool = False) -> History:
     """The recorded visits of ``workflow`` (or its current one), read from the database."""
     first = workflow.node_visit if current_visit_only else 1
-    checkpoints = {c.node_visit: c for c in Checkpoint.objects.filter(workflow=workflow, node_visit__gte=first)}
+    return History(**header_of(workflow), visits=list(visits_of(workflow, first=first)))
+
+
+def header_of(workflow: Workflow) -> dict[str, Any]:
+    """The fields of ``History`` but its visits: what a replay needs besides them."""
+    return {"workflow_id": workflow.pk, "kind": workflow.kind, "definition_version": workflow.definition_version,
+            "params": dict(workflow.params), "release_fingerprint": workflow.release.fingerprint,
+            "status": workflow.status}
+
+
+# Rows fetched per round trip when streaming a history: a checkpoint carries a whole state, a
+# step its input and result; memory holds one fetch of each, however long the run.
+CHECKPOINTS_PER_FETCH = 8
+STEPS_PER_FETCH = 100
+
+
+def visits_of(workflow: Workflow, *, first: int = 1) -> Iterator[Visit]:
+    """The recorded visits of ``workflow`` from visit ``first`` on, in order, streamed: the
+    checkpoints, activities and waits are read by three cursors ordered by visit
+    (``.iterator(chunk_size=…)``) and merged, so memory holds one visit at a time and the
+    reads are linear in visits. Inside a transaction (``export-history`` opens one) the
+    PostgreSQL cursors live in it; outside one, Django declares them WITH HOLD."""
     goals = dict(Intent.objects.filter(workflow=workflow).values_list("version", "goal"))
-    steps: dict[int, list[engine.Step]] = {}
-    activities = Activity.objects.filter(workflow=workflow, node_visit__gte=first).exclude(node=COMPENSATION_NODE)
-    for a in activities:
-        steps.setdefault(a.node_visit, []).append(
-            engine.Step(a.operation_id, a.node, "activity", a.name, a.status, result=a.result, error=a.error,
-                        input=a.input))
-    for w in Wait.objects.filter(workflow=workflow, node_visit__gte=first).select_related("decided_by"):
-        steps.setdefault(w.node_visit, []).append(
-            engine.Step(w.operation_id, w.node, w.kind, w.event_name, w.status, result=w.payload, decision=w.decision,
-                 decided_by=w.decided_by.username if w.decided_by else "", comment=w.comment))
-    visits = []
+    checkpoints = _ByVisit(
+        Checkpoint.objects.filter(workflow=workflow, node_visit__gte=first).order_by("node_visit", "pk")
+        .iterator(chunk_size=CHECKPOINTS_PER_FETCH))
+    activities = _ByVisit(
+        Activity.objects.filter(workflow=workflow, node_visit__gte=first).exclude(node=COMPENSATION_NODE)
+        .order_by("node_visit", "pk").iterator(chunk_size=STEPS_PER_FETCH))
+    waits = _ByVisit(
+        Wait.objects.filter(workflow=workflow, node_visit__gte=first).select_related("decided_by")
+        .order_by("node_visit", "pk").iterator(chunk_size=STEPS_PER_FETCH))
+    start_node = _first_node(workflow) if first == 1 else ""
     for number in range(first, workflow.node_visit + 1):
-        checkpoint = checkpoints.get(number)
+        found = checkpoints.take(number)
+        steps = [_activity_step(a) for a in activities.take(number)] + [_wait_step(w) for w in waits.take(number)]
+        checkpoint = found[-1] if found else None
         if checkpoint is None and number != 1:
             continue  # a visit with no checkpoint left no trace to replay
-        node = checkpoint.node if checkpoint else _first_node(workflow)
+        node = checkpoint.node if checkpoint else start_node
         intent = checkpoint.intent_version if checkpoint else 1
-        visits.append(Visit(node=node, visit=number, intent_version=intent, goal=goals.get(intent, ""),
-                            state=dict(checkpoint.state) if checkpoint else {},
-                            steps=sorted(steps.get(number, []), key=lambda s: s.seq)))
-    return History(workflow_id=workflow.pk, kind=workflow.kind, definition_version=workflow.definition_version,
-                   params=dict(workflow.params), release_fingerprint=workflow.release.fingerprint,
-                   status=workflow.status, visits=visits)
+        yield Visit(node=node, visit=number, intent_version=intent, goal=goals.get(intent, ""),
+                    state=dict(checkpoint.state) if checkpoint else {}, steps=sorted(steps, key=lambda s: s.seq))
+
+
+def _activity_step(a: Activity) -> engine.Step:
+    return engine.Step(a.operation_id, a.node, "activity", a.name, a.status, result=a.result, error=a.error,
+                       input=a.input)
+
+
+def _wait_step(w: Wait) -> engine.Step:
+    return engine.Step(w.operation_id, w.node, w.kind, w.event_name, w.status, result=w.payload,
+                       decision=w.decision, decided_by=w.decided_by.username if w.decided_by else "",
+                       comment=w.comment)
+
+
+R = TypeVar("R", Activity, Checkpoint, Wait)
+
+
+class _ByVisit(Generic[R]):
+    """Rows ordered by ``node_visit``, taken one visit at a time (a merge join of cursors)."""
+
+    def __init__(self, rows: Iterator[R]) -> None:
+        self._groups: Iterator[tuple[int, Iterator[R]]] = itertools.groupby(rows, key=lambda r: r.node_visit)
+        self._next: tuple[int, list[R]] | None = None
+        self._advance()
+
+    def _advance(self) -> None:
+        group = next(self._groups, None)
+        self._next = None if group is None else (group[0], list(group[1]))
+
+    def take(self, visit: int) -> list[R]:
+        """The rows of ``visit``; rows of earlier visits not asked for are skipped."""
+        while self._next is not None and self._next[0] < visit:
+            self._advance()
+        if self._next is None or self._next[0] != visit:
+            return []
+        rows = self._next[1]
+        self._advance()
+        return rows
 
 
 def _first_node(workflow: Workflow) -> str:
@@ -124,17 +180,42 @@ def _first_node(workflow: Workflow) -> str:
 def check(history: History, *, visits: Iterable[Visit] | None = None) -> Divergence | None:
     """Replay ``visits`` of ``history`` (all of them by default) against the registered
     definition of its kind; the first divergence, or None when each replays as recorded."""
-    if history.kind not in registry.definition_kinds():
-        return Divergence(history.workflow_id, history.kind, "", 0, "",
-                          f"no definition of kind {history.kind!r} is registered (AGENTOPS_AGENT_MODULES)")
-    definition = registry.definition(history.kind)
-    chosen = list(history.visits if visits is None else visits)
+    if visits is None:
+        return check_stream(history, history.visits)
+    definition = _definition_or_divergence(history)
+    if isinstance(definition, Divergence):
+        return definition
     following = {v.visit: n for v, n in zip(history.visits, history.visits[1:], strict=False)}
-    for visit in chosen:
+    for visit in visits:
         divergence = _check_visit(definition, history, visit, following.get(visit.visit))
         if divergence is not None:
             return divergence
     return None
+
+
+def check_stream(history: History, visits: Iterable[Visit]) -> Divergence | None:
+    """Replay each of ``visits`` (a history's, in order; ``history.visits`` is not read) and
+    return the first divergence, or None. One pass holding two visits at a time: time is
+    linear in visits and memory does not grow with them (``replay-check`` of JSON Lines files)."""
+    definition = _definition_or_divergence(history)
+    if isinstance(definition, Divergence):
+        return definition
+    stream = iter(visits)
+    visit = next(stream, None)
+    while visit is not None:
+        following = next(stream, None)
+        divergence = _check_visit(definition, history, visit, following)
+        if divergence is not None:
+            return divergence
+        visit = following
+    return None
+
+
+def _definition_or_divergence(history: History) -> engine.WorkflowDefinition | Divergence:
+    if history.kind not in registry.definition_kinds():
+        return Divergence(history.workflow_id, history.kind, "", 0, "",
+                          f"no definition of kind {history.kind!r} is registered (AGENTOPS_AGENT_MODULES)")
+    return registry.definition(history.kind)
 
 
 def _check_visit(definition: engine.WorkflowDefinition, history: History, visit: Visit,

@@ -110,6 +110,7 @@ DETAIL_KEYS = frozenset({
     "id", "kind", "status", "current_node", "intent_version", "goal", "release", "fallback_model", "reason",
     "pause_cause", "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params",
     "result", "waits", "activities", "commitments", "spend", "progress", "events", "signals_queued", "installation_id",
+    "history_archive",
 })
 
 
@@ -162,9 +163,19 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
     detail["events"] = [
         {"seq": e.seq, "kind": e.kind, "at": e.created_at.isoformat(), "data": e.data} for e in reversed(recent)
     ]
+    detail["history_archive"] = history_archive(workflow)
     definition = definition_of(workflow)
     extras = definition.show_extras(workflow) if definition else {}
     return {**detail, **{key: value for key, value in extras.items() if key not in DETAIL_KEYS}}
+
+
+def history_archive(workflow: Workflow) -> dict[str, Any] | None:
+    """Where retention moved the workflow's checkpoints and events (docs/operators.md,
+    "Retention"), or None while its whole history is in the database."""
+    if workflow.history_archived_at is None:
+        return None
+    return {"archived_at": workflow.history_archived_at.isoformat(), "path": workflow.history_archive_path,
+            "export": f"manage.py agent export-history {workflow.pk}"}
 
 
 MICRO_USD = Decimal("0.000001")

@@ -8,9 +8,10 @@ from typing import Any
 
 from django.conf import settings
 from django.core.paginator import Page, Paginator
+from django.db.models import Min
 from django.urls import reverse
 
-from workflows import registry
+from workflows import registry, selectors
 from workflows.admin.common import candidate_view, time_left
 from workflows.errors import Refused
 from workflows.models import (
@@ -146,6 +147,7 @@ def inspect_workflow(workflow: Workflow, *, now: datetime, events_page: str = ""
                                                          args=[workflow.pk, c.pk])}
                         for c in reversed(checkpoints[-CHECKPOINTS_SHOWN:])],
         "checkpoints_hidden": max(len(checkpoints) - CHECKPOINTS_SHOWN, 0),
+        "history_archive": selectors.history_archive(workflow),
         "release": workflow.release,
         "release_tools": json.dumps(workflow.release.tool_versions, sort_keys=True),
         "flower_configured": bool(settings.AGENTOPS_FLOWER_URL),
@@ -171,14 +173,16 @@ def timeline_page(workflow: Workflow, number: str) -> dict[str, Any]:
     range of them: no COUNT and no OFFSET, however long the history. A missing or out-of-range
     page number gives the nearest page.
     """
-    paginator = Paginator(range(workflow.event_seq, 0, -1), EVENTS_PER_PAGE)
+    # An archived history (retention) keeps only the events recorded since: page those.
+    oldest = (workflow.events.aggregate(first=Min("seq"))["first"] or 1) if workflow.history_archived else 1
+    paginator = Paginator(range(workflow.event_seq, oldest - 1, -1), EVENTS_PER_PAGE)
     page = paginator.get_page(number)
     seqs = page.object_list
     events = list(workflow.events.filter(seq__lte=seqs[0], seq__gte=seqs[-1]).order_by("-seq")) if seqs else []
     return {
         "rows": [{"event": e, "offset": duration(workflow.created_at, e.created_at), "details": _details(e.data)}
                  for e in events],
-        "page": page, "count": workflow.event_seq, "per_page": EVENTS_PER_PAGE,
+        "page": page, "count": workflow.event_seq, "per_page": EVENTS_PER_PAGE, "archived_before": oldest - 1,
         "newest": seqs[0] if seqs else 0, "oldest": seqs[-1] if seqs else 0,
         "links": _page_links(workflow, paginator, page),
     }

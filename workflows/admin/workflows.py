@@ -200,7 +200,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
         ("Where it is", {"fields": ("status_badge", "current_node", "node_visit", "intent_version", "goal_full",
                                     "reason", "pause_cause", "handler_failures", "advance_retry_at")}),
         ("What it runs", {"fields": ("kind", "definition_version", "release", "release_policy", "params_pretty")}),
-        ("Who and when", {"fields": ("launched_by", "created_at", "updated_at", "deadline")}),
+        ("Who and when", {"fields": ("launched_by", "created_at", "updated_at", "deadline", "history_archived_at",
+                                     "history_archive_path")}),
         ("Outcome and durable state", {"fields": ("result_pretty", "state_pretty", "event_seq"),
                                        "classes": ("collapse",)}),
     )

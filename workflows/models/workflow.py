@@ -154,6 +154,21 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     )
     created_at = models.DateTimeField(help_text="When the workflow was launched.")
     updated_at = models.DateTimeField(help_text="When the workflow row last changed.")
+    history_archived_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When retention (AGENTOPS_RETENTION_DAYS) moved this finished workflow's checkpoints and events "
+                  "to the archive file; empty: its whole history is in the database.",
+    )
+    history_archive_path = models.CharField(
+        max_length=1000, blank=True, default="",
+        help_text="The archive file its checkpoints and events were moved to (JSON Lines, `agent export-history`'s "
+                  "format); `manage.py agent export-history ID` prints it.",
+    )
+    history_archive_claimed_at = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When a retention run claimed this workflow to archive it; another run takes the claim over "
+                  "after AGENTOPS_RETENTION_CLAIM_SECONDS (the first one died).",
+    )
 
     # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.
     objects: models.Manager[Workflow] = models.Manager()
@@ -167,6 +182,10 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
                 fields=["deadline"], name="wf_open_deadline_idx",
                 condition=Q(status__in=["created", "running", "waiting", "paused"]),  # CANCELLABLE
             ),
+            models.Index(
+                fields=["updated_at"], name="wf_finished_unarchived_idx",
+                condition=Q(status__in=["completed", "failed", "cancelled"], history_archived_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -175,6 +194,11 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL
+
+    @property
+    def history_archived(self) -> bool:
+        """Retention moved its checkpoints and events to ``history_archive_path``."""
+        return self.history_archived_at is not None
 
     @transition(field=status, source=Status.CREATED, target=Status.RUNNING)
     def start(self, *, at: datetime) -> None:

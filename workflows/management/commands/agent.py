@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 from rich.table import Table
 
-from workflows import replay, selectors, services
+from workflows import histories, replay, selectors, services
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
 from workflows.models import Signal, Workflow
 from workflows.services import tokens
@@ -110,7 +110,9 @@ class Command(BaseCommand):
         resume.add_argument("id", type=int)
         resume.add_argument("--user", help="username of who resumed")
 
-        export = verb("export-history", "Print a workflow's recorded node visits as JSON: a replay-check fixture.")
+        export = verb("export-history", "Print a workflow's history as JSON Lines (a header, its node visits, its "
+                                        "events, an end line), streamed: a replay-check fixture, the retention "
+                                        "archive's format. An archived workflow's prints its archive.")
         export.add_argument("id", type=int)
 
         token = verb("token", "Manage API tokens: `token create --user NAME [--name LABEL]` prints a new token once; "
@@ -308,14 +310,18 @@ class Command(BaseCommand):
         self._emit(options, summary.to_json(), summary.message)
 
     def _export_history(self, options: dict[str, Any]) -> None:
-        history = replay.history_of(workflow_by_id(options["id"]))
-        self.stdout.write(json.dumps(history.to_json(), indent=1, sort_keys=True, default=str))
+        workflow = workflow_by_id(options["id"])
+        out = LinesOut(self.stdout)
+        if workflow.history_archived:
+            archive_copy(workflow, out)
+        else:
+            histories.write(workflow, out)
 
     def _replay_check(self, options: dict[str, Any]) -> None:
         checked: list[tuple[str, replay.Divergence | None]] = []
         if options["fixtures"]:
             for path in fixture_files(options["fixtures"]):
-                checked.append((str(path), replay.check(load_history(path))))
+                checked.append((str(path), check_file(path)))
         else:
             for workflow in selectors.workflows_in_flight(kind=options["kind"] or "", since=options["since"]):
                 history = replay.history_of(workflow, current_visit_only=True)
@@ -335,13 +341,37 @@ class Command(BaseCommand):
                                "path for them (docs/authoring.md, \"Changing a definition\").", returncode=1)
 
 
+class LinesOut:
+    """The command's stdout as a file of lines that already end in a newline."""
+
+    def __init__(self, stdout: Any) -> None:
+        self._stdout = stdout
+
+    def write(self, text: str) -> int:
+        self._stdout.write(text, ending="")
+        return len(text)
+
+
+def archive_copy(workflow: Workflow, out: LinesOut, *, chunk_chars: int = 1 << 16) -> None:
+    """Copy an archived workflow's archive file to ``out``, a chunk at a time."""
+    try:
+        with open(workflow.history_archive_path, encoding="utf-8") as archive:
+            while chunk := archive.read(chunk_chars):
+                out.write(chunk)
+    except OSError as exc:
+        raise NotFound(f"Workflow {workflow.pk}'s history was archived on {workflow.history_archived_at:%Y-%m-%d} to "
+                       f"{workflow.history_archive_path}, which cannot be read here ({exc.strerror}); run this where "
+                       "AGENTOPS_ARCHIVE_DIR is mounted, or read the file from your backups.") from None
+
+
 def fixture_files(paths: list[str]) -> list[Path]:
-    """The history files named, folders expanded to their *.json files; InvalidInput for a missing path."""
+    """The history files named, folders expanded to their *.json and *.jsonl files; InvalidInput
+    for a missing path."""
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files.extend(sorted(path.glob("*.json")))
+            files.extend(sorted([*path.glob("*.json"), *path.glob("*.jsonl")]))
         elif path.is_file():
             files.append(path)
         else:
@@ -349,9 +379,12 @@ def fixture_files(paths: list[str]) -> list[Path]:
     return files
 
 
-def load_history(path: Path) -> replay.History:
+def check_file(path: Path) -> replay.Divergence | None:
+    """Replay every visit of a history file (JSON Lines, or the older one-object JSON), read as
+    it is checked; InvalidInput when the file is not a whole history."""
     try:
-        return replay.History.from_json(json.loads(path.read_text(encoding="utf-8")))
+        with histories.opened(path) as (history, visits):
+            return replay.check_stream(history, visits)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InvalidInput(f"{path} is not a history written by `agent export-history`: {exc}") from None
 
@@ -445,6 +478,10 @@ def render_detail(detail: dict[str, Any]) -> Any:
         retry = detail.get("advance_retry_at")
         head += (f"\nHandler failures: {detail['handler_failures']} in a row"
                  + (f"; next try at {retry[:19]}" if retry else "") + " (see the workflow.handler_failed events)")
+    archive = detail.get("history_archive")
+    if archive:
+        head += (f"\nHistory: archived on {archive['archived_at'][:19]} to {archive['path']} (its checkpoints and "
+                 f"the events before it); `{archive['export']}` prints it")
     spend = detail["spend"]
     simulated = " (simulated: scripted provider)" if detail["release"]["provider"] == "scripted" else ""
     head += (f"\nSpend{simulated}: {spend['spent_usd']} USD of {spend['budget_total_usd'] or 'unlimited'} "
