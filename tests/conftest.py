@@ -15,6 +15,7 @@ from django.db import connection
 from agentops.deploytarget.server import DeployTargetServer
 from workflows import doorbells, services
 from workflows.activity_context import ActivityContext
+from workflows.engine import Complete, Decision, NodeContext, WorkflowDefinition, node
 from workflows.leases import Claim
 from workflows.models import Activity, Wait, Workflow
 from workflows.registry import ActivityType
@@ -160,3 +161,19 @@ def run_at_once(fn: Callable[[], Any], *, count: int = 2) -> list[Any]:
     for thread in threads:
         thread.join(timeout=30)
     return results
+
+
+def one_event_kind(kind: str, event: str = "go") -> type[WorkflowDefinition]:
+    """A definition of ``kind`` that opens an event wait for ``event`` at once (a launch returns
+    with the workflow waiting) and completes with the signal's payload under the event's name."""
+
+    class WaitForOneEvent(WorkflowDefinition):
+        start_node = "WAIT"
+        revalidate_node = "WAIT"
+
+        @node("WAIT")
+        def wait(self, ctx: NodeContext[Any]) -> Decision:
+            return Complete({event: ctx.wait_for_event(event).payload})
+
+    WaitForOneEvent.kind = kind
+    return WaitForOneEvent

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from tests.api.conftest import Http
-from workflows import engine
+from tests.conftest import one_event_kind
 from workflows.models import Intent, Workflow
 from workflows.testing import registered
 
@@ -16,14 +15,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 KIND = "test-api-keys"
 
 
-class WaitForGo(engine.WorkflowDefinition):
-    kind = KIND
-    start_node = "WAIT"
-    revalidate_node = "WAIT"
-
-    @engine.node("WAIT")
-    def wait(self, ctx: engine.NodeContext[Any]) -> engine.Decision:
-        return engine.Complete({"go": ctx.wait_for_event("go").payload})
+WaitForGo = one_event_kind(KIND)
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from tests.conftest import run_at_once
-from workflows import engine, services
+from tests.conftest import one_event_kind, run_at_once
+from workflows import services
 from workflows.errors import IdempotencyKeyReused, InvalidInput
 from workflows.models import ClientRequest, Intent, Workflow
 from workflows.services import Outcome
@@ -22,16 +22,7 @@ from workflows.testing import registered
 KIND = "test-client-keys"
 
 
-class WaitForGo(engine.WorkflowDefinition):
-    """Opens an event wait at once: a launch returns with the workflow waiting."""
-
-    kind = KIND
-    start_node = "WAIT"
-    revalidate_node = "WAIT"
-
-    @engine.node("WAIT")
-    def wait(self, ctx: engine.NodeContext[Any]) -> engine.Decision:
-        return engine.Complete({"go": ctx.wait_for_event("go").payload})
+WaitForGo = one_event_kind(KIND)
 
 
 @pytest.fixture(autouse=True)

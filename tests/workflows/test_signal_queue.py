@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from tests.conftest import drive
+from tests.conftest import drive, one_event_kind
 from workflows import engine, services
 from workflows.activity_context import ActivityContext
 from workflows.models import Event, Signal, Wait
@@ -56,16 +56,7 @@ class TwoReplies(engine.WorkflowDefinition):
         return engine.Complete({"first": ctx.state["first"], "second": ctx.wait_for_event("reply").payload})
 
 
-class OneReply(engine.WorkflowDefinition):
-    """Wait for one "reply" signal and complete with its payload."""
-
-    kind = ONE_REPLY
-    start_node = "WAIT"
-    revalidate_node = "WAIT"
-
-    @engine.node("WAIT")
-    def wait(self, ctx: engine.NodeContext[Any]) -> engine.Decision:
-        return engine.Complete({"reply": ctx.wait_for_event("reply").payload})
+OneReply = one_event_kind(ONE_REPLY, event="reply")
 
 
 @pytest.fixture(autouse=True)
