@@ -486,7 +486,7 @@ def test_a_key_outside_printable_ascii_is_refused_before_sending(
     """The protocol's keys are printable ASCII; anything else is refused locally with what to do."""
     canned_target, url = canned(201, b'{"deployment_id": "d-1"}')
 
-    with pytest.raises(Permanent, match="non-ASCII characters; derive it from the activity's operation_id"):
+    with pytest.raises(Permanent, match="non-ASCII characters; send the activity's ctx.idempotency_key"):
         client.create_deployment(base_url=url, idempotency_key="wf-1/dépl", body=BODY, timeout=TIMEOUT)
 
     assert canned_target.requests == []
@@ -652,15 +652,16 @@ def test_a_deploy_paused_after_its_fence_deploys_nothing_on_the_minimal_target_a
     deploy = run_until_scheduled(workflow_id, "deploy")
     claim = services.activity_claim_if_runnable(activity_id=deploy.pk, worker="paused", task_id="t1")
     assert claim is not None
-    worker_context(claim).fence("POST the deployment")
+    paused = worker_context(claim)
+    paused.fence("POST the deployment")
 
     services.workflow_cancel(workflow_id=workflow_id)
     assert drive(workflow_id).status == "cancelled"
     with pytest.raises(Permanent) as refused:
-        client.create_deployment(base_url=settings.AGENTOPS_DEPLOY_TARGET_URL, idempotency_key=claim.operation_id,
+        client.create_deployment(base_url=settings.AGENTOPS_DEPLOY_TARGET_URL, idempotency_key=paused.idempotency_key,
                                  body=BODY, timeout=TIMEOUT)
 
     assert refused.value.status == 410
     assert minimal_target.deployments == {}
-    assert claim.operation_id in minimal_target.tombstones
+    assert paused.idempotency_key in minimal_target.tombstones
 
