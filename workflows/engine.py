@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from workflows import codec
-from workflows.errors import InvalidInput, NonDeterminismError, Permanent
+from workflows.errors import InvalidDecision, InvalidInput, NonDeterminismError, Permanent
 from workflows.presentation import AdminPanel, CandidateView, candidate_as_json
 
 S = TypeVar("S", bound=Mapping[str, Any])
@@ -383,8 +383,9 @@ class WorkflowDefinition:
 def decide(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | Suspended:
     """Run the current node's handler once (``step``), as advancing does: a failed activity or a
     ``Permanent`` error fails the workflow; a ``NonDeterminismError`` (the definition no longer
-    replays this visit) propagates, for the caller's failure boundary to stop the workflow for a
-    person instead of failing it."""
+    replays this visit) and an ``InvalidDecision`` (a Goto to no node, a return that is no
+    decision) propagate, for the caller's failure boundary to stop the workflow for a person
+    instead of failing it."""
     try:
         return step(definition, ctx)
     except ActivityFailed as exc:
@@ -402,11 +403,13 @@ def step(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | Su
     except _Suspend:
         return Suspended(commands=tuple(ctx.commands))
     if isinstance(decision, Goto) and decision.node not in definition.nodes:
-        raise Permanent(f"Handler {ctx.snapshot.node} sent the workflow to unknown node {decision.node!r}.")
+        raise InvalidDecision(f"Handler {ctx.snapshot.node} sent the workflow to unknown node {decision.node!r}; "
+                              f"the definition's nodes are {', '.join(sorted(definition.nodes))}. Fix the "
+                              "definition, deploy it, and resume the workflow.")
     if isinstance(decision, Goto):
         return Goto(decision.node, codec.to_json(decision.updates), decision.pause)
     if isinstance(decision, Complete):
         return Complete(codec.to_json(decision.result))
     if not isinstance(decision, Fail):
-        raise Permanent(f"Handler {ctx.snapshot.node} returned {decision!r}, not Goto, Complete or Fail.")
+        raise InvalidDecision(f"Handler {ctx.snapshot.node} returned {decision!r}, not Goto, Complete or Fail.")
     return decision

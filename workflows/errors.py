@@ -53,6 +53,13 @@ class Permanent(AgentOpsError):
     """A failure that retrying will not fix: recorded, and the workflow moves on."""
 
 
+class InvalidDecision(AgentOpsError):
+    """A definition's code is wrong (a Goto to a node it does not have, a handler that returns
+    something else than a decision): like any exception of a handler, it goes through the failure
+    boundary (recorded, retried with backoff, then paused for a person, recorded work kept); it
+    never fails the workflow nor undoes its effects."""
+
+
 class NonDeterminismError(Permanent):
     """A node handler asked for a different step than the one recorded at the same position."""
 

@@ -70,6 +70,8 @@ BREAKS: dict[str, Callable[[engine.NodeContext[Any]], engine.Decision]] = {
     "long role, not refused": _long_role,  # the test turns the length check off: the column refuses it
     "after a signal": _after_a_signal,
     "done": lambda ctx: engine.Goto("DONE"),
+    "bad goto": lambda ctx: engine.Goto("NO_SUCH_NODE"),
+    "bad return": lambda ctx: {"not": "a decision"},  # type: ignore[return-value,arg-type,dict-item]
 }
 
 
@@ -117,6 +119,9 @@ def assert_history_contiguous(workflow: Workflow) -> None:
     ("nul", "InvalidInput", "State written by node AFTER contains a NUL character"),
     ("long role", "InvalidInput", "whose required_role is 200 characters long; the limit is 150"),
     ("long role, not refused", "DataError", "value too long for type character varying(150)"),
+    ("bad goto", "InvalidDecision", "sent the workflow to unknown node 'NO_SUCH_NODE'; the definition's nodes are "
+                                    "AFTER, CALL, DONE"),
+    ("bad return", "InvalidDecision", "returned {'not': 'a decision'}, not Goto, Complete or Fail"),
 ])
 def test_a_raising_handler_keeps_the_recorded_result_and_retries_later(frozen, monkeypatch, goal, error_type,
                                                                        message):
