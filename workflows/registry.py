@@ -51,13 +51,24 @@ class RetryPolicy:
 
 @dataclasses.dataclass(frozen=True)
 class CompensationInput:
-    """What a compensation activity receives: the operation it undoes, the commitment's data and
-    the idempotency key that operation sent (empty when it was scheduled before installations had
-    ids: it sent its operation id; ``sent_key`` gives the one to use either way)."""
+    """What a compensation activity receives: the operation it undoes, the commitment's data (the
+    result, or ``{"uncertain": true}`` for an attempt that never reported), the idempotency key
+    that operation sent (empty when it was scheduled before installations had ids: it sent its
+    operation id; ``sent_key`` gives the one to use either way), the **input** the operation was
+    given and its **result** (None when it never recorded one), so an uncertain effect can be
+    found and undone by what was asked for. Compensations scheduled before these fields existed
+    get None for both."""
 
     operation_id: str
     data: dict[str, Any]
     idempotency_key: str = ""
+    input: Any = None
+    result: Any = None
+
+    @property
+    def uncertain(self) -> bool:
+        """Whether the undone attempt never reported: its effect may or may not exist."""
+        return self.result is None and self.data == {"uncertain": True}
 
     @property
     def sent_key(self) -> str:

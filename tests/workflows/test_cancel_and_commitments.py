@@ -11,10 +11,11 @@ from agentops.agents.release.activities import deploy
 from agentops.deploytarget import client
 from agentops.deploytarget.server import Fault
 from tests.conftest import drive, open_approval, release_params, run_claimed, worker_context
-from workflows import clock, services
+from workflows import clock, codec, services
 from workflows.activity_context import LeaseLost
 from workflows.errors import NotFound, Permanent, TransitionRefused, WaitRefused
 from workflows.models import Activity, ActivityAttempt, Commitment, Event, Timer, Workflow
+from workflows.registry import CompensationInput
 from workflows.services import Outcome, RunOutcome
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rung")]
@@ -165,6 +166,11 @@ def test_cancel_during_a_running_deploy_compensates_at_once_and_a_late_post_is_r
     assert workflow.status == "cancelled"
     assert [(a.name, a.result["deleted"]) for a in compensations(workflow)] == [("undeploy", False)]
     assert deploy_target.store.stats()["tombstones"] == 1
+    # The compensation of the uncertain attempt is given what that attempt was asked to do.
+    [undo] = compensations(workflow)
+    given = codec.from_json(CompensationInput, undo.input, what="the compensation's input")
+    assert (given.input, given.result, given.uncertain) == (activity.input, None, True)
+    assert given.input["candidate_hash"] and given.sent_key == claim.idempotency_key
 
     with pytest.raises(Permanent, match="410"):  # the paused worker wakes and sends its POST
         client.create_deployment(base_url=deploy_target.url, idempotency_key=claim.idempotency_key,

@@ -366,7 +366,8 @@ def compensation_ensure(workflow: Workflow, commitment: Commitment, *, now: date
         command=engine.ScheduleActivity(
             operation_id=compensation_operation_id(commitment.activity.operation_id), name=commitment.compensation,
             input={"operation_id": commitment.activity.operation_id, "data": commitment.data,
-                   "idempotency_key": commitment.activity.sent_key},
+                   "idempotency_key": commitment.activity.sent_key, "input": commitment.activity.input,
+                   "result": commitment.activity.result},
         ),
     )
 
