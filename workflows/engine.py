@@ -332,6 +332,9 @@ class WorkflowDefinition:
     adapt_node: ClassVar[str] = ""
     # Time limit applied when the launch gives none; None: no limit.
     default_max_hours: ClassVar[float | None] = None
+    # Release policy applied when the launch gives none: "revalidate", "pin" or "fail"
+    # (docs/authoring.md, "Release changes").
+    default_release_policy: ClassVar[str] = "revalidate"
 
     _handlers: ClassVar[dict[str, str]] = {}
 

@@ -25,8 +25,8 @@ class LaunchIn(Body):
     priority: int = Field(default=5, description="0–10; 9 and above may pass the hourly budget")
     stagnation_policy: str = Field(default=Workflow.StagnationPolicy.RECORD,
                                    description=f"one of {', '.join(Workflow.StagnationPolicy.values)}")
-    release_policy: str = Field(default=Workflow.ReleasePolicy.REVALIDATE,
-                                description=f"one of {', '.join(Workflow.ReleasePolicy.values)}")
+    release_policy: str = Field(default="", description=f"one of {', '.join(Workflow.ReleasePolicy.values)}; "
+                                "empty: the kind's default (revalidate unless the kind declares another)")
     fallback_model: str = Field(default="", description="model to move to on sustained overload; empty: none")
 
 

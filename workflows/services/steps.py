@@ -425,13 +425,40 @@ def wake_locked(workflow: Workflow, *, now: datetime, cause: str) -> None:
     elif policy == Workflow.ReleasePolicy.REVALIDATE:
         workflow.release = current
         workflow_save(workflow, "release", at=now)
-        # A rejection, or an expiry whose policy is fail, is final: the node's handler must see it
-        # instead of being sent back to rebuild a candidate and ask again.
-        final = workflow.waits.filter(node_visit=workflow.node_visit).filter(
-            Q(decision=Wait.Decision.REJECTED) | Q(status=Wait.Status.EXPIRED, timeout_policy="fail")
-        )
-        if not final.exists():
-            enter_node(workflow, registry.definition(workflow.kind).revalidate_node, {}, now=now)
+        release_revalidate_if_no_effect(workflow, now=now)
+
+
+def release_revalidate_if_no_effect(workflow: Workflow, *, now: datetime) -> bool:
+    """Under ``revalidate``, send a woken workflow whose release changed to its definition's
+    revalidate node, unless that would repeat or strand what it already did. Returns whether it went.
+
+    - An **effect** of the current intent (a commitment, recorded or uncertain, not undone)
+      stands: the workflow goes on from where it waited, with the new release for what follows
+      (``release.kept_course``); a revalidation would redo the effect under a new operation.
+    - A rejection, or an expiry whose policy is fail, is final: the node's handler must see it
+      instead of being sent back to rebuild a candidate and ask again.
+    - Otherwise it revalidates, and every signal a wait of the visit it leaves had taken goes
+      back to its queue (``signal.requeued``), so the next wait for its name receives it: no
+      signal is consumed without a handler seeing it.
+    """
+    visit = workflow.waits.filter(node_visit=workflow.node_visit)
+    if visit.filter(Q(decision=Wait.Decision.REJECTED) | Q(status=Wait.Status.EXPIRED, timeout_policy="fail")).exists():
+        return False
+    effects = list(workflow.commitments.filter(
+        status__in=(Commitment.Status.ACTIVE, Commitment.Status.RELEASED),
+        activity__intent_version=workflow.intent_version,
+    ).values_list("activity__operation_id", flat=True))
+    if effects:
+        event_record(workflow=workflow, kind="release.kept_course", at=now, node=workflow.current_node,
+                     effects=effects[:20], why="effects of this intent stand; revalidating would redo them")
+        return False
+    for signal in Signal.objects.filter(workflow=workflow, consumed_by__in=visit).order_by("pk"):
+        signal.consumed_by = None
+        signal.save(update_fields=["consumed_by"])
+        event_record(workflow=workflow, kind="signal.requeued", at=now, name=signal.name,
+                     dedupe_key=signal.dedupe_key, why="the release changed and the workflow revalidates")
+    enter_node(workflow, registry.definition(workflow.kind).revalidate_node, {}, now=now)
+    return True
 
 
 def signal_consume(workflow: Workflow, wait: Wait, signal: Signal, *, now: datetime) -> None:

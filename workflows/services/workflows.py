@@ -61,7 +61,7 @@ def workflow_launch(
     goal: str,
     params: dict[str, Any] | None = None,
     user: Any = None,
-    release_policy: str = Workflow.ReleasePolicy.REVALIDATE,
+    release_policy: str = "",
     max_hours: float | None = None,
     priority: int = 5,
     budget_total_usd: Decimal | None = None,
@@ -93,7 +93,7 @@ def workflow_launch_once(
     goal: str,
     params: dict[str, Any] | None = None,
     user: Any = None,
-    release_policy: str = Workflow.ReleasePolicy.REVALIDATE,
+    release_policy: str = "",
     max_hours: float | None = None,
     priority: int = 5,
     budget_total_usd: Decimal | None = None,
@@ -115,6 +115,7 @@ def workflow_launch_once(
     definition = registry.definition(kind)
     goal = text_checked(goal, what="The goal", max_length=MAX_GOAL_CHARS)
     params = json_checked(definition.validate_params(dict(params or {})), what="The parameters")
+    release_policy = release_policy or definition.default_release_policy
     if release_policy not in Workflow.ReleasePolicy.values:
         choices = ", ".join(Workflow.ReleasePolicy.values)
         raise InvalidInput(f"Release policy {release_policy!r} is not one of {choices}.")

@@ -50,8 +50,9 @@ class Command(BaseCommand):
         launch.add_argument("--priority", type=int, default=5, help="0–10; 9 and above may pass the hourly budget")
         launch.add_argument("--stagnation-policy", default=Workflow.StagnationPolicy.RECORD,
                             choices=Workflow.StagnationPolicy.values, help="what beat does when progress stalls")
-        launch.add_argument("--release-policy", default=Workflow.ReleasePolicy.REVALIDATE,
-                            choices=Workflow.ReleasePolicy.values, help="what to do when the model release changes")
+        launch.add_argument("--release-policy", default="",
+                            choices=Workflow.ReleasePolicy.values, help="what to do when the model release changes "
+                            "(default: the kind's, revalidate unless it declares another)")
         launch.add_argument("--idempotency-key", default="", metavar="KEY",
                             help="launch at most once per key: the same launch again prints the workflow it made; "
                                  "the key with other values is refused")
