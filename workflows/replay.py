@@ -22,9 +22,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from workflows import engine, registry
+from workflows import engine, registry, statestore
 from workflows.errors import AgentOpsError, NonDeterminismError
-from workflows.models import Activity, Checkpoint, Intent, Wait, Workflow
+from workflows.models import Activity, Intent, Wait, Workflow
 from workflows.services.steps import COMPENSATION_NODE
 
 FORMAT = "agentops.history/1"
@@ -89,14 +89,21 @@ class Divergence:
 def history_of(workflow: Workflow, *, current_visit_only: bool = False) -> History:
     """The recorded visits of ``workflow`` (or its current one), read from the database."""
     first = workflow.node_visit if current_visit_only else 1
-    checkpoints = {c.node_visit: c for c in Checkpoint.objects.filter(workflow=workflow, node_visit__gte=first)}
+    # Checkpoints hold deltas and long values are blobs (workflows.statestore): each visit's state
+    # is rebuilt from the last whole checkpoint on; the current visit's is the workflow row's, which
+    # a data migration of parked state rewrites.
+    states = statestore.states_by_visit(workflow, first_visit=first)
+    checkpoints = {visit: checkpoint for visit, (checkpoint, _) in states.items()}
+    entry_states = {visit: state for visit, (_, state) in states.items()}
+    if workflow.node_visit in entry_states:
+        entry_states[workflow.node_visit] = statestore.state_of(workflow)
     goals = dict(Intent.objects.filter(workflow=workflow).values_list("version", "goal"))
     steps: dict[int, list[engine.Step]] = {}
     activities = Activity.objects.filter(workflow=workflow, node_visit__gte=first).exclude(node=COMPENSATION_NODE)
     for a in activities:
         steps.setdefault(a.node_visit, []).append(
-            engine.Step(a.operation_id, a.node, "activity", a.name, a.status, result=a.result, error=a.error,
-                        input=a.input))
+            engine.Step(a.operation_id, a.node, "activity", a.name, a.status, error=a.error, input=a.input,
+                        result=statestore.resolve(workflow.pk, a.result)))
     for w in Wait.objects.filter(workflow=workflow, node_visit__gte=first).select_related("decided_by"):
         steps.setdefault(w.node_visit, []).append(
             engine.Step(w.operation_id, w.node, w.kind, w.event_name, w.status, result=w.payload, decision=w.decision,
@@ -109,7 +116,7 @@ def history_of(workflow: Workflow, *, current_visit_only: bool = False) -> Histo
         node = checkpoint.node if checkpoint else _first_node(workflow)
         intent = checkpoint.intent_version if checkpoint else 1
         visits.append(Visit(node=node, visit=number, intent_version=intent, goal=goals.get(intent, ""),
-                            state=dict(checkpoint.state) if checkpoint else {},
+                            state=entry_states.get(number, {}) if checkpoint else {},
                             steps=sorted(steps.get(number, []), key=lambda s: s.seq)))
     return History(workflow_id=workflow.pk, kind=workflow.kind, definition_version=workflow.definition_version,
                    params=dict(workflow.params), release_fingerprint=workflow.release.fingerprint,

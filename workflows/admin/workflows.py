@@ -14,7 +14,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from workflows import clock, services
+from workflows import clock, services, statestore
 from workflows.admin.common import ReadOnlyAdmin, add_outcome_message, forbidden, pretty_json, redirect_with_outcome
 from workflows.admin.display import usd, when
 from workflows.admin.inspection import EVENTS_PAGE_PARAM, inspect_workflow
@@ -306,7 +306,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.model._meta, "original": workflow,
             "title": f"Workflow {workflow.pk}: state on entering {checkpoint.node} (visit {checkpoint.node_visit})",
-            "checkpoint": checkpoint, "state": pretty_json(checkpoint.state),
+            "checkpoint": checkpoint, "state": pretty_json(statestore.states_by_visit(
+                workflow, first_visit=checkpoint.node_visit, last_visit=checkpoint.node_visit)[checkpoint.node_visit][1]),
             "change_url": reverse("admin:workflows_workflow_change", args=[workflow.pk]),
         }
         return TemplateResponse(request, "admin/workflows/workflow/checkpoint.html", context)
