@@ -239,17 +239,15 @@ def checkpoint_and_row_bytes(workflow_id: int) -> dict[int, int]:
     from django.db import connection
 
     out: dict[int, int] = {}
-    try:
-        from workflows import statestore
-    except ImportError:
-        statestore = None  # type: ignore[assignment]
     with connection.cursor() as cursor:
-        if statestore is None:  # every checkpoint is the whole state, the row's copy too
+        if not _table_exists("workflows_stateblob"):  # before issue 23: every checkpoint is the whole state, as the row
             cursor.execute("SELECT node_visit, octet_length(state::text) FROM workflows_checkpoint "
                            "WHERE workflow_id = %s", [workflow_id])
             for visit, size in cursor.fetchall():
                 out[visit] = 2 * size
             return out
+    from workflows import statestore
+
     for visit, checkpoint_bytes, row_bytes in statestore.stored_sizes(workflow_id):
         out[visit] = checkpoint_bytes + row_bytes
     return out
