@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from agentops.agents.autonomous.activities import confined, run_tool, validate_tasks
+from agentops.agents.autonomous.presentation import earlier_tasks
 from tests.conftest import drive
 from workflows import selectors, services
 from workflows.errors import InvalidInput
@@ -98,8 +99,10 @@ def test_malformed_plans_from_the_model_are_refused(plan, message):
 
 
 def test_bad_parameters_are_refused():
-    with pytest.raises(InvalidInput, match="max_rounds=0 must be between 1 and 20"):
-        services.workflow_launch(kind="autonomous", goal="g", params={"max_rounds": "0"})
+    with pytest.raises(InvalidInput, match=r"max_rounds=-1 must be between 0 \(no cap"):
+        services.workflow_launch(kind="autonomous", goal="g", params={"max_rounds": "-1"})
+    with pytest.raises(InvalidInput, match="max_rounds=1000001 must be between"):
+        services.workflow_launch(kind="autonomous", goal="g", params={"max_rounds": "1000001"})
     with pytest.raises(InvalidInput, match="Unknown parameter"):
         services.workflow_launch(kind="autonomous", goal="g", params={"repo": "/tmp"})
 
