@@ -204,17 +204,25 @@ def _table_exists(table: str) -> bool:
     return table in connection.introspection.table_names()
 
 
-def stored_per_visit(workflow_id: int) -> dict[int, int]:
-    """Bytes of JSON text each node visit added (see the module docstring)."""
+def stored_per_visit(workflow_id: int, sources: dict[str, int] | None = None) -> dict[int, int]:
+    """Bytes of JSON text each node visit added (see the module docstring); ``sources`` gets the
+    totals by where they went."""
     from django.db import connection
 
     per: dict[int, int] = defaultdict(int)
+    sources = sources if sources is not None else {}
+
+    def add(source: str, visit: int, size: int) -> None:
+        per[visit] += size
+        sources[source] = sources.get(source, 0) + size
+
     with connection.cursor() as cursor:
-        cursor.execute("SELECT node_visit, COALESCE(octet_length(input::text), 0) + COALESCE(octet_length("
+        cursor.execute("SELECT node_visit, COALESCE(octet_length(input::text), 0), COALESCE(octet_length("
                        "result::text), 0) + octet_length(error) FROM workflows_activity WHERE workflow_id = %s",
                        [workflow_id])
-        for visit, size in cursor.fetchall():
-            per[visit] += size
+        for visit, input_size, result_size in cursor.fetchall():
+            add("activity inputs", visit, input_size)
+            add("activity results", visit, result_size)
         # Events belong to the visit of the last node.entered before them.
         cursor.execute("SELECT kind, data, octet_length(data::text) FROM workflows_event WHERE workflow_id = %s "
                        "ORDER BY seq", [workflow_id])
@@ -223,33 +231,34 @@ def stored_per_visit(workflow_id: int) -> dict[int, int]:
             if kind == "node.entered":
                 data = json.loads(data) if isinstance(data, str) else data
                 visit = int(data.get("visit", visit))
-            per[visit] += size
+            add("events", visit, size)
         if _table_exists("workflows_stateblob"):
             cursor.execute("SELECT node_visit, octet_length(data) FROM workflows_stateblob WHERE workflow_id = %s",
                            [workflow_id])
             for visit, size in cursor.fetchall():
-                per[visit] += size
-    for visit, size in checkpoint_and_row_bytes(workflow_id).items():
-        per[visit] += size
+                add("blobs", visit, size)
+    for visit, (checkpoint, row) in checkpoint_and_row_bytes(workflow_id).items():
+        add("checkpoints", visit, checkpoint)
+        add("workflow row state", visit, row)
     return dict(per)
 
 
-def checkpoint_and_row_bytes(workflow_id: int) -> dict[int, int]:
+def checkpoint_and_row_bytes(workflow_id: int) -> dict[int, tuple[int, int]]:
     """Per visit: the checkpoint row's JSON, plus the workflow row's state as written when entering it."""
     from django.db import connection
 
-    out: dict[int, int] = {}
+    out: dict[int, tuple[int, int]] = {}
     with connection.cursor() as cursor:
         if not _table_exists("workflows_stateblob"):  # before issue 23: every checkpoint is the whole state, as the row
             cursor.execute("SELECT node_visit, octet_length(state::text) FROM workflows_checkpoint "
                            "WHERE workflow_id = %s", [workflow_id])
             for visit, size in cursor.fetchall():
-                out[visit] = 2 * size
+                out[visit] = (size, size)
             return out
     from workflows import statestore
 
     for visit, checkpoint_bytes, row_bytes in statestore.stored_sizes(workflow_id):
-        out[visit] = checkpoint_bytes + row_bytes
+        out[visit] = (checkpoint_bytes, row_bytes)
     return out
 
 
@@ -288,7 +297,8 @@ def reads(workflow_id: int) -> dict[str, Any]:
 
 def measure(label: str, workflow: Any, timer: AdvanceTimer, db_before: int, db_name: str, wall: float,
             extra: dict[str, Any]) -> dict[str, Any]:
-    per = stored_per_visit(workflow.pk)
+    sources: dict[str, int] = {}
+    per = stored_per_visit(workflow.pk, sources)
     visits = [per.get(v, 0) for v in range(1, workflow.node_visit + 1)]
     first, last = _split([float(v) for v in visits])
     early, late = _split(timer.times)
@@ -296,10 +306,11 @@ def measure(label: str, workflow: Any, timer: AdvanceTimer, db_before: int, db_n
         "run": label, "status": workflow.status, "node": workflow.current_node, "reason": workflow.reason[:200],
         "visits": workflow.node_visit, "wall_s": round(wall, 1),
         "bytes_per_visit_first": statistics.mean(first), "bytes_per_visit_last": statistics.mean(last),
-        "bytes_per_visit_mean": statistics.mean(visits), "bytes_total": sum(visits),
+        "bytes_per_visit_mean": statistics.mean(visits), "bytes_total": sum(visits), "bytes_by_source": sources,
         "db_growth_bytes": database_bytes(db_name) - db_before,
         "advances": len(timer.times),
-        "advance_median_early_ms": 1000 * statistics.median(early), "advance_median_late_ms": 1000 * statistics.median(late),
+        "advance_median_early_ms": 1000 * statistics.median(early),
+        "advance_median_late_ms": 1000 * statistics.median(late),
         "advance_p95_early_ms": 1000 * _p95(early), "advance_p95_late_ms": 1000 * _p95(late),
         **extra, **reads(workflow.pk),
     }
@@ -384,6 +395,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{_kb(r['show_json_bytes'])} {r['show_s']:.2f}s")))
         if r["status"] != "completed":
             print(f"    {r['run']}: {r['reason']}")
+        print("    where the bytes went: " + ", ".join(f"{k} {_mb(v)}" for k, v in sorted(
+            r.get("bytes_by_source", {}).items(), key=lambda kv: -kv[1])))
     harness = {int(r["run"].split()[1]): r for r in rows if r["run"].startswith("harness")}
     if harness:
         low, high = min(harness), max(harness)

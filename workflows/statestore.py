@@ -381,7 +381,8 @@ def checkpoints_from(workflow: Any, first_visit: int) -> Any:
     return rows.filter(node_visit__gte=base if base is not None else 0).order_by("node_visit")
 
 
-def states_by_visit(workflow: Any, *, first_visit: int = 1, last_visit: int | None = None) -> dict[int, tuple[Any, dict[str, Any]]]:
+def states_by_visit(workflow: Any, *, first_visit: int = 1,
+                    last_visit: int | None = None) -> dict[int, tuple[Any, dict[str, Any]]]:
     """Checkpoint and resolved state of each visit in [first_visit, last_visit] that has a checkpoint."""
     out: dict[int, tuple[Any, dict[str, Any]]] = {}
     blobs: dict[str, str] = {}
@@ -393,6 +394,12 @@ def states_by_visit(workflow: Any, *, first_visit: int = 1, last_visit: int | No
         blobs = blobs_load(workflow.pk, stored, blobs)
         out[checkpoint.node_visit] = (checkpoint, internalize(stored, blobs))
     return out
+
+
+def state_at(workflow: Any, visit: int) -> dict[str, Any]:
+    """The resolved state the workflow entered ``visit`` with ({} when that visit has no checkpoint)."""
+    found = states_by_visit(workflow, first_visit=visit, last_visit=visit).get(visit)
+    return found[1] if found is not None else {}
 
 
 def stored_sizes(workflow_id: int) -> Iterator[tuple[int, int, int]]:

@@ -59,7 +59,8 @@ def test_a_task_that_keeps_failing_is_skipped_then_replanned(settings, tmp_path)
     assert (first.status, first.attempt) == ("failed", 3)
     assert len((tmp_path / "faults.log").read_text().splitlines()) == 3
     # The first round left the hot state with the replan: it is read from its checkpoint.
-    assert workflow.state["history"] == [] and (workflow.state["done_before"], workflow.state["skipped_before"]) == (2, 1)
+    assert workflow.state["history"] == []
+    assert (workflow.state["done_before"], workflow.state["skipped_before"]) == (2, 1)
     history = {t["title"]: t for t in earlier_tasks(workflow)}
     assert history["Write a brief"]["status"] == "skipped"
     assert "fault injected" in history["Write a brief"]["reason"]

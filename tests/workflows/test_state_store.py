@@ -199,3 +199,16 @@ def test_an_autonomous_agent_with_history_in_its_state_finishes_and_counts_it(se
     assert workflow.state["history"] == [] and workflow.state["done_before"] == 3
     assert [t["title"] for t in earlier_tasks(workflow)] == ["Write a brief", "Lay out the steps", "Record the outcome"]
     assert replay.check(replay.history_of(workflow)) is None
+
+
+def test_a_feature_list_of_500_is_accepted_and_501_is_refused():
+    """MAX_FEATURES is 500: the source's "over 200 features" project can be launched."""
+    from agentops.agents.harness.checks import validate_features
+
+    def features(n: int) -> str:
+        return json.dumps([{"id": f"F{i:03d}", "description": f"feature {i}", "steps": [], "priority": i,
+                            "check": f"sh checks/check.sh F{i:03d}"} for i in range(1, n + 1)])
+
+    assert len(validate_features(features(500), check_exists=lambda path: True)) == 500
+    with pytest.raises(InvalidInput, match="must be a list of 1–500 features"):
+        validate_features(features(501), check_exists=lambda path: True)

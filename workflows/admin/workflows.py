@@ -306,8 +306,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.model._meta, "original": workflow,
             "title": f"Workflow {workflow.pk}: state on entering {checkpoint.node} (visit {checkpoint.node_visit})",
-            "checkpoint": checkpoint, "state": pretty_json(statestore.states_by_visit(
-                workflow, first_visit=checkpoint.node_visit, last_visit=checkpoint.node_visit)[checkpoint.node_visit][1]),
+            "checkpoint": checkpoint, "state": pretty_json(statestore.state_at(workflow, checkpoint.node_visit)),
             "change_url": reverse("admin:workflows_workflow_change", args=[workflow.pk]),
         }
         return TemplateResponse(request, "admin/workflows/workflow/checkpoint.html", context)

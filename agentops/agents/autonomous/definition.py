@@ -142,7 +142,7 @@ class Autonomous(WorkflowDefinition):
         return [tasks_panel(workflow)]
 
     def show_extras(self, workflow: Any) -> dict[str, Any]:
-        """``agent show --json`` lists every task: earlier rounds first (from their checkpoints), then the current one."""
+        """``agent show --json`` lists every task: earlier rounds (from their checkpoints), then the current one."""
         from agentops.agents.autonomous.presentation import all_tasks
 
         return {"tasks": all_tasks(workflow)}

@@ -529,7 +529,8 @@ class Harness(WorkflowDefinition):
         """Every check on a fresh clone of HEAD, and a clean tree: the only way to "done"."""
         features = ctx.state["features"]
         report: ChecksReport = ctx.activity(harness_run_checks, ChecksInput(
-            workspace=ctx.state["workspace"], commit=ctx.state["head"], features=_to_run(features), purpose="verify_all",
+            workspace=ctx.state["workspace"], commit=ctx.state["head"], features=_to_run(features),
+            purpose="verify_all",
             where="clone", check_timeout_seconds=ctx.params["check_timeout_seconds"],
             require_isolation=ctx.params["isolation"]))
         features = _apply(features, report["results"])
