@@ -5,6 +5,8 @@ A workflow's state is kept in its *stored form*: the state a handler sees, where
 - a string of ``AGENTOPS_STATE_BLOB_MIN_CHARS`` characters or more is ``{"$blob": digest, "chars": n}``,
 - an element of a long list (the list's JSON over ``AGENTOPS_STATE_ITEM_LIST_MIN_BYTES``) that is an
   object of ``ITEM_MIN_BYTES`` or more is ``{"$item": digest, "bytes": n}``,
+- a list of more than ``CHUNK_AFTER`` such elements is a list of ``{"$chunk": digest, "n": k}``, each
+  naming ``CHUNK_ITEMS`` consecutive elements stored once as JSON,
 - an object that has one of those keys itself is ``{"$lit": object}`` (so no value is misread),
 
 and each digest names a ``StateBlob`` row of the workflow holding the text once (content-addressed:
@@ -36,9 +38,14 @@ from workflows.errors import InvalidInput
 
 BLOB = "$blob"  # a long string, stored once
 ITEM = "$item"  # an element of a long list, stored once as JSON
+CHUNK = "$chunk"  # CHUNK_ITEMS consecutive elements of a very long list, stored once as JSON
 LIT = "$lit"  # an object that has one of these keys itself
-MARKERS = frozenset({BLOB, ITEM, LIT})
+MARKERS = frozenset({BLOB, ITEM, CHUNK, LIT})
 ITEM_MIN_BYTES = 256
+# A list of more than CHUNK_AFTER elements is kept as references to chunks of CHUNK_ITEMS: a step
+# that changes one of 500 features rewrites one chunk and a list of 16 references, not 500.
+CHUNK_AFTER = 64
+CHUNK_ITEMS = 32
 MAX_VALUE_CHARS = 1_000_000  # one stored value (a string, or one list element's JSON), as MAX_JSON_BYTES
 FULL_EVERY = 2  # a whole checkpoint when the deltas since the last one reach this many times its size
 
@@ -90,8 +97,19 @@ def _ext(value: Any, blobs: dict[str, str], what: str) -> Any:
         items = [_ext(v, blobs, what) for v in value]
         if len(items) < 2 or len(canonical(items)) < settings.AGENTOPS_STATE_ITEM_LIST_MIN_BYTES:
             return items
-        return [_item(v, blobs, what) for v in items]
+        items = [_item(v, blobs, what) for v in items]
+        if len(items) <= CHUNK_AFTER:
+            return items
+        return [_chunk(items[i:i + CHUNK_ITEMS], blobs, what) for i in range(0, len(items), CHUNK_ITEMS)]
     return value
+
+
+def _chunk(items: list[Any], blobs: dict[str, str], what: str) -> dict[str, Any]:
+    text = canonical(items)
+    _check_size(len(text), what)
+    digest = digest_of(text)
+    blobs[digest] = text
+    return {CHUNK: digest, "n": len(items)}
 
 
 def externalize_checked(value: Any, *, what: str) -> Externalized:
@@ -146,6 +164,8 @@ def references(value: Any) -> dict[str, str]:
                 found[v[BLOB]] = BLOB
             elif len(v) == 2 and isinstance(v.get(ITEM), str):
                 found[v[ITEM]] = ITEM
+            elif len(v) == 2 and isinstance(v.get(CHUNK), str):
+                found[v[CHUNK]] = CHUNK
             elif len(v) == 1 and isinstance(v.get(LIT), dict):
                 stack.extend(v[LIT].values())
             else:
@@ -166,7 +186,13 @@ def internalize(value: Any, blobs: dict[str, str]) -> Any:
             return {k: internalize(v, blobs) for k, v in value[LIT].items()}
         return {k: internalize(v, blobs) for k, v in value.items()}
     if isinstance(value, list):
-        return [internalize(v, blobs) for v in value]
+        out: list[Any] = []
+        for v in value:
+            if isinstance(v, dict) and len(v) == 2 and isinstance(v.get(CHUNK), str):
+                out.extend(internalize(json.loads(blobs[v[CHUNK]]), blobs))
+            else:
+                out.append(internalize(v, blobs))
+        return out
     return value
 
 
@@ -295,7 +321,7 @@ def blobs_load(workflow_id: int, value: Any, known: dict[str, str] | None = None
                                "restore it from a backup (or an export of its history) before resuming it.")
         nested: dict[str, str] = {}
         for d, kind in wanted.items():
-            if kind == ITEM:  # an item's JSON may reference long strings of its own
+            if kind in (ITEM, CHUNK):  # an item's or a chunk's JSON references values of its own
                 nested.update(references(json.loads(texts[d])))
         wanted = {d: kind for d, kind in nested.items() if d not in texts}
     return texts

@@ -36,7 +36,7 @@ def test_a_long_string_is_stored_once_and_resolves_back(settings):
 def test_elements_of_a_long_list_are_items_and_an_unchanged_one_keeps_its_digest(settings):
     """A list over AGENTOPS_STATE_ITEM_LIST_MIN_BYTES stores its object elements once each: changing one
     element changes one reference, and the delta names only that index."""
-    features = [{"id": f"F{i:03d}", "description": "d" * 300, "status": "failing"} for i in range(200)]
+    features = [{"id": f"F{i:03d}", "description": "d" * 300, "status": "failing"} for i in range(60)]
     before = statestore.externalize({"features": features}, what="s")
     changed = [*features[:7], {**features[7], "status": "passing"}, *features[8:]]
     after = statestore.externalize({"features": changed}, what="s")
@@ -212,3 +212,17 @@ def test_a_feature_list_of_500_is_accepted_and_501_is_refused():
     assert len(validate_features(features(500), check_exists=lambda path: True)) == 500
     with pytest.raises(InvalidInput, match="must be a list of 1–500 features"):
         validate_features(features(501), check_exists=lambda path: True)
+
+
+def test_a_very_long_list_is_kept_as_chunks_and_one_change_rewrites_one_chunk(settings):
+    """500 features: the stored list is 16 chunk references; changing one feature changes one of them."""
+    features = [{"id": f"F{i:03d}", "description": "d" * 300, "status": "failing"} for i in range(500)]
+    before = statestore.externalize({"features": features}, what="s")
+    changed = [*features[:100], {**features[100], "status": "passing"}, *features[101:]]
+    after = statestore.externalize({"features": changed}, what="s")
+    assert len(before.value["features"]) == 16 and all("$chunk" in ref for ref in before.value["features"])
+    delta = statestore.diff(before.value, after.value)
+    assert list(delta["{}"]["features"]["[]"]) == ["3"]  # elements 96–127
+    blobs = {**before.blobs, **after.blobs}
+    assert statestore.internalize(after.value, blobs) == {"features": changed}
+    assert statestore.internalize(statestore.apply(before.value, delta), blobs) == {"features": changed}
