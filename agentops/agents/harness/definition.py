@@ -374,7 +374,10 @@ class Harness(WorkflowDefinition):
     @node("REGRESSION")
     def regression(self, ctx: Ctx) -> Decision:
         """After a pass (or a repaired main), every other passing check runs again on the same
-        commit; regressions flip back."""
+        commit; regressions flip back, with the failing run as their evidence. A check that passes
+        again leaves its feature as it was (the run that made it pass stays its evidence; this run
+        is in the activity's result and the check events): a step writes what changed, not 499
+        features that did not."""
         lease, features = ctx.state["lease"], ctx.state["features"]
         if lease.get("repair"):
             accepted = ctx.state["last_verify"]["results"][0]["passed"]
@@ -387,7 +390,8 @@ class Harness(WorkflowDefinition):
             workspace=ctx.state["workspace"], commit=ctx.state["session"]["head"], features=_to_run(others),  # type: ignore[index]
             purpose="regression", check_timeout_seconds=ctx.params["check_timeout_seconds"],
             require_isolation=ctx.params["isolation"]))
-        return Goto("ASSESS", {"features": _apply(features, report["results"])})
+        regressed = [r for r in report["results"] if not r["passed"]]
+        return Goto("ASSESS", {"features": _apply(features, regressed)} if regressed else {})
 
     @node("ASSESS")
     def assess(self, ctx: Ctx) -> Decision:
