@@ -263,6 +263,16 @@ if AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS < 0 or AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS 
 # step (every turn of a task), so no tool call is redone after a crash; a turn's model call takes
 # seconds, its checkpoint one UPDATE.
 AGENTOPS_CHECKPOINT_SECONDS = env_float("AGENTOPS_CHECKPOINT_SECONDS", 0.0)
+# State that does not grow (workflows/statestore.py): a string of the state or of an activity's
+# result this long or longer is stored once (a blob row) and referenced; an object element of a
+# list whose JSON is this many bytes or more is stored once too (a step that changes one of 500
+# features writes that one). Lowering them only moves more values out of the row.
+AGENTOPS_STATE_BLOB_MIN_CHARS = env_int("AGENTOPS_STATE_BLOB_MIN_CHARS", 1024)
+AGENTOPS_STATE_ITEM_LIST_MIN_BYTES = env_int("AGENTOPS_STATE_ITEM_LIST_MIN_BYTES", 16384)
+if AGENTOPS_STATE_BLOB_MIN_CHARS < 64 or AGENTOPS_STATE_ITEM_LIST_MIN_BYTES < 1024:
+    raise ImproperlyConfigured(f"AGENTOPS_STATE_BLOB_MIN_CHARS={AGENTOPS_STATE_BLOB_MIN_CHARS} must be 64 or more and "
+                               f"AGENTOPS_STATE_ITEM_LIST_MIN_BYTES={AGENTOPS_STATE_ITEM_LIST_MIN_BYTES} 1024 or more "
+                               "(a reference is about 60 bytes).")
 # The lease of model-calling activities. A background thread heartbeats every third of it while
 # the activity waits for the provider's answer (or runs a tool), so a slow answer keeps it; a
 # dead worker's attempt is taken over this many seconds (plus a beat tick) after its last beat.

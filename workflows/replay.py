@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
-from workflows import engine, registry
+from workflows import engine, registry, statestore
 from workflows.errors import AgentOpsError, NonDeterminismError
-from workflows.models import Activity, Checkpoint, Intent, Wait, Workflow
+from workflows.models import Activity, Intent, Wait, Workflow
 from workflows.services.steps import COMPENSATION_NODE
 
 FORMAT = "agentops.history/1"
@@ -100,8 +100,8 @@ def header_of(workflow: Workflow) -> dict[str, Any]:
             "status": workflow.status}
 
 
-# Rows fetched per round trip when streaming a history: a checkpoint carries a whole state, a
-# step its input and result; memory holds one fetch of each, however long the run.
+# Rows fetched per round trip when streaming a history: a checkpoint carries a state (or its
+# delta), a step its input and result; memory holds one fetch of each, however long the run.
 CHECKPOINTS_PER_FETCH = 8
 STEPS_PER_FETCH = 100
 
@@ -111,11 +111,14 @@ def visits_of(workflow: Workflow, *, first: int = 1) -> Iterator[Visit]:
     checkpoints, activities and waits are read by three cursors ordered by visit
     (``.iterator(chunk_size=…)``) and merged, so memory holds one visit at a time and the
     reads are linear in visits. Inside a transaction (``export-history`` opens one) the
-    PostgreSQL cursors live in it; outside one, Django declares them WITH HOLD."""
+    PostgreSQL cursors live in it; outside one, Django declares them WITH HOLD.
+
+    Checkpoints hold deltas and long values are blobs (``workflows.statestore``): each visit's
+    state is rebuilt from the last whole checkpoint on; the current visit's is the workflow
+    row's, which a data migration of parked state rewrites."""
     goals = dict(Intent.objects.filter(workflow=workflow).values_list("version", "goal"))
-    checkpoints = _ByVisit(
-        Checkpoint.objects.filter(workflow=workflow, node_visit__gte=first).order_by("node_visit", "pk")
-        .iterator(chunk_size=CHECKPOINTS_PER_FETCH))
+    checkpoints = _ByVisit(statestore.states_streamed(workflow, first_visit=first, chunk_size=CHECKPOINTS_PER_FETCH),
+                           key=lambda pair: pair[0].node_visit)
     activities = _ByVisit(
         Activity.objects.filter(workflow=workflow, node_visit__gte=first).exclude(node=COMPENSATION_NODE)
         .order_by("node_visit", "pk").iterator(chunk_size=STEPS_PER_FETCH))
@@ -126,18 +129,21 @@ def visits_of(workflow: Workflow, *, first: int = 1) -> Iterator[Visit]:
     for number in range(first, workflow.node_visit + 1):
         found = checkpoints.take(number)
         steps = [_activity_step(a) for a in activities.take(number)] + [_wait_step(w) for w in waits.take(number)]
-        checkpoint = found[-1] if found else None
+        entry = found[-1] if found else None
+        checkpoint, state = entry if entry is not None else (None, {})
         if checkpoint is None and number != 1:
             continue  # a visit with no checkpoint left no trace to replay
         node = checkpoint.node if checkpoint else start_node
         intent = checkpoint.intent_version if checkpoint else 1
+        if number == workflow.node_visit and entry is not None:
+            state = statestore.state_of(workflow)
         yield Visit(node=node, visit=number, intent_version=intent, goal=goals.get(intent, ""),
-                    state=dict(checkpoint.state) if checkpoint else {}, steps=sorted(steps, key=lambda s: s.seq))
+                    state=state if entry is not None else {}, steps=sorted(steps, key=lambda s: s.seq))
 
 
 def _activity_step(a: Activity) -> engine.Step:
-    return engine.Step(a.operation_id, a.node, "activity", a.name, a.status, result=a.result, error=a.error,
-                       input=a.input)
+    return engine.Step(a.operation_id, a.node, "activity", a.name, a.status,
+                       result=statestore.resolve(a.workflow_id, a.result), error=a.error, input=a.input)
 
 
 def _wait_step(w: Wait) -> engine.Step:
@@ -146,22 +152,22 @@ def _wait_step(w: Wait) -> engine.Step:
                        comment=w.comment)
 
 
-R = TypeVar("R", Activity, Checkpoint, Wait)
+T = TypeVar("T")
 
 
-class _ByVisit(Generic[R]):
-    """Rows ordered by ``node_visit``, taken one visit at a time (a merge join of cursors)."""
+class _ByVisit(Generic[T]):
+    """Rows ordered by visit (``key``: a row's ``node_visit``), taken one visit at a time (a merge join of cursors)."""
 
-    def __init__(self, rows: Iterator[R]) -> None:
-        self._groups: Iterator[tuple[int, Iterator[R]]] = itertools.groupby(rows, key=lambda r: r.node_visit)
-        self._next: tuple[int, list[R]] | None = None
+    def __init__(self, rows: Iterator[T], key: Callable[[T], int] = lambda row: row.node_visit) -> None:  # type: ignore[attr-defined]
+        self._groups: Iterator[tuple[int, Iterator[T]]] = itertools.groupby(rows, key=key)
+        self._next: tuple[int, list[T]] | None = None
         self._advance()
 
     def _advance(self) -> None:
         group = next(self._groups, None)
         self._next = None if group is None else (group[0], list(group[1]))
 
-    def take(self, visit: int) -> list[R]:
+    def take(self, visit: int) -> list[T]:
         """The rows of ``visit``; rows of earlier visits not asked for are skipped."""
         while self._next is not None and self._next[0] < visit:
             self._advance()

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db.models import Count, F, Q, QuerySet, Sum
 
-from workflows import clock, engine, registry
+from workflows import clock, engine, registry, statestore
 from workflows.errors import InvalidInput
 from workflows.models import Activity, ApiToken, Event, Installation, Intent, UsageEntry, Wait, Workflow
 from workflows.sql import rows_select
@@ -32,7 +32,7 @@ def snapshot(workflow: Workflow, load_goal: Callable[[], str]) -> engine.Workflo
     return engine.WorkflowSnapshot(
         workflow_id=workflow.pk, kind=workflow.kind, node=workflow.current_node, node_visit=workflow.node_visit,
         intent_version=workflow.intent_version, load_goal=load_goal, params=dict(workflow.params),
-        state=dict(workflow.state), release_fingerprint=workflow.release.fingerprint,
+        state=statestore.state_of(workflow), release_fingerprint=workflow.release.fingerprint,
         definition_version=workflow.definition_version,
     )
 
@@ -47,7 +47,9 @@ def recorded_activities(workflow: Workflow) -> dict[str, engine.RecordedActivity
                        {"workflow": workflow.pk, "node_visit": workflow.node_visit})
     return {
         operation_id: engine.RecordedActivity(
-            name=name, status=status, result=None if result is None else json.loads(result), error=error)
+            name=name, status=status, error=error,
+            # Long values of a result are stored once (workflows.statestore): resolved here.
+            result=None if result is None else statestore.resolve(workflow.pk, json.loads(result)))
         for operation_id, name, status, result, error in rows
     }
 

@@ -246,7 +246,7 @@ def test_retryable_failure_waits_for_its_retry_window(git_repo, deploy_target, a
     ("nul", "contains a NUL character, which PostgreSQL cannot store"),
     ("set", "is not JSON-serializable: Object of type set"),
     ("nan", "is not JSON-serializable: Out of range float"),
-    ("huge", "bytes of JSON; the limit is 1000000"),
+    ("huge", "holds one value of 1000001 characters; the limit for one value is 1000000"),
     ("surrogate", "contains characters that are not valid Unicode (lone surrogates)"),
 ])
 def test_unstorable_activity_result_is_a_permanent_failure(which, message):

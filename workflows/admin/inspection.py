@@ -120,7 +120,7 @@ def inspect_workflow(workflow: Workflow, *, now: datetime, events_page: str = ""
     activities = list(rows.order_by("-pk").prefetch_related("attempts")[:ACTIVITIES_SHOWN])
     activities_total = len(activities) if len(activities) < ACTIVITIES_SHOWN else workflow.activities.count()
     # The path needs every checkpoint's node and time, never its state (the bulk of the bytes).
-    checkpoints = list(workflow.checkpoints.order_by("node_visit").defer("state"))
+    checkpoints = list(workflow.checkpoints.order_by("node_visit").defer("state", "delta"))
     made = list(workflow.commitments.select_related("activity").order_by("pk"))
     compensations = {a.operation_id: a for a in rows.filter(
         operation_id__in=[f"{c.activity.operation_id}/compensate" for c in made])}

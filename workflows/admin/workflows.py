@@ -15,7 +15,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from workflows import clock, services
+from workflows import clock, services, statestore
 from workflows.admin.common import ReadOnlyAdmin, add_outcome_message, forbidden, pretty_json, redirect_with_outcome
 from workflows.admin.display import usd, when
 from workflows.admin.inspection import EVENTS_PAGE_PARAM, inspect_workflow
@@ -310,7 +310,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         context = {
             **self.admin_site.each_context(request), "opts": self.model._meta, "original": workflow,
             "title": f"Workflow {workflow.pk}: state on entering {checkpoint.node} (visit {checkpoint.node_visit})",
-            "checkpoint": checkpoint, "state": pretty_json(checkpoint.state),
+            "checkpoint": checkpoint, "state": pretty_json(statestore.state_at(workflow, checkpoint.node_visit)),
             "change_url": reverse("admin:workflows_workflow_change", args=[workflow.pk]),
         }
         return TemplateResponse(request, "admin/workflows/workflow/checkpoint.html", context)

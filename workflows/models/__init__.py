@@ -4,7 +4,7 @@ from workflows.models.identity import ClientRequest, Installation
 from workflows.models.ledger import ProgressSample, UsageEntry
 from workflows.models.tokens import ApiToken
 from workflows.models.waits import Signal, Timer, Wait
-from workflows.models.workflow import BehavioralRelease, Checkpoint, Event, Intent, Workflow
+from workflows.models.workflow import BehavioralRelease, Checkpoint, Event, Intent, StateBlob, Workflow
 
 __all__ = [
     "Activity",
@@ -19,6 +19,7 @@ __all__ = [
     "Intent",
     "ProgressSample",
     "Signal",
+    "StateBlob",
     "Timer",
     "UsageEntry",
     "Wait",

@@ -270,17 +270,32 @@ class Intent(models.Model):
 
 
 class Checkpoint(models.Model):
-    """A snapshot of the durable state at a semantic boundary."""
+    """The durable state at a semantic boundary: what the node entry changed (``delta``), or the
+    whole state (``delta`` empty), in stored form (``workflows.statestore``)."""
 
     workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="checkpoints")
     node = models.CharField(max_length=60, help_text="Node being entered.")
     node_visit = models.PositiveIntegerField()
     intent_version = models.PositiveIntegerField()
-    state = models.JSONField(default=dict, blank=True)
+    state = models.JSONField(
+        default=dict, blank=True,
+        help_text="The whole state entering this visit (stored form: long values are blob references) when "
+                  "delta is empty; empty otherwise.")
+    delta = models.JSONField(
+        null=True, blank=True,
+        help_text="What this node entry changed in the state, against the previous checkpoint's "
+                  "(workflows.statestore.diff). Empty: this checkpoint holds the whole state.")
+    state_hash = models.CharField(
+        max_length=32, blank=True, default="",
+        help_text="Hash of the stored state this checkpoint leads to; empty for checkpoints written before "
+                  "delta checkpoints (each of them holds the whole state).")
+    chain_bytes = models.PositiveIntegerField(
+        default=0, help_text="Bytes of the deltas since the last whole checkpoint, this one included.")
     created_at = models.DateTimeField()
 
     class Meta:
         ordering = ["workflow", "node_visit"]
+        indexes = [models.Index(fields=["workflow", "node_visit"], name="checkpoint_workflow_visit_idx")]
 
     def __str__(self) -> str:
         return f"checkpoint {self.node}#{self.node_visit} of workflow {self.workflow_id}"
@@ -301,3 +316,21 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.seq} {self.kind}"
+
+
+class StateBlob(models.Model):
+    """A large value of a workflow's state or of an activity's result, stored once and referenced by
+    its digest (``workflows.statestore``): a long string, or one element of a long list as JSON."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="blobs")
+    digest = models.CharField(max_length=32, help_text="First 32 hex digits of the SHA-256 of the text.")
+    data = models.TextField(help_text="The text: the string itself, or the JSON of a list element.")
+    chars = models.PositiveIntegerField(help_text="Length of the text.")
+    node_visit = models.PositiveIntegerField(help_text="The node visit that first stored it.")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workflow", "digest"], name="uniq_state_blob")]
+
+    def __str__(self) -> str:
+        return f"blob {self.digest[:12]} of workflow {self.workflow_id} ({self.chars} characters)"

@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from workflows import clock, doorbells, faults, registry
+from workflows import clock, doorbells, faults, registry, statestore
 from workflows.activity_context import ActivityContext
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Permanent, Refused, Throttled
 from workflows.leases import Claim
@@ -218,7 +218,9 @@ def activity_result_record_if_current(
     workflow = workflow_lock(claim.workflow_id)
     now = clock.now()
     try:
-        result = json_checked(result, what=f"The result of activity {claim.name}")
+        # Long values are stored once and referenced (workflows.statestore): a check's output
+        # tail costs its bytes once, in this result and in every state that keeps it.
+        stored = statestore.externalize_checked(result, what=f"The result of activity {claim.name}")
     except Refused as exc:
         return _record_failure_locked(workflow, claim, exc, retryable=False)
     spec = registry.activity_type(claim.name)
@@ -227,10 +229,11 @@ def activity_result_record_if_current(
             progress_validate(result)
         except Refused as exc:
             return _record_failure_locked(workflow, claim, exc, retryable=False)
-    if not _fenced_update(claim, {"status": Activity.Status.SUCCEEDED, "result": result, "error": "",
+    if not _fenced_update(claim, {"status": Activity.Status.SUCCEEDED, "result": stored.value, "error": "",
                                   "completed_at": now, "lease_expires_at": None, "checkpoint": None}):
         return _refuse_stale(workflow, claim)
     _attempt_finish(claim, ActivityAttempt.Status.SUCCEEDED)
+    statestore.blobs_store(workflow.pk, stored.blobs, node_visit=workflow.node_visit, now=now)
     if spec.commitment:
         Commitment.objects.get_or_create(
             activity_id=claim.activity_id,

@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 
-from workflows import doorbells, engine, registry
+from workflows import doorbells, engine, registry, statestore
 from workflows.errors import InvalidInput, Throttled
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
@@ -265,11 +265,17 @@ def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: d
     left = live_work_void(workflow, now=now, reason=f"node {previous} (visit {workflow.node_visit}) was left",
                           visit=workflow.node_visit)
     commitments_compensate(workflow, left, now=now)
-    workflow.state = json_checked({**workflow.state, **updates}, what=f"State written by node {previous}")
+    # Only what changed is written: long values once (blobs), the checkpoint as a delta
+    # (workflows.statestore); the row keeps the stored form of the whole state.
+    last = (Checkpoint.objects.filter(pk=workflow.checkpoint_id).only("state_hash", "chain_bytes").first()
+            if workflow.checkpoint_id is not None else None)
+    written = statestore.state_write(workflow, updates, previous=last, what=f"State written by node {previous}",
+                                     now=now)
     workflow.enter_node(node, at=now)
     workflow.checkpoint = Checkpoint.objects.create(
         workflow=workflow, node=node, node_visit=workflow.node_visit, intent_version=workflow.intent_version,
-        state=workflow.state, created_at=now,
+        state=workflow.state if written.delta is None else {}, delta=written.delta, state_hash=written.state_hash,
+        chain_bytes=written.chain_bytes, created_at=now,
     )
     event_record(workflow=workflow, kind="node.entered", at=now, node=node, previous=previous,
                  visit=workflow.node_visit)

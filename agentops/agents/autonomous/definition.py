@@ -21,13 +21,18 @@ from workflows.presentation import AdminPanel
 from workflows.registry import register_definition
 
 DEFAULT_ROUNDS = 3
+# A round cap a launch may set; the run is bounded by its time limit (max_hours) and budget. 0: no cap.
+MAX_ROUNDS = 1_000_000
 
 
 class State(TypedDict, total=False):
-    """What the handlers keep between nodes."""
+    """What the handlers keep between nodes: the current round only. Earlier rounds are history
+    (their checkpoints, read by ``presentation.earlier_tasks``), counted here."""
 
     tasks: list[Task]  # the current round's tasks
-    history: list[Task]  # the tasks of earlier rounds
+    history: list[Task]  # the tasks of earlier rounds: only in workflows started before issue 23; emptied by a replan
+    done_before: int  # tasks done in earlier rounds
+    skipped_before: int  # tasks skipped in earlier rounds
     round: int
     verdict: Verdict
     stagnation: Any  # set by the stagnation sweep before a replan
@@ -38,6 +43,10 @@ Ctx = NodeContext[State]
 
 def _task(base: Task, **changes: Any) -> Task:
     return cast(Task, {**base, **changes})
+
+
+def _brief(task: Task, *keys: str) -> Task:
+    return cast(Task, {k: task[k] for k in keys if k in task})  # type: ignore[literal-required]
 
 
 def _with_status(tasks: list[Task], task_id: int, **changes: Any) -> list[Task]:
@@ -61,15 +70,16 @@ class Autonomous(WorkflowDefinition):
             rounds = int(params.get("max_rounds", DEFAULT_ROUNDS))
         except (TypeError, ValueError):
             raise InvalidInput("Parameter max_rounds must be a whole number.") from None
-        if not 1 <= rounds <= 20:
-            raise InvalidInput(f"Parameter max_rounds={rounds} must be between 1 and 20.")
+        if not 0 <= rounds <= MAX_ROUNDS:
+            raise InvalidInput(f"Parameter max_rounds={rounds} must be between 0 (no cap: the time limit and the "
+                               f"budget bound the run) and {MAX_ROUNDS:,}.")
         return {"max_rounds": rounds}
 
     @node("PLANNING")
     def planning(self, ctx: Ctx) -> Decision:
         plan = ctx.activity(plan_tasks, PlanInput(goal=ctx.goal))
         tasks = [_task(task, status="pending", round=1) for task in plan["tasks"]]
-        return Goto("EXECUTION", {"tasks": tasks, "round": 1, "history": []})
+        return Goto("EXECUTION", {"tasks": tasks, "round": 1, "history": [], "done_before": 0, "skipped_before": 0})
 
     @node("EXECUTION")
     def execution(self, ctx: Ctx) -> Decision:
@@ -87,10 +97,11 @@ class Autonomous(WorkflowDefinition):
 
     @node("VERIFICATION")
     def verification(self, ctx: Ctx) -> Decision:
-        verdict = ctx.activity(verify_goal, VerifyInput(goal=ctx.goal, tasks=ctx.state["tasks"]))
+        verdict = ctx.activity(verify_goal, VerifyInput(goal=ctx.goal, tasks=[
+            _brief(t, "id", "title", "status", "reason") for t in ctx.state["tasks"]]))
         if verdict["goal_met"]:
             return Goto("COMPLETED", {"verdict": verdict})
-        if ctx.state["round"] >= ctx.params["max_rounds"]:
+        if ctx.params["max_rounds"] and ctx.state["round"] >= ctx.params["max_rounds"]:
             return Fail(f"The goal was not met after {ctx.state['round']} rounds: {verdict['reason']}")
         return Goto("ADAPTATION", {"verdict": verdict})
 
@@ -98,22 +109,31 @@ class Autonomous(WorkflowDefinition):
     def adaptation(self, ctx: Ctx) -> Decision:
         """Re-plan from what worked and what did not; task ids keep counting up."""
         tasks = ctx.state["tasks"]
-        plan = ctx.activity(replan, ReplanInput(goal=ctx.goal, tasks=tasks, verdict=ctx.state.get("verdict"),
-                                                stagnation=ctx.state.get("stagnation")))
+        # The prompt shows 400 characters of each task's line: the rest of a summary is not sent.
+        plan = ctx.activity(replan, ReplanInput(goal=ctx.goal, tasks=[
+            {**_brief(t, "id", "title", "status", "reason"), **({"summary": t["summary"][:400]} if t.get("summary")
+                                                               else {})} for t in tasks],
+            verdict=ctx.state.get("verdict"), stagnation=ctx.state.get("stagnation")))
         first_id = max((t["id"] for t in tasks), default=0) + 1
         round_ = ctx.state["round"] + 1
         fresh = [_task(task, id=first_id + i, status="pending", round=round_) for i, task in enumerate(plan["tasks"])]
+        # The finished round leaves the hot state: its tasks stay in this visit's checkpoint, counted here.
+        earlier = [*ctx.state.get("history", []), *tasks]
         return Goto("EXECUTION", {
-            "tasks": fresh, "round": round_, "history": [*ctx.state["history"], *tasks],
+            "tasks": fresh, "round": round_, "history": [],
+            "done_before": ctx.state.get("done_before", 0) + sum(t["status"] == "done" for t in earlier),
+            "skipped_before": ctx.state.get("skipped_before", 0) + sum(t["status"] == "skipped" for t in earlier),
             "stagnation": None,
         })
 
     @node("COMPLETED")
     def completed(self, ctx: Ctx) -> Decision:
-        tasks = [*ctx.state["history"], *ctx.state["tasks"]]
+        tasks = [*ctx.state.get("history", []), *ctx.state["tasks"]]
         return Complete({
-            "rounds": ctx.state["round"], "tasks_done": sum(t["status"] == "done" for t in tasks),
-            "tasks_skipped": sum(t["status"] == "skipped" for t in tasks), "summary": ctx.state["verdict"]["reason"],
+            "rounds": ctx.state["round"],
+            "tasks_done": ctx.state.get("done_before", 0) + sum(t["status"] == "done" for t in tasks),
+            "tasks_skipped": ctx.state.get("skipped_before", 0) + sum(t["status"] == "skipped" for t in tasks),
+            "summary": ctx.state["verdict"]["reason"],
         })
 
     def admin_panels(self, workflow: Any) -> list[AdminPanel]:
@@ -122,6 +142,7 @@ class Autonomous(WorkflowDefinition):
         return [tasks_panel(workflow)]
 
     def show_extras(self, workflow: Any) -> dict[str, Any]:
-        """``agent show --json`` lists every task: earlier rounds first, then the current one."""
-        state = workflow.state if isinstance(workflow.state, dict) else {}
-        return {"tasks": [*state.get("history", []), *state.get("tasks", [])]}
+        """``agent show --json`` lists every task: earlier rounds (from their checkpoints), then the current one."""
+        from agentops.agents.autonomous.presentation import all_tasks
+
+        return {"tasks": all_tasks(workflow)}

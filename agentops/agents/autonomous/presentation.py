@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from workflows.models import Activity, Workflow
+from workflows import statestore
+from workflows.models import Checkpoint, Workflow
 from workflows.presentation import AdminPanel
 
 # Task statuses the agent writes, with what they mean to an operator.
@@ -25,24 +27,52 @@ class TaskRow:
     current: bool
 
 
+def earlier_tasks(workflow: Workflow) -> list[dict[str, Any]]:
+    """The tasks of the earlier rounds since the agent last planned from scratch, oldest first.
+
+    A replan moves a finished round out of the state; the round stays in the state its ADAPTATION
+    visit was entered with (its checkpoint, ``workflows.statestore``), read here in one pass over
+    the checkpoints. A workflow started before that keeps ``state["history"]`` until its next
+    replan; its rounds are in its checkpoints too, so both read the same way.
+    """
+    rounds: list[list[dict[str, Any]]] = []
+    checkpoints = Checkpoint.objects.filter(workflow=workflow).order_by("node_visit").only(
+        "node", "node_visit", "state", "delta")
+    for checkpoint, stored in statestore.stored_states(checkpoints):
+        if checkpoint.node == "PLANNING":
+            rounds = []
+        elif checkpoint.node == "ADAPTATION" and checkpoint.node_visit < workflow.node_visit:
+            tasks = stored.get("tasks") if isinstance(stored, dict) else None
+            rounds.append(tasks if isinstance(tasks, list) else [])
+    resolved = statestore.resolve(workflow.pk, rounds)
+    return [t for round_ in resolved for t in round_ if isinstance(t, dict)]
+
+
+def all_tasks(workflow: Workflow) -> list[dict[str, Any]]:
+    """Every task: earlier rounds first, then the current one."""
+    state = statestore.state_of(workflow) if isinstance(workflow.state, dict) else {}
+    tasks = state.get("tasks")
+    return [*earlier_tasks(workflow), *(t for t in tasks if isinstance(t, dict))] if isinstance(tasks, list) else []
+
+
 def task_rows(workflow: Workflow) -> list[TaskRow]:
-    """The agent's tasks: earlier rounds (``state["history"]``), then the current round.
+    """The agent's tasks: earlier rounds (``earlier_tasks``), then the current round.
 
     The state is written by node handlers from validated model output; anything unexpected in it
     is shown as text rather than trusted.
     """
-    state = workflow.state if isinstance(workflow.state, dict) else {}
-    tasks, history = state.get("tasks"), state.get("history")
+    state = statestore.state_of(workflow) if isinstance(workflow.state, dict) else {}
+    tasks = state.get("tasks")
     if not isinstance(tasks, list):
         return []
-    history = [t for t in history if isinstance(t, dict)] if isinstance(history, list) else []
+    history = earlier_tasks(workflow)
     current_round = str(state.get("round", ""))
-    labels = _earlier_rounds(workflow, len(history)) or ["earlier"] * len(history)
     executing = workflow.current_node == "EXECUTION" and not workflow.is_terminal
     rows: list[TaskRow] = []
-    for task, round_label in [*zip(history, labels, strict=True), *((t, current_round) for t in tasks)]:
+    for task in [*history, *tasks]:
         if not isinstance(task, dict):
             continue
+        round_label = str(task.get("round", "")) or "earlier"
         status = str(task.get("status", ""))
         is_next = (executing and status == "pending" and round_label == current_round
                    and not any(r.current for r in rows))
@@ -52,22 +82,6 @@ def task_rows(workflow: Workflow) -> list[TaskRow]:
             outcome=str(task.get("summary") or task.get("reason") or ""), current=is_next,
         ))
     return rows
-
-
-def _earlier_rounds(workflow: Workflow, count: int) -> list[str]:
-    """The round of each of the ``count`` earlier tasks, from the sizes of the plans the agent made
-    since it last planned from scratch (its ``plan_tasks`` activity, then one ``replan`` per round).
-    Empty when the recorded plans do not account for exactly ``count`` tasks."""
-    plans = list(Activity.objects.filter(workflow=workflow, name__in=("plan_tasks", "replan"),
-                                         status=Activity.Status.SUCCEEDED).order_by("pk").values_list("name", "result"))
-    starts = [i for i, (name, _) in enumerate(plans) if name == "plan_tasks"]
-    labels: list[str] = []
-    for number, (_, result) in enumerate(plans[starts[-1]:] if starts else [], start=1):
-        planned = result.get("tasks") if isinstance(result, dict) else None
-        if len(labels) >= count or not isinstance(planned, list):
-            break
-        labels += [str(number)] * len(planned)
-    return labels if len(labels) == count else []
 
 
 def tasks_panel(workflow: Workflow) -> AdminPanel:

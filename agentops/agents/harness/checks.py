@@ -24,7 +24,7 @@ from agentops.agents.harness.gitops import git
 from workflows.errors import InvalidInput
 
 FEATURE_ID = re.compile(r"^F\d{2,3}$")
-MAX_FEATURES = 200
+MAX_FEATURES = 500
 CHECK_RUNNERS = ("python", "python3", "sh")
 OUTPUT_TAIL_CHARS = 2000
 

@@ -34,6 +34,7 @@ from agentops.agents.harness.activities import (
     harness_validate,
 )
 from agentops.agents.harness.checks import CheckResult, Feature
+from workflows import statestore
 from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
 from workflows.models import Wait
@@ -137,6 +138,11 @@ def _apply(features: list[Feature], results: list[CheckResult]) -> list[Feature]
         status = "passing" if r["passed"] else ("blocked" if f.get("status") == "blocked" else "failing")
         out.append(cast(Feature, {**f, "status": status, "evidence": r}))
     return out
+
+
+def _to_run(features: list[Feature]) -> list[Feature]:
+    """What a check run needs of each feature (its id and check): a run's input stays small at 500."""
+    return [cast(Feature, {"id": f["id"], "check": f["check"]}) for f in features]
 
 
 def _board(features: list[Feature]) -> list[dict[str, str]]:
@@ -360,7 +366,7 @@ class Harness(WorkflowDefinition):
         repair = bool(lease.get("repair"))
         feature = REPAIR_FEATURE if repair else next(f for f in features if f["id"] == lease["feature"])
         report: ChecksReport = ctx.activity(harness_run_checks, ChecksInput(
-            workspace=ctx.state["workspace"], commit=session["head"], features=[feature],
+            workspace=ctx.state["workspace"], commit=session["head"], features=_to_run([feature]),
             purpose="repair" if repair else "verify", check_timeout_seconds=ctx.params["check_timeout_seconds"],
             require_isolation=ctx.params["isolation"]))
         return Goto("REGRESSION", {"features": _apply(features, report["results"]), "last_verify": report})
@@ -368,7 +374,10 @@ class Harness(WorkflowDefinition):
     @node("REGRESSION")
     def regression(self, ctx: Ctx) -> Decision:
         """After a pass (or a repaired main), every other passing check runs again on the same
-        commit; regressions flip back."""
+        commit; regressions flip back, with the failing run as their evidence. A check that passes
+        again leaves its feature as it was (the run that made it pass stays its evidence; this run
+        is in the activity's result and the check events): a step writes what changed, not 499
+        features that did not."""
         lease, features = ctx.state["lease"], ctx.state["features"]
         if lease.get("repair"):
             accepted = ctx.state["last_verify"]["results"][0]["passed"]
@@ -378,10 +387,11 @@ class Harness(WorkflowDefinition):
         if not accepted or not others:
             return Goto("ASSESS")
         report: ChecksReport = ctx.activity(harness_run_checks, ChecksInput(
-            workspace=ctx.state["workspace"], commit=ctx.state["session"]["head"], features=others,  # type: ignore[index]
+            workspace=ctx.state["workspace"], commit=ctx.state["session"]["head"], features=_to_run(others),  # type: ignore[index]
             purpose="regression", check_timeout_seconds=ctx.params["check_timeout_seconds"],
             require_isolation=ctx.params["isolation"]))
-        return Goto("ASSESS", {"features": _apply(features, report["results"])})
+        regressed = [r for r in report["results"] if not r["passed"]]
+        return Goto("ASSESS", {"features": _apply(features, regressed)} if regressed else {})
 
     @node("ASSESS")
     def assess(self, ctx: Ctx) -> Decision:
@@ -523,7 +533,8 @@ class Harness(WorkflowDefinition):
         """Every check on a fresh clone of HEAD, and a clean tree: the only way to "done"."""
         features = ctx.state["features"]
         report: ChecksReport = ctx.activity(harness_run_checks, ChecksInput(
-            workspace=ctx.state["workspace"], commit=ctx.state["head"], features=features, purpose="verify_all",
+            workspace=ctx.state["workspace"], commit=ctx.state["head"], features=_to_run(features),
+            purpose="verify_all",
             where="clone", check_timeout_seconds=ctx.params["check_timeout_seconds"],
             require_isolation=ctx.params["isolation"]))
         features = _apply(features, report["results"])
@@ -570,7 +581,7 @@ class Harness(WorkflowDefinition):
     def show_extras(self, workflow: Any) -> dict[str, Any]:
         """``agent show --json``: the feature board with the engine's evidence, budgets and breakers,
         the isolation, why it is paused, progress rows and proposals."""
-        state = workflow.state if isinstance(workflow.state, dict) else {}
+        state = statestore.state_of(workflow) if isinstance(workflow.state, dict) else {}
         params = workflow.params if isinstance(workflow.params, dict) else {}
         board = []
         for f in state.get("features", []):

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agentops import git as engine_git
+from workflows import statestore
 from workflows.admin.charts import Reading, TimeChart, time_chart
 from workflows.admin.display import usd, when
 from workflows.admin.inspection import duration
@@ -109,7 +110,7 @@ class SessionView:
 
 
 def harness_panels(workflow: Workflow) -> list[AdminPanel]:
-    state = workflow.state if isinstance(workflow.state, dict) else {}
+    state = statestore.state_of(workflow) if isinstance(workflow.state, dict) else {}
     checks = [CheckRun(at, _object(data)) for at, data in
               workflow.events.filter(kind="harness.check_ran").order_by("seq").values_list("created_at", "data")]
     features = feature_rows(state)
@@ -180,7 +181,7 @@ def session_views(workflow: Workflow, state: dict[str, Any], checks: list[CheckR
     views = []
     for age, activity in enumerate(reversed(activities)):
         view = _session(activity, events[activity.operation_id])
-        result = _object(activity.result)
+        result = _object(statestore.resolve(activity.workflow_id, activity.result))
         if activity.name == "harness_session":
             passed = verdicts.get((view.feature, result.get("head")))
             view.verdict = "" if passed is None else "passed" if passed else "failed"
@@ -194,7 +195,7 @@ def session_views(workflow: Workflow, state: dict[str, Any], checks: list[CheckR
 
 
 def _session(activity: Activity, events: list[Any]) -> SessionView:
-    data, result = _object(activity.input), _object(activity.result)
+    data, result = _object(activity.input), _object(statestore.resolve(activity.workflow_id, activity.result))
     feature, report = _object(data.get("feature")), _object(result.get("report"))
     view = SessionView(
         number=int(data.get("session") or 0), feature=str(feature.get("id") or "initializer"),

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group, Permission, User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from workflows import services
+from workflows import services, statestore
 from workflows.management.commands.agent import console_for, render_detail
 from workflows.models import Event, Wait, Workflow
 from workflows.selectors import workflow_detail
@@ -144,8 +144,9 @@ class Command(BaseCommand):
         last, seen = "", 0
         while time.monotonic() < deadline:
             workflow = Workflow.objects.get(pk=workflow_id)
-            features = workflow.state.get("features", [])
-            lease = workflow.state.get("lease") or {}
+            state = statestore.state_of(workflow)
+            features = state.get("features", [])
+            lease = state.get("lease") or {}
             passing = sum(f.get("status") == "passing" for f in features)
             line = (f"{passing}/{len(features) or '?'} features passing; session {workflow.state.get('sessions', 0)}"
                     f" on {lease.get('feature', '-')}#{lease.get('attempt', '-')}; {workflow.status} at "
