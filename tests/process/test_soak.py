@@ -51,8 +51,12 @@ def test_a_short_soak_under_every_fault_kind_has_no_violations(tmp_path: Path, f
     result = json.loads(out.read_text())
     assert result["violations"] == [] and result["duplicates"] == 0 and result["lost"] == 0, result
     assert all(result["faults"].get(kind, 0) >= 1 for kind in FAULT_KINDS), result["faults"]
-    # The propose agent's proposal was approved and checked (the soak checks it only of a completed agent).
-    assert result["harness"].get("proposals_approved") == 1, result["harness"]
+    # The propose agent's proposal was approved and checked (the soak checks it only of a completed agent:
+    # faults may fail a harness agent whose activity runs out of attempts, an outcome the soak allows).
+    propose = {k: v for k, v in result["outcomes"].items() if k.startswith("harness:propose:")}
+    assert set(propose) <= {"harness:propose:completed", "harness:propose:failed_by_faults"}, propose
+    if "harness:propose:completed" in propose:
+        assert result["harness"].get("proposals_approved") == 1, result["harness"]
     figures("issue 12 soak (CI)", seed=SEED, workflows=result["workflows"]["total"], faults=result["faults"],
             partitions=result["partitions"], effects=result["effects"], duplicates=result["duplicates"],
             lost=result["lost"], converge_s=result["converge_s"], wall_s=result["wall_s"],
