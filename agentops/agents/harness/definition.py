@@ -57,6 +57,10 @@ NUMBERS: dict[str, tuple[float, float, float, type]] = {
     "stagnation_sessions": (8, 2, 1000, int),
     "check_timeout_seconds": (60.0, 1, 600, float),
     "approval_expiry_hours": (72.0, 0.01, 8760, float),
+    # Regression after an accepted pass (docs/harness.md, "Regression"): at most this many other
+    # passing checks, in rotation (0: all of them every time), and all of them every Nth pass (0: never).
+    "regression_max_checks": (10, 0, 500, int),
+    "regression_full_every": (10, 0, 1000, int),
 }
 ISOLATION_LEVELS = ("bwrap", "none")
 PARAMS = ("workspace", "approver_role", "isolation", *NUMBERS)
@@ -93,6 +97,8 @@ class State(TypedDict, total=False):
     sessions: int
     session_limit: int
     sessions_since_pass: int
+    regression_passes: int  # accepted passes that ran a regression (version 2 on)
+    regression_rotation: int  # where the next regression share starts among the passing checks
     lease: Lease
     previous_lease: Lease | None
     prepared: Prepared
@@ -145,6 +151,22 @@ def _to_run(features: list[Feature]) -> list[Feature]:
     return [cast(Feature, {"id": f["id"], "check": f["check"]}) for f in features]
 
 
+def regression_share(others: list[Feature], *, passes: int, rotation: int, max_checks: int,
+                     full_every: int) -> tuple[list[Feature], int]:
+    """Which passing checks a regression run takes after an accepted pass, and the next rotation.
+
+    All of them when ``max_checks`` is 0, when there are no more than that, or on every
+    ``full_every``-th pass; else the next ``max_checks`` in feature-list order from ``rotation``
+    (wrapping round), so every passing check runs at least once every ceil(passing / max_checks)
+    passes, and VERIFY_ALL runs every check before the run can complete.
+    """
+    if not max_checks or len(others) <= max_checks or (full_every and (passes + 1) % full_every == 0):
+        return others, rotation
+    start = rotation % len(others)
+    chosen = (others[start:] + others[:start])[:max_checks]
+    return chosen, (start + max_checks) % len(others)
+
+
 def _board(features: list[Feature]) -> list[dict[str, str]]:
     return [{"id": f["id"], "status": f.get("status", "failing")} for f in features]
 
@@ -175,7 +197,9 @@ def _pause_text(ctx: Ctx, why: str, then: str) -> str:
 @register_definition
 class Harness(WorkflowDefinition):
     kind = "harness"
-    version = 1
+    # 2: regression in rotation (regression_max_checks, regression_full_every); workflows launched
+    # on 1 keep running every passing check after each pass.
+    version = 2
     start_node = "INITIALIZE"
     revalidate_node = "INITIALIZE"
 
@@ -386,12 +410,20 @@ class Harness(WorkflowDefinition):
         others = [f for f in features if f.get("status") == "passing" and f["id"] != lease["feature"]]
         if not accepted or not others:
             return Goto("ASSESS")
+        passes = ctx.state.get("regression_passes", 0)
+        chosen, rotation = regression_share(others, passes=passes, rotation=ctx.state.get("regression_rotation", 0),
+                                            max_checks=ctx.params.get("regression_max_checks", 0)
+                                            if ctx.definition_version >= 2 else 0,
+                                            full_every=ctx.params.get("regression_full_every", 0))
         report: ChecksReport = ctx.activity(harness_run_checks, ChecksInput(
-            workspace=ctx.state["workspace"], commit=ctx.state["session"]["head"], features=_to_run(others),  # type: ignore[index]
+            workspace=ctx.state["workspace"], commit=ctx.state["session"]["head"], features=_to_run(chosen),  # type: ignore[index]
             purpose="regression", check_timeout_seconds=ctx.params["check_timeout_seconds"],
             require_isolation=ctx.params["isolation"]))
         regressed = [r for r in report["results"] if not r["passed"]]
-        return Goto("ASSESS", {"features": _apply(features, regressed)} if regressed else {})
+        updates: dict[str, Any] = {"features": _apply(features, regressed)} if regressed else {}
+        if ctx.definition_version >= 2:
+            updates |= {"regression_passes": passes + 1, "regression_rotation": rotation}
+        return Goto("ASSESS", updates)
 
     @node("ASSESS")
     def assess(self, ctx: Ctx) -> Decision:
