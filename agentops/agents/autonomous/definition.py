@@ -142,7 +142,9 @@ class Autonomous(WorkflowDefinition):
         return [tasks_panel(workflow)]
 
     def show_extras(self, workflow: Any) -> dict[str, Any]:
-        """``agent show --json`` lists every task: earlier rounds (from their checkpoints), then the current one."""
-        from agentops.agents.autonomous.presentation import all_tasks
+        """``agent show --json`` lists the tasks of the last three earlier rounds (from their checkpoints)
+        and the current one's, and how many earlier rounds it leaves out (``agent export-history`` has them)."""
+        from agentops.agents.autonomous.presentation import EARLIER_ROUNDS_SHOWN, earlier_rounds, shown_tasks
 
-        return {"tasks": all_tasks(workflow)}
+        return {"tasks": shown_tasks(workflow),
+                "earlier_rounds_left_out": max(0, earlier_rounds(workflow) - EARLIER_ROUNDS_SHOWN)}

@@ -27,36 +27,54 @@ class TaskRow:
     current: bool
 
 
-def earlier_tasks(workflow: Workflow) -> list[dict[str, Any]]:
-    """The tasks of the earlier rounds since the agent last planned from scratch, oldest first.
+# Earlier rounds shown in full (the admin, ``agent show``); the rest are counted, and
+# ``agent export-history`` has them all: a page costs the same on round 200 as on round 3.
+EARLIER_ROUNDS_SHOWN = 3
+
+
+def earlier_tasks(workflow: Workflow, *, rounds: int | None = None) -> list[dict[str, Any]]:
+    """The tasks of the earlier rounds since the agent last planned from scratch, oldest first;
+    with ``rounds``, of the last ``rounds`` of them only (``earlier_rounds`` counts them all).
 
     A replan moves a finished round out of the state; the round stays in the state its ADAPTATION
-    visit was entered with (its checkpoint, ``workflows.statestore``), read here in one pass over
-    the checkpoints. A workflow started before that keeps ``state["history"]`` until its next
-    replan; its rounds are in its checkpoints too, so both read the same way.
+    visit was entered with (its checkpoint, ``workflows.statestore``). Only the checkpoints of the
+    rounds asked for are rebuilt, each from the last whole checkpoint before it. A workflow started
+    before that keeps ``state["history"]`` until its next replan; its rounds are in its
+    checkpoints too, so both read the same way.
     """
-    rounds: list[list[dict[str, Any]]] = []
-    checkpoints = Checkpoint.objects.filter(workflow=workflow).order_by("node_visit").only(
-        "node", "node_visit", "state", "delta")
-    for checkpoint, stored in statestore.stored_states(checkpoints):
-        if checkpoint.node == "PLANNING":
-            rounds = []
-        elif checkpoint.node == "ADAPTATION" and checkpoint.node_visit < workflow.node_visit:
-            tasks = stored.get("tasks") if isinstance(stored, dict) else None
-            rounds.append(tasks if isinstance(tasks, list) else [])
-    resolved = statestore.resolve(workflow.pk, rounds)
-    return [t for round_ in resolved for t in round_ if isinstance(t, dict)]
+    visits = _adaptation_visits(workflow)
+    if rounds is not None:
+        visits = visits[-rounds:] if rounds else []
+    found = []
+    for visit in visits:
+        tasks = statestore.state_at(workflow, visit).get("tasks")
+        found += [t for t in tasks if isinstance(t, dict)] if isinstance(tasks, list) else []
+    return found
 
 
-def all_tasks(workflow: Workflow) -> list[dict[str, Any]]:
-    """Every task: earlier rounds first, then the current one."""
+def earlier_rounds(workflow: Workflow) -> int:
+    """How many earlier rounds there are since the agent last planned from scratch."""
+    return len(_adaptation_visits(workflow))
+
+
+def _adaptation_visits(workflow: Workflow) -> list[int]:
+    rows = Checkpoint.objects.filter(workflow=workflow, node_visit__lt=workflow.node_visit)
+    planned = rows.filter(node="PLANNING").order_by("-node_visit").values_list("node_visit", flat=True).first()
+    return list(rows.filter(node="ADAPTATION", node_visit__gt=planned or 0).order_by("node_visit")
+                .values_list("node_visit", flat=True))
+
+
+def shown_tasks(workflow: Workflow) -> list[dict[str, Any]]:
+    """The tasks of the last EARLIER_ROUNDS_SHOWN earlier rounds, then the current round's."""
     state = statestore.state_of(workflow) if isinstance(workflow.state, dict) else {}
     tasks = state.get("tasks")
-    return [*earlier_tasks(workflow), *(t for t in tasks if isinstance(t, dict))] if isinstance(tasks, list) else []
+    if not isinstance(tasks, list):
+        return []
+    return [*earlier_tasks(workflow, rounds=EARLIER_ROUNDS_SHOWN), *(t for t in tasks if isinstance(t, dict))]
 
 
 def task_rows(workflow: Workflow) -> list[TaskRow]:
-    """The agent's tasks: earlier rounds (``earlier_tasks``), then the current round.
+    """The agent's tasks: the last EARLIER_ROUNDS_SHOWN earlier rounds, then the current round.
 
     The state is written by node handlers from validated model output; anything unexpected in it
     is shown as text rather than trusted.
@@ -65,7 +83,7 @@ def task_rows(workflow: Workflow) -> list[TaskRow]:
     tasks = state.get("tasks")
     if not isinstance(tasks, list):
         return []
-    history = earlier_tasks(workflow)
+    history = earlier_tasks(workflow, rounds=EARLIER_ROUNDS_SHOWN)
     current_round = str(state.get("round", ""))
     executing = workflow.current_node == "EXECUTION" and not workflow.is_terminal
     rows: list[TaskRow] = []
@@ -87,7 +105,7 @@ def task_rows(workflow: Workflow) -> list[TaskRow]:
 def tasks_panel(workflow: Workflow) -> AdminPanel:
     tasks = task_rows(workflow)
     return AdminPanel(template="agents/autonomous/tasks.html", context={
-        "tasks": tasks,
+        "tasks": tasks, "rounds_left_out": max(0, earlier_rounds(workflow) - EARLIER_ROUNDS_SHOWN),
         "task_counts": {status: sum(t.status == status for t in tasks) for status in TASK_STATUS_HELP},
         "task_status_help": TASK_STATUS_HELP,
     })
