@@ -19,12 +19,14 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
+from django.db.models import Sum
+
 from agentops import git as engine_git
 from workflows import statestore
 from workflows.admin.charts import Reading, TimeChart, time_chart
 from workflows.admin.display import usd, when
 from workflows.admin.inspection import duration
-from workflows.models import Activity, Workflow
+from workflows.models import Activity, UsageEntry, Workflow
 from workflows.presentation import AdminPanel
 
 SESSION_ACTIVITIES = ("harness_initialize", "harness_session")
@@ -37,6 +39,12 @@ DECIDING = ("scaffold", "verify", "regression", "verify_all")
 # waits for), at most this many commits a session, each cut at this many bytes (the --stat comes
 # first, so it survives a cut patch); git gets this long before it is killed.
 DIFF_SESSIONS = 10
+# Sessions shown with their timelines on the workflow page; the older ones are counted (agent
+# export-history has every one).
+SESSIONS_SHOWN = 10
+# Of each feature's evidence, the end of its output shown on the board (agent show --json has the
+# whole stored tail).
+BOARD_TAIL_CHARS = 600
 DIFF_MAX_COMMITS = 5
 DIFF_MAX_BYTES = 12_000
 GIT_TIMEOUT_SECONDS = 5.0
@@ -115,12 +123,13 @@ def harness_panels(workflow: Workflow) -> list[AdminPanel]:
               workflow.events.filter(kind="harness.check_ran").order_by("seq").values_list("created_at", "data")]
     features = feature_rows(state)
     sessions = session_views(workflow, state, checks)
+    all_sessions = Activity.objects.filter(workflow=workflow, name__in=SESSION_ACTIVITIES).count()
     counts = Counter(f.status for f in features)
     return [AdminPanel(template="agents/harness/board.html", context={
         "features": features, "counts": {status: counts.get(status, 0) for status in STATUS_HELP},
         "status_help": STATUS_HELP, "chart": passing_chart(workflow, checks, features=[f.id for f in features]),
-        "sessions": sessions, "isolation": isolation_used(workflow, checks),
-        "limits": limits(workflow, state, sessions),
+        "sessions": sessions, "sessions_left_out": all_sessions - len(sessions),
+        "isolation": isolation_used(workflow, checks), "limits": limits(workflow, state),
     })]
 
 
@@ -130,6 +139,10 @@ def feature_rows(state: dict[str, Any]) -> list[FeatureRow]:
         if not isinstance(f, dict):
             continue
         evidence = _object(f.get("evidence"))
+        tail = str(evidence.get("output_tail") or "")
+        if len(tail) > BOARD_TAIL_CHARS:
+            evidence = {**evidence, "output_tail": f"[… {len(tail) - BOARD_TAIL_CHARS:,} characters before: agent show "
+                                                   f"--json has them …]\n{tail[-BOARD_TAIL_CHARS:]}"}
         ms = evidence.get("duration_ms")
         rows.append(FeatureRow(id=str(f.get("id", "")), description=str(f.get("description", "")),
                                status=str(f.get("status") or "failing"), attempts=int(f.get("attempts") or 0),
@@ -168,8 +181,10 @@ def passing_chart(workflow: Workflow, checks: list[CheckRun], *, features: list[
 
 
 def session_views(workflow: Workflow, state: dict[str, Any], checks: list[CheckRun]) -> list[SessionView]:
-    """Every session, newest first: the initializer is session 0, then one per coding session."""
-    activities = list(Activity.objects.filter(workflow=workflow, name__in=SESSION_ACTIVITIES).order_by("pk"))
+    """The newest SESSIONS_SHOWN sessions, newest first (the initializer is session 0, then one per
+    coding session): a page of a 500-feature run costs what one of a 10-feature run does."""
+    newest = Activity.objects.filter(workflow=workflow, name__in=SESSION_ACTIVITIES).order_by("-pk")[:SESSIONS_SHOWN]
+    activities = list(reversed(newest))
     events: dict[str, list[Any]] = defaultdict(list)
     operations = {a.operation_id for a in activities}
     for event in (workflow.events.exclude(kind__in=NOT_SESSION_STEPS)
@@ -334,12 +349,14 @@ def isolation_used(workflow: Workflow, checks: list[CheckRun]) -> dict[str, list
             "commands": sorted(Counter(str(i or "?") for i in commands).items())}
 
 
-def limits(workflow: Workflow, state: dict[str, Any], sessions: list[SessionView]) -> dict[str, Any]:
+def limits(workflow: Workflow, state: dict[str, Any]) -> dict[str, Any]:
     """The run's own limits (launch parameters) and budgets, and what the sessions used of them."""
     params = workflow.params if isinstance(workflow.params, dict) else {}
     return {
         "sessions": int(state.get("sessions") or 0), "max_sessions": params.get("max_sessions"),
         "max_attempts": params.get("max_attempts"), "check_timeout_seconds": params.get("check_timeout_seconds"),
         "budget_total_usd": workflow.budget_total_usd, "budget_hourly_usd": workflow.budget_hourly_usd,
-        "sessions_cost_usd": sum((s.cost_usd for s in sessions), Decimal(0)),
+        # Sessions are what calls the model in a harness run: its charged spend, every session's.
+        "sessions_cost_usd": UsageEntry.objects.filter(workflow=workflow, cost_usd__isnull=False).aggregate(
+            total=Sum("cost_usd"))["total"] or Decimal(0),
     }
