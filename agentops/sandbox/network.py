@@ -5,7 +5,8 @@ localhost:$PORT``) and by the engine's readiness probe, and by nothing else; and
 nothing of the host (PostgreSQL, Redis, the deploy target, the metadata of the machine). So the
 session gets a network namespace of its own, held open by an engine-owned ``bwrap
 --unshare-net`` process (bubblewrap brings its loopback up); services and commands join it with
-``nsenter --net`` before their own bubblewrap, and the engine probes a port from inside it. The
+``nsenter --net`` before their own bubblewrap (a worker that is not root joins the holder's user
+namespace too, which it owns), and the engine probes a port from inside it. The
 holder dies with the worker (``--die-with-parent``) and is stopped when the session closes; with
 it goes the namespace.
 """
@@ -36,6 +37,10 @@ class Network:
 
     holder: subprocess.Popen[bytes]
     pid: int
+    # Set when bubblewrap made a user namespace for the holder (a worker that is not root): the
+    # network is that namespace's, and joining it means joining the user namespace first, which
+    # its owner (this worker's user) may.
+    user_namespace: bool = False
 
     @property
     def path(self) -> str:
@@ -43,7 +48,8 @@ class Network:
 
     def enter(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside this network (before any sandbox of its own)."""
-        return ["nsenter", f"--net={self.path}", "--", *argv]
+        user = [f"--user=/proc/{self.pid}/ns/user", "--preserve-credentials"] if self.user_namespace else []
+        return ["nsenter", *user, f"--net={self.path}", "--", *argv]
 
     def listening(self, port: int) -> bool:
         """Whether something in this network accepts connections on 127.0.0.1:``port``."""
@@ -83,7 +89,11 @@ def network_create(bwrap: str) -> Network:
         _, err = holder.communicate()
         raise NetworkUnavailable(f"bubblewrap could not make a network namespace: "
                                  f"{err.decode(errors='replace').strip()[:300]}") from None
-    network = Network(holder=holder, pid=pid)
+    try:
+        own = os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user")
+    except OSError:
+        own = False
+    network = Network(holder=holder, pid=pid, user_namespace=own)
     check = subprocess.run(network.enter(["true"]), capture_output=True, text=True, timeout=10, check=False)
     if check.returncode != 0:
         network.close()
