@@ -115,7 +115,7 @@ def test_the_page_shows_the_board_the_chart_the_sessions_and_their_commits(compl
     refused = Event.objects.filter(workflow=workflow, kind="harness.tool_refused").order_by("seq").first()
     assert refused is not None
     assert f"{refused.data['tool']} refused" in session(sessions, session_of(workflow, "harness.tool_refused"))
-    assert "Only the newest 10 sessions&#x27; commits are read here" in session(sessions, 0)
+    assert "Only the newest 3 sessions&#x27; commits are read here" in session(sessions, 0)
     assert len(page.encode()) < 400_000
 
 

@@ -92,6 +92,9 @@ def test_a_worker_paused_before_its_post_deploys_nothing_after_cancel(
     assert compensation.result == {"deleted": False, "idempotency_key": deploy.sent_key}
     cluster.wait_for(lambda: ActivityAttempt.objects.filter(activity=deploy, number=1, status="cancelled").exists(),
                      timeout=5, what="attempt 1 to stay cancelled")
+    # The woken worker records its 410 after the POST: on a loaded machine, a moment after the answer.
+    cluster.wait_for(lambda: event_count("activity.stale_result_discarded", workflow_id=wf) >= 1, timeout=30,
+                     what="the woken worker's late result to be discarded")
     assert event_count("activity.stale_result_discarded", workflow_id=wf) == 1
     assert_event_seqs_contiguous([wf])
     figures("10.1 paused before POST, then cancel", sigstop=1, paused_s=f"{paused_s:.1f}",

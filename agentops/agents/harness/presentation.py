@@ -38,10 +38,10 @@ DECIDING = ("scaffold", "verify", "regression", "verify_all")
 # Diffs on the page: those of the newest sessions only (each git call is a process the page
 # waits for), at most this many commits a session, each cut at this many bytes (the --stat comes
 # first, so it survives a cut patch); git gets this long before it is killed.
-DIFF_SESSIONS = 10
+DIFF_SESSIONS = 3
 # Sessions shown with their timelines on the workflow page; the older ones are counted (agent
 # export-history has every one).
-SESSIONS_SHOWN = 10
+SESSIONS_SHOWN = 20
 # Of each feature's evidence, the end of its output shown on the board (agent show --json has the
 # whole stored tail).
 BOARD_TAIL_CHARS = 600
