@@ -260,17 +260,21 @@ def bwrap_argv(bwrap: str, argv: Sequence[str], *, workspace: Path, tmpdir: Path
     return args
 
 
-def command_line(argv: Sequence[str], *, kind: str, workspace: Path, tmpdir: Path, network: Network | None,
-                 limits: resource_limits.Limits, group: resource_limits.Group | None) -> list[str]:
-    """The whole command line of a sandboxed command: limits, then the session's network, then
-    bubblewrap (``kind`` "bwrap"), then ``argv``. Without bubblewrap there is no network of its own."""
+def command_line(argv: Sequence[str], *, kind: str, workspace: Path, tmpdir: Path,
+                 network: Network | None) -> tuple[list[str], resource_limits.Group | None]:
+    """The whole command line of a sandboxed command (limits, then the session's network, then
+    bubblewrap for ``kind`` "bwrap", then ``argv``; without bubblewrap there is no network of its
+    own) and the control group it joins, made here with the settings' limits (None where the worker
+    can make none). The caller removes the group once the command is gone (``Group.remove``)."""
+    limits = resource_limits.Limits.from_settings()
     command = list(argv)
     if kind == "bwrap":
         command = bwrap_argv(bwrap_works()[1], argv, workspace=workspace, tmpdir=tmpdir,
                              shared_network=network is not None, tmp_bytes=limits.tmp_bytes)
         if network is not None:
             command = network.enter(command)
-    return resource_limits.wrap(command, limits, group)
+    group = resource_limits.group_create(limits)
+    return resource_limits.wrap(command, limits, group), group
 
 
 # --- running -------------------------------------------------------------------------------
@@ -296,11 +300,9 @@ def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
     kind = isolation()
     _check_found(argv[0], workspace)
     tmpdir = Path(tempfile.mkdtemp(dir=workspace.parent, prefix=f".{workspace.name}.tmp-"))
-    limits = resource_limits.Limits.from_settings()
-    group = resource_limits.group_create(limits)
+    group: resource_limits.Group | None = None
     try:
-        command = command_line(argv, kind=kind, workspace=workspace, tmpdir=tmpdir, network=network, limits=limits,
-                               group=group)
+        command, group = command_line(argv, kind=kind, workspace=workspace, tmpdir=tmpdir, network=network)
         proc = subprocess.Popen(command, cwd=workspace, env=child_environment(workspace, tmpdir),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -402,6 +404,16 @@ def _exited(proc: subprocess.Popen[bytes]) -> bool:
         return True
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``[0]`` is the state, ``[1]`` the
+    parent, ``[2]`` the process group, ``[19]`` the start time), or None when the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def _signal_group(pgid: int, sig: signal.Signals, *, spare_leader: bool = False) -> None:
     """Signal the command's process group. With ``spare_leader`` (bubblewrap), bwrap itself and
     its PID namespace's init are left out: they would die at once and SIGKILL the command before
@@ -414,14 +426,9 @@ def _signal_group(pgid: int, sig: signal.Signals, *, spare_leader: bool = False)
         return
     members: dict[int, int] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[2]) == pgid:
-                members[int(entry)] = int(fields[1])
+        fields = proc_stat(int(entry)) if entry.isdigit() else None
+        if fields is not None and int(fields[2]) == pgid:
+            members[int(entry)] = int(fields[1])
     for pid, ppid in members.items():
         if pid != pgid and ppid != pgid:
             try:

@@ -170,3 +170,13 @@ def test_a_long_output_keeps_its_start_and_its_end(session):
     body = out.split("\n", 1)[1]
     assert body.startswith("line 000000\nline 000001\n") and body.rstrip().endswith("line 019999")
     assert "bytes of output left out" in body and len(body) < tools.MAX_OUTPUT_CHARS + 200
+
+
+def test_a_service_started_after_another_stopped_never_takes_a_running_ones_port(session):
+    for name in ("a", "b"):
+        assert tools.call(session, "service_start", {"name": name, "command": "python -m http.server {port}"})[0]
+    assert tools.call(session, "service_stop", {"name": "a"})[0]
+    assert tools.call(session, "service_start", {"name": "c", "command": "python -m http.server {port}"})[0]
+    assert session.services["c"].port != session.services["b"].port
+    assert session.services["c"].proc.poll() is None  # it bound its port: nothing else held it
+    session.close()

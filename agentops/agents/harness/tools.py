@@ -330,14 +330,14 @@ def _service_start(session: Session, name: str, command: str) -> tuple[bool, str
             session.network = network_create(sandbox.bwrap_works()[1])
         except NetworkUnavailable as exc:
             return False, f"services cannot start on this worker: {exc}"
-    port = _free_port() if session.network is None else 8000 + len(session.services)
+    # In the session's own network every port is free but those of its running services.
+    port = _free_port() if session.network is None else min(
+        set(range(8000, 8000 + MAX_SERVICES + 1)) - {s.port for s in session.services.values()})
     argv = [part.replace("{port}", str(port)) for part in argv]
     log, tmpdir, records = _service_paths(session.service_dir, name)
     env = {**sandbox.child_environment(session.root, tmpdir), "PORT": str(port)}
-    limits = resource_limits.Limits.from_settings()
-    group = resource_limits.group_create(limits)
-    line = sandbox.command_line(argv, kind=kind, workspace=session.root, tmpdir=tmpdir, network=session.network,
-                                limits=limits, group=group)
+    line, group = sandbox.command_line(argv, kind=kind, workspace=session.root, tmpdir=tmpdir,
+                                       network=session.network)
     with log.open("wb") as out:
         proc = subprocess.Popen(line, cwd=session.root, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -385,11 +385,8 @@ def _record(path: Path, pid: int, group: resource_limits.Group | None) -> None:
 
 def _start_ticks(pid: int) -> int:
     """The start time of process ``pid`` in clock ticks since boot (0 when it is gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(stat[stat.rindex(")") + 2:].split()[19])
+    fields = sandbox.proc_stat(pid)
+    return int(fields[19]) if fields is not None else 0
 
 
 def _service_stop(session: Session, name: str) -> tuple[bool, str]:
