@@ -397,7 +397,8 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": schedule(AGENTOPS_BEAT_INTERVAL_SECONDS),
         "options": {"expires": max(10.0, 5 * AGENTOPS_BEAT_INTERVAL_SECONDS)},
     }
-    for name in ("fire_timers", "redrive_activities", "reap_leases", "redrive_workflows", "enforce_deadlines")
+    for name in ("fire_timers", "redrive_activities", "reap_leases", "redrive_workflows", "enforce_deadlines",
+                 "fire_schedules")
 }
 AGENTOPS_STAGNATION_CHECK_SECONDS = env_int("AGENTOPS_STAGNATION_CHECK_SECONDS", 60)
 CELERY_BEAT_SCHEDULE["check_stagnation"] = {

@@ -51,6 +51,21 @@ def remind_approvals() -> int:
     return sweeps.approval_reminders_schedule()
 
 
+@shared_task(name="agentops.beat.fire_schedules", acks_late=True)
+def fire_schedules() -> int:
+    from workflows.services import schedules
+
+    return schedules.schedules_fire_due()
+
+
+@shared_task(name="agentops.schedules.fire", acks_late=True)
+def fire_schedule(schedule_id: int) -> int:
+    """A schedule's beat entry rings at each occurrence (docs/operators.md, "Schedules")."""
+    from workflows.services import schedules
+
+    return schedules.schedule_fire(schedule_id=schedule_id)
+
+
 @shared_task(name="agentops.beat.archive_histories", acks_late=True)
 def archive_histories() -> int:
     from workflows.services import retention

@@ -11,7 +11,18 @@ from django.db.models import Count, F, Q, QuerySet, Sum
 
 from workflows import clock, engine, registry, statestore
 from workflows.errors import InvalidInput
-from workflows.models import Activity, ApiToken, Event, Installation, Intent, UsageEntry, Wait, Workflow
+from workflows.models import (
+    Activity,
+    ApiToken,
+    Event,
+    Installation,
+    Intent,
+    Schedule,
+    ScheduleOccurrence,
+    UsageEntry,
+    Wait,
+    Workflow,
+)
 from workflows.sql import rows_select
 
 
@@ -275,3 +286,29 @@ def usage_uncertain(*, workflow_id: int | None = None) -> list[dict[str, Any]]:
     return [{"workflow_id": e.workflow_id, "key": e.key, "provider": e.provider, "model": e.model,
              "reserved_usd": str(e.reserved_usd), "created_at": e.created_at.isoformat(), "outcome": e.outcome}
             for e in entries]
+
+
+def schedules() -> Any:
+    return Schedule.objects.order_by("name")
+
+
+def occurrence_summary(occurrence: ScheduleOccurrence) -> dict[str, Any]:
+    return {"at": occurrence.at.isoformat(), "outcome": occurrence.outcome, "workflow_id": occurrence.workflow_id,
+            "reason": occurrence.reason,
+            "triggered_by": occurrence.triggered_by.username if occurrence.triggered_by else None}
+
+
+def schedule_summary(schedule: Schedule) -> dict[str, Any]:
+    """A schedule as `agent schedule list --json` (and the admin) show it."""
+    last = schedule.occurrences.select_related("triggered_by").order_by("-at").first()
+    return {
+        "name": schedule.name, "kind": schedule.kind, "goal": schedule.goal, "params": schedule.params,
+        "cron": schedule.cron, "every_seconds": schedule.every_seconds, "when": schedule.when,
+        "overlap": schedule.overlap, "catch_up_seconds": schedule.catch_up_seconds,
+        "jitter_seconds": schedule.jitter_seconds, "paused": schedule.paused,
+        "created_by": schedule.created_by.username if schedule.created_by else None,
+        "next_due_at": schedule.next_due_at.isoformat(),
+        "buffered_at": _iso(schedule.buffered_at),
+        "launched": schedule.occurrences.filter(outcome=ScheduleOccurrence.Outcome.LAUNCHED).count(),
+        "last_occurrence": occurrence_summary(last) if last else None,
+    }

@@ -2,6 +2,7 @@
 from workflows.models.activities import Activity, ActivityAttempt, Commitment
 from workflows.models.identity import ClientRequest, Installation
 from workflows.models.ledger import ProgressSample, UsageEntry
+from workflows.models.schedules import Schedule, ScheduleOccurrence
 from workflows.models.tokens import ApiToken
 from workflows.models.waits import Signal, Timer, Wait
 from workflows.models.workflow import BehavioralRelease, Checkpoint, Event, Intent, StateBlob, Workflow
@@ -18,6 +19,8 @@ __all__ = [
     "Installation",
     "Intent",
     "ProgressSample",
+    "Schedule",
+    "ScheduleOccurrence",
     "Signal",
     "StateBlob",
     "Timer",

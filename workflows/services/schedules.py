@@ -1,0 +1,322 @@
+"""Schedules: launches that recur (docs/operators.md, "Schedules").
+
+A schedule's occurrences are the times its cron expression (UTC) or its interval (from its
+anchor) names. Each occurrence is handled once: a ``ScheduleOccurrence`` row, unique per
+(schedule, time), is claimed in the same transaction as the launch, under the schedule's row
+lock, so two beats, a restarted beat, a redelivered message and the sweep all launch it once.
+Its beat entry (a django-celery-beat periodic task) rings at each occurrence; the beat sweep
+``fire_schedules`` finds whatever is due besides (a lost message, a jittered occurrence, a
+buffered one whose previous run ended). The database is the truth; both are doorbells.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+from croniter import croniter
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+
+from workflows import clock, registry
+from workflows.errors import InvalidInput, Refused
+from workflows.models import Schedule, ScheduleOccurrence, Workflow
+from workflows.services.cancellation import workflow_cancel
+from workflows.services.common import json_checked, text_checked
+from workflows.services.failures import row_isolated
+from workflows.services.steps import MAX_GOAL_CHARS
+from workflows.services.workflows import workflow_launch
+
+logger = logging.getLogger("agentops.schedules")
+
+FIRE_TASK = "agentops.schedules.fire"
+# An occurrence beat reaches this late still launches without a catch-up window (a beat tick, a
+# busy worker).
+GRACE = timedelta(seconds=60)
+MIN_EVERY_SECONDS = 10
+MAX_EVERY_SECONDS = 366 * 86400
+MAX_WINDOW_SECONDS = 30 * 86400  # catch-up and jitter
+# Occurrences one fire handles at most (a long catch-up window of a short interval); the next
+# fire takes the rest.
+MAX_OCCURRENCES_PER_FIRE = 50
+# Missed occurrences are counted up to this many, then reported as "at least".
+MAX_MISSED_COUNTED = 10_000
+SWEEP_BATCH = 100
+EVERY = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+
+
+def duration_checked(text: str, *, what: str, minimum: int = 0, maximum: int = MAX_WINDOW_SECONDS) -> int:
+    """Seconds of "6h", "90m", "1h30m", "45s", "2d" (or a bare number of seconds)."""
+    text = str(text).strip()
+    match = EVERY.fullmatch(text)
+    if text.isdigit():
+        seconds = int(text)
+    elif text and match and any(match.groups()):
+        days, hours, minutes, secs = (int(g or 0) for g in match.groups())
+        seconds = days * 86400 + hours * 3600 + minutes * 60 + secs
+    else:
+        raise InvalidInput(f"{what} must be a duration such as 6h, 90m, 1h30m, 45s or 2d; got {text[:40]!r}.")
+    if not minimum <= seconds <= maximum:
+        raise InvalidInput(f"{what} must be from {minimum} s to {maximum:,} s; got {text!r} ({seconds:,} s).")
+    return seconds
+
+
+def cron_checked(expression: str) -> str:
+    fields = str(expression).split()
+    if len(fields) != 5 or not croniter.is_valid(" ".join(fields)):
+        raise InvalidInput(f"The cron expression {str(expression)[:120]!r} must have five fields (minute hour "
+                           "day-of-month month day-of-week, in UTC), e.g. \"0 3 * * *\" for 03:00 every day.")
+    return " ".join(fields)
+
+
+def occurrences(schedule: Schedule, *, after: datetime) -> Iterator[datetime]:
+    """The schedule's occurrences strictly after ``after``, in order (without end)."""
+    if schedule.cron:
+        times = croniter(schedule.cron, after, ret_type=datetime)
+        while True:
+            yield times.get_next(datetime)
+    every = timedelta(seconds=schedule.every_seconds or 0)
+    steps = max(0, (after - schedule.anchor_at) // every + 1)
+    at = schedule.anchor_at + steps * every
+    while True:
+        yield at
+        at += every
+
+
+def jitter(schedule: Schedule, at: datetime) -> timedelta:
+    """The occurrence's delay: the same for the same schedule and time in every process."""
+    if not schedule.jitter_seconds:
+        return timedelta(0)
+    digest = hashlib.sha256(f"{schedule.name}\n{at.isoformat()}".encode()).digest()
+    return timedelta(seconds=int.from_bytes(digest[:8], "big") % schedule.jitter_seconds)
+
+
+def _next_due(schedule: Schedule) -> datetime:
+    at = next(occurrences(schedule, after=schedule.handled_until))
+    return at + jitter(schedule, at)
+
+
+def schedule_add(*, name: str, kind: str, goal: str, params: dict[str, Any] | None = None, cron: str = "",
+                 every: str = "", overlap: str = Schedule.Overlap.SKIP, catch_up: str = "0", jitter: str = "0",
+                 user: Any = None) -> Schedule:
+    """Add a schedule and its beat entry (``schedule_checked`` first: a bad value raises
+    InvalidInput with nothing written)."""
+    schedule = schedule_checked(name=name, kind=kind, goal=goal, params=params, cron=cron, every=every,
+                                overlap=overlap, catch_up=catch_up, jitter=jitter, user=user)
+    with transaction.atomic():
+        schedule.save()
+        schedule.periodic_task = _beat_entry(schedule)
+        schedule.save(update_fields=["periodic_task"])
+    return schedule
+
+
+def schedule_checked(*, name: str, kind: str, goal: str, params: dict[str, Any] | None = None, cron: str = "",
+                     every: str = "", overlap: str = Schedule.Overlap.SKIP, catch_up: str = "0", jitter: str = "0",
+                     user: Any = None) -> Schedule:
+    """The schedule these values make, unsaved; every value checked as a launch checks it
+    (InvalidInput names the first that is wrong)."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,80}", str(name)):
+        raise InvalidInput(f"The schedule name must be 1–80 letters, digits, - or _; got {str(name)[:90]!r}.")
+    if Schedule.objects.filter(name=name).exists():
+        raise InvalidInput(f"A schedule named {name!r} exists; remove it first or choose another name.")
+    definition = registry.definition(kind)
+    goal = text_checked(goal, what="The goal", max_length=MAX_GOAL_CHARS)
+    params = json_checked(definition.validate_params(dict(params or {})), what="The parameters")
+    if bool(cron) == bool(every):
+        raise InvalidInput("Give the schedule either --cron \"M H DOM MON DOW\" or --every DURATION (e.g. 6h).")
+    if overlap not in Schedule.Overlap.values:
+        raise InvalidInput(f"Overlap {overlap!r} is not one of {', '.join(Schedule.Overlap.values)}.")
+    every_seconds = duration_checked(every, what="--every", minimum=MIN_EVERY_SECONDS,
+                                     maximum=MAX_EVERY_SECONDS) if every else None
+    jitter_seconds = duration_checked(jitter, what="--jitter")
+    if every_seconds is not None and jitter_seconds >= every_seconds:
+        raise InvalidInput(f"--jitter ({jitter_seconds} s) must be shorter than --every ({every_seconds} s).")
+    now = clock.now().replace(microsecond=0)
+    schedule = Schedule(name=name, kind=kind, goal=goal, params=params, cron=cron_checked(cron) if cron else "",
+                        every_seconds=every_seconds, anchor_at=now, overlap=overlap,
+                        catch_up_seconds=duration_checked(catch_up, what="--catch-up"),
+                        jitter_seconds=jitter_seconds, created_by=user, created_at=now, handled_until=now,
+                        next_due_at=now)
+    schedule.next_due_at = _next_due(schedule)
+    return schedule
+
+
+def _beat_entry(schedule: Schedule) -> PeriodicTask:
+    if schedule.cron:
+        minute, hour, day_of_month, month_of_year, day_of_week = schedule.cron.split()
+        crontab, _ = CrontabSchedule.objects.get_or_create(
+            minute=minute, hour=hour, day_of_month=day_of_month, month_of_year=month_of_year,
+            day_of_week=day_of_week, timezone="UTC")
+        when: dict[str, Any] = {"crontab": crontab}
+    else:
+        interval, _ = IntervalSchedule.objects.get_or_create(every=schedule.every_seconds,
+                                                             period=IntervalSchedule.SECONDS)
+        when = {"interval": interval, "start_time": schedule.anchor_at}
+    return PeriodicTask.objects.create(
+        name=f"agentops schedule {schedule.name}", task=FIRE_TASK, kwargs=json.dumps({"schedule_id": schedule.pk}),
+        enabled=not schedule.paused, description=f"Launches {schedule.kind} for schedule {schedule.name} "
+                                                 "(manage.py agent schedule).", **when)
+
+
+def schedule_named(name: str, *, lock: bool = False) -> Schedule:
+    rows = Schedule.objects.select_for_update(of=("self",)) if lock else Schedule.objects
+    try:
+        return rows.select_related("created_by").get(name=name)
+    except Schedule.DoesNotExist:
+        raise InvalidInput(f"No schedule is named {str(name)[:90]!r} (manage.py agent schedule list).") from None
+
+
+def schedule_pause(*, name: str) -> Schedule:
+    with transaction.atomic():
+        schedule = schedule_named(name, lock=True)
+        schedule.paused = True
+        schedule.save(update_fields=["paused"])
+        PeriodicTask.objects.filter(pk=schedule.periodic_task_id).update(enabled=False)
+        _beat_changed()
+    return schedule
+
+
+def schedule_resume(*, name: str) -> Schedule:
+    """Resume from the next occurrence: those that passed while it was paused are not launched."""
+    with transaction.atomic():
+        schedule = schedule_named(name, lock=True)
+        if schedule.paused:
+            schedule.paused = False
+            schedule.handled_until = max(schedule.handled_until, clock.now())
+            schedule.next_due_at = _next_due(schedule)
+            schedule.save(update_fields=["paused", "handled_until", "next_due_at"])
+            PeriodicTask.objects.filter(pk=schedule.periodic_task_id).update(enabled=True)
+            _beat_changed()
+    return schedule
+
+
+def schedule_remove(*, name: str) -> None:
+    """Remove the schedule and its beat entry; the workflows it launched go on."""
+    with transaction.atomic():
+        schedule = schedule_named(name, lock=True)
+        PeriodicTask.objects.filter(pk=schedule.periodic_task_id).delete()
+        schedule.delete()
+
+
+def _beat_changed() -> None:
+    """A queryset update sends no signal: tell the database scheduler its entries changed."""
+    from django_celery_beat.models import PeriodicTasks
+
+    PeriodicTasks.update_changed()
+
+
+def schedule_trigger(*, name: str, user: Any = None) -> ScheduleOccurrence:
+    """An occurrence now, asked by a person (a paused schedule too), under the overlap policy."""
+    with transaction.atomic():
+        schedule = schedule_named(name, lock=True)
+        return _handle(schedule, clock.now(), now=clock.now(), triggered_by=user)
+
+
+def schedule_fire(*, schedule_id: int) -> int:
+    """Handle what is due of one schedule: a buffered occurrence whose previous run ended, then each
+    occurrence whose time (and jitter) has come; returns how many workflows it launched."""
+    now = clock.now()
+    launched = 0
+    with transaction.atomic():
+        schedule = Schedule.objects.select_for_update().filter(pk=schedule_id).first()
+        if schedule is None or schedule.paused:
+            return 0
+        if schedule.buffered_at is not None and _live_run(schedule) is None:
+            buffered, schedule.buffered_at = schedule.buffered_at, None
+            ScheduleOccurrence.objects.filter(schedule=schedule, at=buffered).delete()  # its BUFFERED row
+            launched += _handle(schedule, buffered, now=now).outcome == ScheduleOccurrence.Outcome.LAUNCHED
+        _record_missed(schedule, now)
+        for _ in range(MAX_OCCURRENCES_PER_FIRE):
+            at = next(occurrences(schedule, after=schedule.handled_until))
+            if at + jitter(schedule, at) > now:
+                break
+            launched += _handle(schedule, at, now=now).outcome == ScheduleOccurrence.Outcome.LAUNCHED
+            schedule.handled_until = at
+        schedule.next_due_at = _next_due(schedule)
+        schedule.save(update_fields=["handled_until", "next_due_at", "buffered_at"])
+    return launched
+
+
+def _record_missed(schedule: Schedule, now: datetime) -> None:
+    """Occurrences due (jitter included) before the catch-up window (beat was not running) are
+    not launched: one MISSED row, at the newest of them, counts them."""
+    window_start = now - GRACE - timedelta(seconds=schedule.catch_up_seconds)
+    missed, last = 0, None
+    for at in occurrences(schedule, after=schedule.handled_until):
+        if at + jitter(schedule, at) >= window_start or missed >= MAX_MISSED_COUNTED:
+            break
+        missed, last = missed + 1, at
+    if last is None:
+        return
+    more = "at least " if missed >= MAX_MISSED_COUNTED else ""
+    ScheduleOccurrence.objects.get_or_create(schedule=schedule, at=last, defaults={
+        "outcome": ScheduleOccurrence.Outcome.MISSED, "recorded_at": now,
+        "reason": f"{more}{missed} occurrence{'s' if missed > 1 else ''} up to this one passed more than "
+                  f"{schedule.catch_up_seconds} s (the catch-up window) + {GRACE.seconds} s before beat reached "
+                  "them: not launched."})
+    logger.warning("schedule.missed", extra={"schedule": schedule.name, "missed": missed, "until": last.isoformat()})
+    schedule.handled_until = last
+
+
+def _live_run(schedule: Schedule) -> Workflow | None:
+    newest = (ScheduleOccurrence.objects.filter(schedule=schedule, outcome=ScheduleOccurrence.Outcome.LAUNCHED,
+                                                workflow__isnull=False)
+              .select_related("workflow").order_by("-at").first())
+    workflow = newest.workflow if newest is not None else None
+    return workflow if workflow is not None and not workflow.is_terminal else None
+
+
+def _handle(schedule: Schedule, at: datetime, *, now: datetime, triggered_by: Any = None) -> ScheduleOccurrence:
+    """One occurrence under the overlap policy; claimed first, so a second fire of it does nothing."""
+    try:
+        with transaction.atomic():
+            occurrence = ScheduleOccurrence.objects.create(schedule=schedule, at=at, triggered_by=triggered_by,
+                                                           outcome=ScheduleOccurrence.Outcome.LAUNCHED,
+                                                           recorded_at=now)
+    except IntegrityError:
+        return ScheduleOccurrence.objects.get(schedule=schedule, at=at)  # handled before
+    live = _live_run(schedule) if schedule.overlap != Schedule.Overlap.ALLOW_ALL else None
+    if live is not None and schedule.overlap == Schedule.Overlap.SKIP:
+        return _ended(occurrence, ScheduleOccurrence.Outcome.SKIPPED, f"workflow {live.pk} was {live.status}")
+    if live is not None and schedule.overlap == Schedule.Overlap.BUFFER_ONE:
+        if schedule.buffered_at is not None:
+            ScheduleOccurrence.objects.filter(schedule=schedule, at=schedule.buffered_at).update(
+                outcome=ScheduleOccurrence.Outcome.REPLACED,
+                reason=f"the occurrence at {at.isoformat()} took its place")
+        schedule.buffered_at = at
+        return _ended(occurrence, ScheduleOccurrence.Outcome.BUFFERED, f"waits for workflow {live.pk} to end")
+    if live is not None and schedule.overlap == Schedule.Overlap.CANCEL_PREVIOUS:
+        workflow_cancel(workflow_id=live.pk, reason=f"schedule {schedule.name}: the occurrence at "
+                                                    f"{at.isoformat()} replaces it", user=triggered_by)
+    try:
+        with transaction.atomic():
+            workflow = workflow_launch(kind=schedule.kind, goal=schedule.goal, params=schedule.params,
+                                       user=triggered_by or schedule.created_by)
+    except (InvalidInput, Refused) as exc:
+        logger.warning("schedule.launch_refused", extra={"schedule": schedule.name, "reason": str(exc)})
+        return _ended(occurrence, ScheduleOccurrence.Outcome.FAILED, str(exc))
+    occurrence.workflow = workflow
+    occurrence.save(update_fields=["workflow"])
+    logger.info("schedule.launched", extra={"schedule": schedule.name, "at": at.isoformat(),
+                                            "workflow_id": workflow.pk})
+    return occurrence
+
+
+def _ended(occurrence: ScheduleOccurrence, outcome: str, reason: str) -> ScheduleOccurrence:
+    occurrence.outcome, occurrence.reason = outcome, reason
+    occurrence.save(update_fields=["outcome", "reason"])
+    return occurrence
+
+
+def schedules_fire_due() -> int:
+    """The beat sweep: every schedule with an occurrence due or a buffered one waiting."""
+    now = clock.now()
+    due = (Schedule.objects.filter(paused=False).filter(Q(next_due_at__lte=now) | Q(buffered_at__isnull=False))
+           .order_by("next_due_at").values_list("pk", flat=True)[:SWEEP_BATCH])
+    return sum(row_isolated("fire_schedules", pk, lambda pk: schedule_fire(schedule_id=pk),
+                            workflow_id=lambda pk: None) for pk in list(due))
