@@ -28,6 +28,8 @@ errorlog = "-"
 access_log_format = '%(h)s "%(r)s" %(s)s %(B)s %(M)sms rid=%({x-request-id}o)s'
 # Preloaded: the app and its settings load once, before the fork; a broken setting stops the start.
 preload_app = True
+# gunicorn 27's control socket (gunicornc) is not used; off, so that hosts running several do not share one.
+control_socket_disable = True
 
 
 def post_fork(server: object, worker: object) -> None:

@@ -5,11 +5,12 @@ decimal places than the column keeps). The services check again: the command lin
 reach them without these schemas."""
 from __future__ import annotations
 
+import re
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
-from pydantic import ConfigDict, StrictFloat, StrictInt
+from pydantic import BeforeValidator, ConfigDict, StrictFloat, StrictInt, WithJsonSchema
 
 from workflows.models import Wait, Workflow
 from workflows.services.steps import MAX_GOAL_CHARS, MAX_HOURS, Outcome
@@ -18,10 +19,36 @@ from workflows.services.steps import MAX_GOAL_CHARS, MAX_HOURS, Outcome
 TEXT = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
 KIND = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,59}$"
 MODEL_NAME = r"^([A-Za-z0-9][A-Za-z0-9._:-]{0,119})?$"
-SIGNAL_NAME = r"^[^\x00-\x1f\x7f\s][^\x00-\x1f\x7f]{0,99}$"
+# What str.strip() removes, spelt out: JSON Schema's (ECMA) \s and Python's differ (U+0085).
+SPACE = r"\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# Text with something in it besides spaces (the services strip it and refuse it empty).
+FILLED_TEXT = rf"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*[^{SPACE}][^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
+SIGNAL_NAME = rf"^[^{SPACE}][^\x00-\x1f\x7f]{{0,99}}$"
 DEDUPE_KEY = r"^[^\x00-\x1f\x7f]{0,200}$"
 
 StatusName = Literal[tuple(Workflow.Status.values)]  # type: ignore[valid-type]
+
+
+# A budget as the column keeps it (12 digits, 4 after the point): positive, under 10^8, at most 4
+# decimal places, as a JSON number or a decimal string. Stated in the document as JSON Schema can
+# (multipleOf, a pattern), and checked exactly by pydantic (max_digits, decimal_places).
+AMOUNT_SCHEMA: dict[str, Any] = {"anyOf": [
+    {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 100_000_000, "multipleOf": 0.0001},
+    {"type": "string", "pattern": r"^(?=.*[1-9])[0-9]{1,8}(\.[0-9]{1,4})?$"},
+]}
+AMOUNT_TEXT = re.compile(AMOUNT_SCHEMA["anyOf"][1]["pattern"])
+
+
+def amount_as_given(value: Any) -> Any:
+    """A decimal string exactly as the document states it ("12.50"; not " 1", "+1", "1e2" or "1.00000"),
+    a number that is not a boolean; pydantic then checks the range and the precision."""
+    if isinstance(value, bool) or (isinstance(value, str) and not AMOUNT_TEXT.fullmatch(value)):
+        raise ValueError("must be a positive amount of USD under 10^8 with at most 4 decimal places, as a number or "
+                         "a decimal string such as \"12.50\"")
+    return value
+
+
+Amount = Annotated[Decimal, BeforeValidator(amount_as_given), WithJsonSchema(AMOUNT_SCHEMA)]
 
 
 def amount(description: str) -> Any:
@@ -36,14 +63,14 @@ class Body(Schema):
 
 class LaunchIn(Body):
     kind: str = Field(pattern=KIND, description="workflow kind, e.g. release", examples=["release"])
-    goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, pattern=TEXT,
+    goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, pattern=FILLED_TEXT,
                       description="what the agent should achieve", examples=["Publish release notes"])
     params: dict[str, str] = Field(default_factory=dict, description="launch parameters, as `--param KEY=VALUE`",
                                    examples=[{"repo": "/srv/repo", "test_command": "make test"}])
     max_hours: StrictFloat | StrictInt | None = Field(default=None, gt=0, le=MAX_HOURS,
                                                       description="time limit; past it the workflow is cancelled")
-    budget_total_usd: Decimal | None = amount("total model spend allowed (USD, at most 4 decimal places)")
-    budget_hourly_usd: Decimal | None = amount("model spend allowed per hour (USD, at most 4 decimal places)")
+    budget_total_usd: Amount | None = amount("total model spend allowed (USD, at most 4 decimal places)")
+    budget_hourly_usd: Amount | None = amount("model spend allowed per hour (USD, at most 4 decimal places)")
     priority: StrictInt = Field(default=5, ge=0, le=10, description="0–10; 9 and above may pass the hourly budget")
     stagnation_policy: Literal[tuple(Workflow.StagnationPolicy.values)] = Field(  # type: ignore[valid-type]
         default=Workflow.StagnationPolicy.RECORD, description="what a stagnating workflow does")
@@ -74,7 +101,7 @@ class SignalIn(Body):
 
 
 class SupersedeIn(Body):
-    goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, pattern=TEXT,
+    goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, pattern=FILLED_TEXT,
                       description="the new goal; it becomes the next intent version")
 
 
@@ -83,8 +110,11 @@ class CancelIn(Body):
 
 
 class BudgetIn(Body):
-    total_usd: Decimal | None = amount("the new total budget (USD, at most 4 decimal places)")
-    hourly_usd: Decimal | None = amount("the new hourly budget (USD, at most 4 decimal places)")
+    """One of the two, or both; a limit cannot be removed (null is refused)."""
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "anyOf": [{"required": ["total_usd"]}, {"required": ["hourly_usd"]}]})
+    total_usd: Amount = amount("the new total budget (USD, at most 4 decimal places)")
+    hourly_usd: Amount = amount("the new hourly budget (USD, at most 4 decimal places)")
 
 
 class WebhookIn(Schema):

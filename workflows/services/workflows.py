@@ -334,7 +334,7 @@ def _signal_deliver(*, workflow_id: int, name: str, payload: Any, dedupe_key: st
     if max_key is not None and len(dedupe_key) > max_key:
         raise InvalidInput(f"The dedupe key is {len(dedupe_key)} characters long; the limit is {max_key}. "
                            "Send a shorter key, e.g. a hash of this one.")
-    if not dedupe_key.isprintable():
+    if any(c < " " or c == "\x7f" for c in dedupe_key):
         raise InvalidInput("The dedupe key holds a control character (NUL, a line break…); send printable text.")
     workflow = workflow_lock(workflow_id)
     keys = Signal.objects.filter(workflow=workflow)
