@@ -74,8 +74,9 @@ def refused_log(request: HttpRequest, status: int, message: str, *, event: str =
                 source: str = "", workflow_id: Any = None, error: str = "", into: logging.Logger = logger) -> None:
     """One line per refusal: its status and reason, who sent it (the token's user, or a webhook's
     source) and the workflow it named, so an operator can answer "why was my call refused?"."""
-    if workflow_id is None:
-        workflow_id = (getattr(request, "resolver_match", None) and request.resolver_match.kwargs.get("workflow_id"))
+    match = getattr(request, "resolver_match", None)
+    if workflow_id is None and match is not None:
+        workflow_id = match.kwargs.get("workflow_id")
     user = getattr(request, "auth", None)
     log = into.warning if status < 500 else into.error
     log(event, extra={"status": status, "reason": message[:300], "method": request.method,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from ninja import Field, Schema
 from pydantic import BeforeValidator, ConfigDict, StrictFloat, StrictInt, WithJsonSchema
@@ -26,7 +26,10 @@ FILLED_TEXT = rf"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*[^{SPACE}][^\x00-\x08\x0b\x0c\x0
 SIGNAL_NAME = rf"^[^{SPACE}][^\x00-\x1f\x7f]{{0,99}}$"
 DEDUPE_KEY = r"^[^\x00-\x1f\x7f]{0,200}$"
 
-StatusName = Literal[tuple(Workflow.Status.values)]  # type: ignore[valid-type]
+if TYPE_CHECKING:
+    StatusName = str
+else:  # an enum in the document, from the model's choices
+    StatusName = Literal[tuple(Workflow.Status.values)]
 
 
 # A budget as the column keeps it (12 digits, 4 after the point): positive, under 10^8, at most 4

@@ -199,7 +199,7 @@ def amount_checked(value: Decimal | None, *, what: str) -> Decimal | None:
     if value is None:
         return None
     field = Workflow._meta.get_field("budget_total_usd")
-    places, digits = field.decimal_places, field.max_digits  # type: ignore[attr-defined]
+    places, digits = field.decimal_places, field.max_digits
     limit = Decimal(10) ** (digits - places)
     if not isinstance(value, Decimal) or not value.is_finite() or not Decimal(0) < value < limit:
         raise InvalidInput(f"{what} must be a positive amount of USD under {limit:,}; got {value}; "
