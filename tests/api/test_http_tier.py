@@ -237,3 +237,31 @@ def test_the_command_line_refuses_out_of_range_numbers() -> None:
         with pytest.raises(CommandError, match=r"must be at (least|most)") as refused:
             call_command("agent", *args, stdout=StringIO())
         assert refused.value.returncode == 2
+
+
+def test_a_stream_keeps_its_request_id_while_it_runs_and_is_closed_with_the_response(rf: Any) -> None:
+    """A live stream (server-sent events) is iterated after the middleware returned: its log lines keep
+    the request's id, and closing the response closes the stream's generator."""
+    from django.http import StreamingHttpResponse
+
+    from agentops.logs import REQUEST_ID
+    from workflows.api.middleware import ApiMiddleware
+
+    seen, closed = [], []
+
+    def events() -> Any:
+        try:
+            for n in range(2):
+                seen.append(REQUEST_ID.get())
+                yield f"data: {n}\n\n".encode()
+        finally:
+            closed.append(True)
+
+    response = ApiMiddleware(lambda request: StreamingHttpResponse(events(), content_type="text/event-stream"))(
+        rf.get("/api/stream", HTTP_X_REQUEST_ID="stream-request-1"))
+    assert response["X-Request-Id"] == "stream-request-1"
+    iterator = iter(response)
+    next(iterator)
+    response.close()
+    assert seen == ["stream-request-1"] and closed == [True]
+    assert REQUEST_ID.get() == "-"

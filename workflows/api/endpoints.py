@@ -71,8 +71,8 @@ EVENTS_SHOWN = Query(50, ge=0, le=paging.MAX_PAGE, description=f"how many recent
                      "older ones: GET /api/workflows/{id}/events")
 EVENT_KIND_FILTER = Query("", max_length=60, pattern=r"^[A-Za-z0-9_.-]*$",
                           description="only events of this kind, e.g. wait.opened")
-WEBHOOK_SOURCE = Path(..., max_length=60, pattern=r"^[\w.-]+$",
-                      description="the source, as in AGENTOPS_WEBHOOK_SECRETS")
+WEBHOOK_SOURCE = Path(..., max_length=40, pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+                      description="the source, as named in AGENTOPS_WEBHOOK_SECRETS", examples=["ci"])
 SIGNAL_NAME_PATH = Path(..., pattern=SIGNAL_NAME, description="the signal's name")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from django.conf import settings
 from django.core.exceptions import BadRequest, PermissionDenied, RequestDataTooBig, SuspiciousOperation
@@ -109,6 +109,19 @@ def unsupported_body(request: HttpRequest) -> HttpResponse | None:
                  "nothing was changed.", 415)
 
 
+def with_request_id(chunks: Iterable[bytes], request_id: str) -> Iterator[bytes]:
+    iterator = iter(chunks)
+    while True:
+        token = REQUEST_ID.set(request_id)
+        try:
+            chunk = next(iterator)
+        except StopIteration:
+            return
+        finally:
+            REQUEST_ID.reset(token)
+        yield chunk
+
+
 class ApiMiddleware:
     """Request ids for every request; for ``/api``, the one error shape for whatever Django or ninja answers."""
 
@@ -127,6 +140,9 @@ class ApiMiddleware:
         finally:
             REQUEST_ID.reset(token)
         response[REQUEST_ID_HEADER] = request_id
+        if response.streaming and not getattr(response, "is_async", False):
+            # A stream (server-sent events) runs after this returns: its log lines keep the id too.
+            response.streaming_content = with_request_id(response.streaming_content, request_id)  # type: ignore[attr-defined]
         return response
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:

@@ -28,7 +28,8 @@ def workflow_lock(workflow_id: int) -> Workflow:
 
 
 def workflow_not_found(workflow_id: int) -> NotFound:
-    return NotFound(f"Workflow {workflow_id} does not exist; `manage.py agent list` shows the existing ones.",
+    return NotFound(f"Workflow {workflow_id} does not exist; `manage.py agent list` (GET /api/workflows) shows "
+                    "the existing ones.",
                     workflow_id=workflow_id)
 
 
