@@ -265,3 +265,26 @@ def test_a_stream_keeps_its_request_id_while_it_runs_and_is_closed_with_the_resp
     response.close()
     assert seen == ["stream-request-1"] and closed == [True]
     assert REQUEST_ID.get() == "-"
+
+
+def test_the_openapi_document_types_every_answer_and_states_the_limits(client: Any) -> None:
+    """Finding 4: every 2xx body was an open object, no limit was stated, the webhook route was missing."""
+    doc = client.get("/api/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            for status, answer in operation["responses"].items():
+                schema = answer["content"]["application/json"]["schema"]
+                assert "$ref" in schema, (method, path, status, schema)
+                if int(status) >= 400:
+                    assert schema == {"$ref": "#/components/schemas/ErrorOut"}
+    launch = schemas["LaunchIn"]["properties"]
+    assert (launch["priority"]["minimum"], launch["priority"]["maximum"], launch["priority"]["type"]) == (0, 10, "integer")
+    assert launch["stagnation_policy"]["enum"] and launch["goal"]["maxLength"] == 10_000
+    assert launch["budget_total_usd"]["anyOf"][0]["anyOf"][0]["multipleOf"] == 0.0001
+    listing = {p["name"]: p["schema"] for p in doc["paths"]["/api/workflows"]["get"]["parameters"]}
+    assert listing["limit"]["maximum"] == 200 and "enum" in str(listing["status"])
+    hook = doc["paths"]["/api/hooks/{source}/workflows/{workflow_id}/signals/{name}"]["post"]
+    assert {p["name"] for p in hook["parameters"]} >= {"X-Agentops-Signature", "X-Agentops-Delivery"}
+    assert hook["requestBody"]["content"]["application/json"]["example"]
+    assert schemas["ResultOut"]["properties"]["outcome"]["enum"]
