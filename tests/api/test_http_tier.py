@@ -279,7 +279,8 @@ def test_the_openapi_document_types_every_answer_and_states_the_limits(client: A
                 if int(status) >= 400:
                     assert schema == {"$ref": "#/components/schemas/ErrorOut"}
     launch = schemas["LaunchIn"]["properties"]
-    assert (launch["priority"]["minimum"], launch["priority"]["maximum"], launch["priority"]["type"]) == (0, 10, "integer")
+    priority = launch["priority"]
+    assert (priority["minimum"], priority["maximum"], priority["type"]) == (0, 10, "integer")
     assert launch["stagnation_policy"]["enum"] and launch["goal"]["maxLength"] == 10_000
     assert launch["budget_total_usd"]["anyOf"][0]["anyOf"][0]["multipleOf"] == 0.0001
     listing = {p["name"]: p["schema"] for p in doc["paths"]["/api/workflows"]["get"]["parameters"]}
