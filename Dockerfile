@@ -30,4 +30,5 @@ RUN useradd --create-home --uid 10001 agentops \
 USER agentops
 
 EXPOSE 8000 5555
-CMD ["python", "manage.py", "runserver", "0.0.0.0:8000"]
+# The web tier (agentops/gunicorn.py); compose gives every other process its own command.
+CMD ["gunicorn", "-c", "python:agentops.gunicorn"]

@@ -83,6 +83,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A request id on every request and log line; the one JSON error shape for all of /api.
+    "workflows.api.middleware.ApiMiddleware",
     # The admin's CSS and scripts, served by the app itself whatever DJANGO_DEBUG says.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -164,13 +166,37 @@ STATIC_URL = "static/"
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
+# Every line carries the request id of its request (agentops/logs.py); AGENTOPS_LOG_FORMAT=json writes
+# one JSON object a line, extras as keys. django.request is configured too: with DEBUG off Django logs a
+# 5xx of a page (the admin's) with its traceback there, and nowhere when no handler is set.
+AGENTOPS_LOG_FORMAT = env_str("AGENTOPS_LOG_FORMAT", "plain")
+if AGENTOPS_LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"AGENTOPS_LOG_FORMAT={AGENTOPS_LOG_FORMAT!r} is not plain or json.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"agentops": {"handlers": ["console"], "level": env_str("AGENTOPS_LOG_LEVEL", "WARNING")}},
+    "filters": {"request_id": {"()": "agentops.logs.RequestIdFilter"}},
+    "formatters": {
+        "plain": {"()": "agentops.logs.PlainFormatter",
+                  "format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
+        "json": {"()": "agentops.logs.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": AGENTOPS_LOG_FORMAT,
+                             "filters": ["request_id"]}},
+    "loggers": {
+        "agentops": {"handlers": ["console"], "level": env_str("AGENTOPS_LOG_LEVEL", "WARNING")},
+        "django.request": {"handlers": ["console"], "level": "ERROR", "propagate": False},
+    },
 }
+# The web tier (gunicorn, agentops/gunicorn.py): worker processes, and threads per process (gthread).
+# Each thread keeps one database connection (CONN_MAX_AGE), so a web host holds at most
+# workers × threads of them; a live stream (server-sent events) holds its thread while it is open.
+AGENTOPS_WEB_WORKERS = env_int("AGENTOPS_WEB_WORKERS", 2)
+AGENTOPS_WEB_THREADS = env_int("AGENTOPS_WEB_THREADS", 16)
+AGENTOPS_WEB_BIND = env_str("AGENTOPS_WEB_BIND", "0.0.0.0:8000")
+AGENTOPS_WEB_TIMEOUT_SECONDS = env_int("AGENTOPS_WEB_TIMEOUT_SECONDS", 60)
+if AGENTOPS_WEB_WORKERS < 1 or AGENTOPS_WEB_THREADS < 1:
+    raise ImproperlyConfigured("AGENTOPS_WEB_WORKERS and AGENTOPS_WEB_THREADS must be at least 1.")
 
 # --- Celery: a broker message is a doorbell; the database holds the truth. ---
 BROKER_DIR = VAR_DIR / "broker"

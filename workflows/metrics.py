@@ -2,7 +2,9 @@
 
 The database is the only truth, and workers come and go: so every figure is an aggregate over
 the durable rows at scrape time (a few grouped queries), the same for every worker and beat,
-with no per-process counters to lose on a restart. Protected by a bearer token
+with no per-process counters to lose on a restart. Counters and histograms count every row ever
+recorded (docs/operators.md, "Metrics"): a history archived by retention takes its model.called
+events out of ``agentops_model_call_seconds``, which Prometheus reads as a counter reset. Protected by a bearer token
 (AGENTOPS_METRICS_TOKEN); without one the endpoint is off (404).
 """
 from __future__ import annotations
@@ -13,27 +15,47 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, FloatField, Min, Sum
+from django.db.models import Count, DurationField, ExpressionWrapper, F, FloatField, Min, Q, Sum
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from workflows import clock
+from workflows import clock, registry
 from workflows.models import Activity, ActivityAttempt, Event, UsageEntry, Wait, Workflow
 
-RECENT = timedelta(hours=1)  # the window of the latency summaries
+# Upper bounds (seconds) of the latency histograms: an activity attempt (a tool run, a model turn, a
+# test suite: up to the hour) and one model call.
+ATTEMPT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+MODEL_CALL_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+FINISHED_ATTEMPT = [s for s in ActivityAttempt.Status.values if s != ActivityAttempt.Status.RUNNING]
+# A model request's ledger row ends charged, released (an error: not billed) or uncertain (no answer
+# seen: counted at its estimate until settled, when it becomes charged or released).
+SETTLED_CALL = [UsageEntry.Status.CHARGED, UsageEntry.Status.RELEASED, UsageEntry.Status.UNCERTAIN]
+TOKEN_FIELDS = {"input": "input_tokens", "output": "output_tokens", "cache_read": "cache_read_tokens",
+                "cache_write": "cache_write_tokens"}
 
 
 class DatabaseCollector:
-    """Collects every agentops metric from the durable rows."""
+    """Collects every agentops metric from the durable rows.
+
+    Counters (``_total``) and histograms count every row ever recorded, so ``rate()`` and
+    ``increase()`` read them as Prometheus means: they only grow, whichever process scrapes. Each
+    label set a counter or gauge can take is present, at 0 when nothing has happened yet (every kind
+    and activity this host registers, every status), so an alert on a series sees 0, not "no data".
+    """
 
     def collect(self) -> Iterator[Metric]:
         now = clock.now()
+        kinds = sorted(set(registry.definition_kinds()) | set(Workflow.objects.values_list("kind", flat=True)
+                                                              .distinct()))
         workflows = GaugeMetricFamily("agentops_workflows", "Workflows by kind and status.", labels=["kind", "status"])
-        for row in Workflow.objects.values("kind", "status").annotate(n=Count("pk")):
-            workflows.add_metric([row["kind"], row["status"]], row["n"])
+        counted = {(r["kind"], r["status"]): r["n"] for r in Workflow.objects.values("kind", "status").annotate(
+            n=Count("pk"))}
+        for kind in kinds:
+            for status in Workflow.Status.values:
+                workflows.add_metric([kind, status], counted.get((kind, status), 0))
         yield workflows
 
         failing = Workflow.objects.filter(handler_failures__gt=0).exclude(status__in=Workflow.TERMINAL).count()
@@ -46,60 +68,113 @@ class DatabaseCollector:
                                 "Unfinished workflows flagged as stagnating within the stagnation window.",
                                 value=stagnating)
 
+        names = sorted({a.name for a in registry.activity_types()}
+                       | set(Activity.objects.values_list("name", flat=True).distinct()))
         activities = GaugeMetricFamily("agentops_activities", "Activities by name and status.",
                                        labels=["name", "status"])
-        for row in Activity.objects.values("name", "status").annotate(n=Count("pk")):
-            activities.add_metric([row["name"], row["status"]], row["n"])
+        counted = {(r["name"], r["status"]): r["n"] for r in Activity.objects.values("name", "status").annotate(
+            n=Count("pk"))}
+        for name in names:
+            for status in Activity.Status.values:
+                activities.add_metric([name, status], counted.get((name, status), 0))
         yield activities
 
-        attempts = GaugeMetricFamily("agentops_activity_attempts", "Activity attempts by name and outcome "
-                                     "(running, succeeded, failed, lost, stale, cancelled); attempts beyond the "
-                                     "first are retries.", labels=["name", "status"])
-        for row in ActivityAttempt.objects.values("activity__name", "status").annotate(n=Count("pk")):
-            attempts.add_metric([row["activity__name"], row["status"]], row["n"])
-        yield attempts
-
-        yield self._attempt_durations(now)
-        yield self._model_call_latency(now)
+        yield from self._attempts(names)
+        yield from self._model_calls()
         yield from self._waits(now)
 
-        spend = GaugeMetricFamily("agentops_model_spend_usd", "Model spend in the usage ledger, by ledger status "
-                                  "(charged: billed; reserved: held for a call in flight; uncertain: outcome unknown, "
-                                  "counted at its estimate).", labels=["status"])
-        for row in UsageEntry.objects.values("status").annotate(charged=Sum("cost_usd"), held=Sum("reserved_usd")):
-            amount = row["charged"] if row["status"] == UsageEntry.Status.CHARGED else row["held"]
-            spend.add_metric([row["status"]], float(amount or 0))
-        yield spend
+    def _attempts(self, names: list[str]) -> Iterator[Metric]:
+        attempts = CounterMetricFamily("agentops_activity_attempts", "Finished activity attempts by name and outcome "
+                                       "(succeeded, failed, lost, stale, cancelled); attempts beyond an activity's "
+                                       "first are retries.", labels=["name", "status"])
+        running = GaugeMetricFamily("agentops_activity_attempts_running", "Activity attempts running now, by name.",
+                                    labels=["name"])
+        counted = {(r["activity__name"], r["status"]): r["n"]
+                   for r in ActivityAttempt.objects.values("activity__name", "status").annotate(n=Count("pk"))}
+        for name in names:
+            for status in FINISHED_ATTEMPT:
+                attempts.add_metric([name, status], counted.get((name, status), 0))
+            running.add_metric([name], counted.get((name, ActivityAttempt.Status.RUNNING), 0))
+        yield attempts
+        yield running
 
-    def _attempt_durations(self, now: Any) -> Metric:
-        summary = SummaryMetricFamily("agentops_activity_attempt_seconds",
-                                      "Duration of activity attempts finished in the last hour.", labels=["name"])
         duration = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
-        recent = ActivityAttempt.objects.filter(finished_at__gt=now - RECENT)
-        for row in recent.values("activity__name").annotate(n=Count("pk"), total=Sum(duration)):
-            total = row["total"].total_seconds() if row["total"] is not None else 0.0
-            summary.add_metric([row["activity__name"]], count_value=row["n"], sum_value=total)
-        return summary
+        finished = ActivityAttempt.objects.filter(finished_at__isnull=False).annotate(duration=duration)
+        histogram = HistogramMetricFamily("agentops_activity_attempt_seconds", "Duration of finished activity "
+                                          "attempts.", labels=["name"])
+        rows = {r["activity__name"]: r for r in finished.values("activity__name").annotate(
+            n=Count("pk"), total=Sum("duration"),
+            **{f"le{i}": Count("pk", filter=Q(duration__lte=timedelta(seconds=b)))
+               for i, b in enumerate(ATTEMPT_BUCKETS)})}
+        for name in names:
+            row = rows.get(name, {})
+            total = row.get("total")
+            histogram.add_metric([name], buckets=self._buckets(row, ATTEMPT_BUCKETS),
+                                 sum_value=total.total_seconds() if total is not None else 0.0)
+        yield histogram
 
-    def _model_call_latency(self, now: Any) -> Metric:
-        summary = SummaryMetricFamily("agentops_model_call_seconds",
-                                      "Latency of model calls answered in the last hour (model.called events).",
-                                      labels=["model"])
+    def _model_calls(self) -> Iterator[Metric]:
+        models = sorted(set(UsageEntry.objects.values_list("model", flat=True).distinct()))
+        calls = CounterMetricFamily("agentops_model_calls", "Model requests by model and ledger outcome (charged; "
+                                    "released: answered with an error or never sent; uncertain: no answer seen, until "
+                                    "settled).", labels=["model", "status"])
+        tokens = CounterMetricFamily("agentops_model_tokens", "Tokens of charged model requests, by model and type.",
+                                     labels=["model", "type"])
+        spend = CounterMetricFamily("agentops_model_spend_usd", "Model spend in the usage ledger, by status (charged: "
+                                    "billed; uncertain: outcome unknown, counted at its estimate).", labels=["status"])
+        in_flight = GaugeMetricFamily("agentops_model_spend_reserved_usd",
+                                      "Estimates held for model requests in flight.")
+        rows = {(r["model"], r["status"]): r for r in UsageEntry.objects.values("model", "status").annotate(
+            n=Count("pk"), cost=Sum("cost_usd"), held=Sum("reserved_usd"),
+            **{kind: Sum(field) for kind, field in TOKEN_FIELDS.items()})}
+        for model in models:
+            for status in SETTLED_CALL:
+                calls.add_metric([model, status], rows.get((model, status), {}).get("n", 0))
+            charged = rows.get((model, UsageEntry.Status.CHARGED), {})
+            for kind in TOKEN_FIELDS:
+                tokens.add_metric([model, kind], charged.get(kind) or 0)
+        by_status = {status: sum(float((r["cost"] if status == UsageEntry.Status.CHARGED else r["held"]) or 0)
+                                 for (_, s), r in rows.items() if s == status)
+                     for status in (UsageEntry.Status.CHARGED, UsageEntry.Status.UNCERTAIN)}
+        for status, amount in by_status.items():
+            spend.add_metric([status], amount)
+        in_flight.add_metric([], sum(float(r["held"] or 0) for (_, s), r in rows.items()
+                                     if s == UsageEntry.Status.RESERVED))
+        yield calls
+        yield tokens
+        yield spend
+        yield in_flight
+        yield self._model_call_latency()
+
+    def _model_call_latency(self) -> Metric:
+        histogram = HistogramMetricFamily("agentops_model_call_seconds", "Latency of answered model calls "
+                                          "(model.called events; those of archived histories leave it).",
+                                          labels=["model"])
         latency = Cast(KeyTextTransform("latency_ms", "data"), FloatField())
-        recent = Event.objects.filter(kind="model.called", created_at__gt=now - RECENT).annotate(
-            model=KeyTextTransform("model", "data"), latency=latency)
-        for row in recent.values("model").annotate(n=Count("pk"), total=Sum("latency")):
-            summary.add_metric([row["model"] or ""], count_value=row["n"], sum_value=(row["total"] or 0) / 1000)
-        return summary
+        calls = Event.objects.filter(kind="model.called").annotate(model=KeyTextTransform("model", "data"),
+                                                                   latency=latency)
+        for row in calls.values("model").annotate(
+                n=Count("pk"), total=Sum("latency"),
+                **{f"le{i}": Count("pk", filter=Q(latency__lte=b * 1000)) for i, b in enumerate(MODEL_CALL_BUCKETS)}):
+            histogram.add_metric([row["model"] or ""], buckets=self._buckets(row, MODEL_CALL_BUCKETS),
+                                 sum_value=(row["total"] or 0) / 1000)
+        return histogram
+
+    @staticmethod
+    def _buckets(row: dict[str, Any], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+        """Cumulative counts per upper bound, then +Inf: the row's ``le<i>`` counts and its ``n``."""
+        return [(str(float(b)), row.get(f"le{i}", 0)) for i, b in enumerate(bounds)] + [("+Inf", row.get("n", 0))]
 
     def _waits(self, now: Any) -> Iterator[Metric]:
         open_waits = GaugeMetricFamily("agentops_waits_open", "Open waits by kind.", labels=["kind"])
         oldest = GaugeMetricFamily("agentops_wait_oldest_age_seconds",
-                                   "Age of the oldest open wait of each kind.", labels=["kind"])
-        for row in Wait.objects.filter(status=Wait.Status.OPEN).values("kind").annotate(
-                n=Count("pk"), first=Min("created_at")):
-            open_waits.add_metric([row["kind"]], row["n"])
-            oldest.add_metric([row["kind"]], (now - row["first"]).total_seconds())
+                                   "Age of the oldest open wait of each kind (0 when none is open).", labels=["kind"])
+        rows = {r["kind"]: r for r in Wait.objects.filter(status=Wait.Status.OPEN).values("kind").annotate(
+            n=Count("pk"), first=Min("created_at"))}
+        for kind in Wait.Kind.values:
+            row = rows.get(kind)
+            open_waits.add_metric([kind], row["n"] if row else 0)
+            oldest.add_metric([kind], (now - row["first"]).total_seconds() if row else 0.0)
         yield open_waits
         yield oldest
 

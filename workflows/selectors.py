@@ -76,12 +76,21 @@ def recorded_waits(workflow: Workflow) -> dict[str, engine.RecordedWait]:
     }
 
 
-def workflow_list(*, status: str = "", kind: str = "") -> QuerySet[Workflow]:
+# The largest id PostgreSQL's bigint holds: an id beyond it is refused where it enters, never queried.
+MAX_ID = 2**63 - 1
+MAX_LIST_ROWS = 1000  # the most workflows `agent list` prints at once
+MAX_EVENTS = 10_000  # the most recent events `agent show` and GET /api/workflows/ID include
+
+
+def workflow_list(*, status: str = "", kind: str = "", launcher: str = "") -> QuerySet[Workflow]:
+    """Newest first; each filter given narrows it (``launcher``: the username of who launched)."""
     qs = Workflow.objects.order_by("-pk")
     if status:
         qs = qs.filter(status=status)
     if kind:
         qs = qs.filter(kind=kind)
+    if launcher:
+        qs = qs.filter(launched_by__username=launcher)
     return qs
 
 

@@ -63,9 +63,32 @@ def check_celery(argv: list[str]) -> None:
             assert key and key.group(1).replace("-", "_") in flower_options, f"Flower has no option {option!r}"
 
 
+def check_gunicorn(argv: list[str]) -> None:
+    """`gunicorn -c python:MODULE`: the options parse with gunicorn's own parser and the config module loads
+    into a configuration gunicorn accepts (its worker class, its WSGI app)."""
+    from gunicorn.app.wsgiapp import WSGIApplication
+
+    assert argv[0] == "gunicorn", argv
+    app = WSGIApplication.__new__(WSGIApplication)
+    app.usage, app.callable, app.prog, app.cfg = None, None, "gunicorn", None
+    app.load_default_config()
+    parsed = app.cfg.parser().parse_args(argv[1:])  # SystemExit on an unknown option
+    assert parsed.config and parsed.config.startswith("python:"), argv
+    config = app.get_config_from_module_name(parsed.config.removeprefix("python:"))
+    for key, value in config.items():
+        if key in app.cfg.settings:
+            app.cfg.set(key.lower(), value)  # raises on a value gunicorn refuses
+        else:
+            assert key.startswith("_") or callable(value) or key in {"settings"}, f"gunicorn has no setting {key!r}"
+    assert app.cfg.worker_class_str == "gthread"
+    assert app.cfg.wsgi_app == "agentops.wsgi:application"
+
+
 def check_command(argv: list[str]) -> None:
     if argv[0] == "celery":
         check_celery(argv)
+    elif argv[0] == "gunicorn":
+        check_gunicorn(argv)
     else:
         check_manage_py(argv)
 
@@ -128,6 +151,8 @@ def test_the_checks_catch_a_command_the_project_does_not_have():
         check_celery(["celery", "-A", "agentops", "wokrer"])
     with pytest.raises(Exception, match="--concurency"):
         check_celery(["celery", "-A", "agentops", "worker", "--concurency", "4"])
+    with pytest.raises(SystemExit):
+        check_gunicorn(["gunicorn", "--workrs", "2"])
     with pytest.raises(AssertionError, match="Flower has no option '--adress=0.0.0.0'"):
         check_celery(["celery", "-A", "agentops", "flower", "--adress=0.0.0.0"])
 

@@ -117,13 +117,34 @@ def test_a_signed_delivery_wakes_the_workflow_once(live_server):
     assert Workflow.objects.get(pk=workflow.pk).result == {"ci": {"build": 812, "passed": True}}
 
 
+def test_a_delivery_sent_again_after_the_workflow_finished_is_already_applied(live_server, caplog):
+    """Finding 8: a signed delivery redelivered after its workflow finished got 409, where the README
+    promises `already_applied`; a new delivery to the finished workflow is still refused (409), and the
+    refusal is logged with its reason, source and workflow."""
+    workflow = waiting()
+    body = json.dumps({"payload": {"passed": True}}).encode()
+    assert send(hook(live_server, workflow), body, delivery="build-9")[0] == 200
+    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+    assert Workflow.objects.get(pk=workflow.pk).status == "completed"
+
+    status, answer = send(hook(live_server, workflow), body, delivery="build-9")
+    assert (status, answer["outcome"], answer["status"]) == (200, "already_applied", "completed")
+    with caplog.at_level("WARNING", logger="agentops.webhooks"):
+        new = send(hook(live_server, workflow), body, delivery="build-10")
+    assert new[0] == 409 and "takes no more signals" in new[1]["error"]
+    [record] = [r for r in caplog.records if r.getMessage() == "webhook.refused"]
+    assert (record.status, record.source, record.workflow_id) == (409, "webhook:ci", workflow.pk)
+    assert "takes no more signals" in record.reason
+    assert Signal.objects.filter(workflow=workflow).count() == 1
+
+
 @pytest.mark.parametrize(("case", "status", "message"), [
     ("wrong secret", 401, "does not match this delivery"),
     ("tampered body", 401, "does not match this delivery"),
     ("no scheme", 401, "must name its scheme"),
     ("old timestamp", 401, "within 300 s"),
     ("no delivery id", 400, "X-Agentops-Delivery"),
-    ("line break in the path", 400, "The path holds a line break"),
+    ("line break in the path", 400, "name: String should match pattern"),
     ("not json", 400, "must be a JSON object"),
     ("unknown source", 404, "No webhook source 'tickets'"),
     ("too large", 413, "at most 262144 bytes"),

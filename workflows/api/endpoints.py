@@ -4,24 +4,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest
-from ninja import Header, NinjaAPI, Status
+from django.http import HttpRequest, HttpResponse
+from ninja import Header, NinjaAPI, Path, Query, Status
 
 from workflows import selectors, services
+from workflows.api import paging, webhooks
 from workflows.api.auth import LAUNCH_PERMISSION, OPERATE_PERMISSION, VIEW_PERMISSIONS, JsonParser, TokenAuth, require
 from workflows.api.errors import Forbidden, install_error_handlers
 from workflows.api.schemas import (
+    KIND,
+    SIGNAL_NAME,
     ApproveIn,
     BudgetIn,
+    BudgetOut,
     CancelIn,
+    DecisionOut,
     ErrorOut,
+    EventPage,
     LaunchIn,
+    LaunchOut,
     RejectIn,
+    ResultOut,
     SignalIn,
+    StatusName,
     SupersedeIn,
+    WebhookIn,
+    WorkflowDetailOut,
+    WorkflowPage,
 )
-from workflows.errors import InvalidInput, NotFound
-from workflows.models import Wait, Workflow
+from workflows.errors import NotFound
+from workflows.models import Event, Wait, Workflow
 from workflows.services.waits import wait_authority_refusal
 
 
@@ -36,7 +48,10 @@ api = AgentOpsAPI(
     version="1",
     description="Launch, inspect and steer agents: the operations of `manage.py agent`, with the same JSON "
                 "shapes as its `--json`. Authenticate with `Authorization: Bearer <token>` "
-                "(`manage.py agent token create --user NAME`). Errors are `{\"error\": message}`.",
+                "(`manage.py agent token create --user NAME`). Every 4xx and 5xx answer, of every route, is "
+                "`{\"error\": message}`; every answer carries `X-Request-Id` (send one to choose it), which the "
+                "server's log lines name. "
+                "Lists are cursor-paged: pass a page's `next_cursor` as `cursor`.",
     auth=TokenAuth(),
     parser=JsonParser(),
     urls_namespace="api",
@@ -44,7 +59,21 @@ api = AgentOpsAPI(
 install_error_handlers(api)
 
 Json = dict[str, Any]
-ERRORS: dict[int, Any] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut}
+# 413: a body over DATA_UPLOAD_MAX_MEMORY_SIZE; 415: a body not sent as application/json (middleware.py).
+ERRORS: dict[int, Any] = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 415, 500, 503)}
+WORKFLOW_ID = Path(..., ge=1, le=selectors.MAX_ID, description="the workflow's id", examples=[7])
+WAIT_ID = Path(..., ge=1, le=selectors.MAX_ID, description="the wait's id", examples=[3])
+STATUS_FILTER = Query(None, description="only this status")
+KIND_FILTER = Query("", pattern=f"^({KIND[1:-1]})?$", max_length=60, description="only this kind")
+LAUNCHER_FILTER = Query("", max_length=150, pattern=r"^[\w.@+-]*$",
+                        description="only workflows launched by this username")
+EVENTS_SHOWN = Query(50, ge=0, le=paging.MAX_PAGE, description=f"how many recent events, 0–{paging.MAX_PAGE}; "
+                     "older ones: GET /api/workflows/{id}/events")
+EVENT_KIND_FILTER = Query("", max_length=60, pattern=r"^[A-Za-z0-9_.-]*$",
+                          description="only events of this kind, e.g. wait.opened")
+WEBHOOK_SOURCE = Path(..., max_length=40, pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
+                      description="the source, as named in AGENTOPS_WEBHOOK_SECRETS", examples=["ci"])
+SIGNAL_NAME_PATH = Path(..., pattern=SIGNAL_NAME, description="the signal's name")
 
 
 def caller(request: HttpRequest) -> Any:
@@ -62,13 +91,15 @@ def workflow_by_id(workflow_id: int) -> Workflow:
 
 IDEMPOTENCY_KEY = Header(
     default="", alias="Idempotency-Key",
-    description="1–200 printable characters, e.g. a UUID made once per request: the same request sent again with "
+    max_length=200, pattern=r"^([\x21-\x7e]([\x20-\x7e]{0,198}[\x21-\x7e])?)?$",
+    description="1–200 printable ASCII characters, e.g. a UUID made once per request: the same request sent again with "
                 "the key returns the first one's result instead of doing it again; the key with another body is "
                 "refused with 409. Keys are kept for good, per operation (launch, supersede).",
 )
 
 
-@api.post("/workflows", response={200: Json, 201: Json, **ERRORS}, summary="Launch an agent", tags=["workflows"])
+@api.post("/workflows", response={200: LaunchOut, 201: LaunchOut, **ERRORS}, summary="Launch an agent",
+          tags=["workflows"])
 def launch(request: HttpRequest, payload: LaunchIn, idempotency_key: str = IDEMPOTENCY_KEY) -> Status[Json]:
     """`agent launch`: the token's user is the launcher (who may not approve it). Needs `workflows.add_workflow`.
     With an `Idempotency-Key`, launched once: 201 the first time, 200 with the same workflow when the same
@@ -84,30 +115,44 @@ def launch(request: HttpRequest, payload: LaunchIn, idempotency_key: str = IDEMP
     return Status(201 if created else 200, {"id": workflow.pk, "kind": workflow.kind, "status": workflow.status})
 
 
-@api.get("/workflows", response={200: list[Json], **ERRORS}, summary="List workflows", tags=["workflows"])
-def workflow_list(request: HttpRequest, status: str = "", kind: str = "", limit: int = 50) -> list[Json]:
-    """`agent list --json`: summaries, newest first. Needs `workflows.view_workflow`."""
+@api.get("/workflows", response={200: WorkflowPage, **ERRORS}, summary="List workflows", tags=["workflows"])
+def workflow_list(request: HttpRequest, status: StatusName | None = STATUS_FILTER, kind: str = KIND_FILTER,
+                  launcher: str = LAUNCHER_FILTER, cursor: str = paging.CURSOR, limit: int = paging.LIMIT) -> Json:
+    """`agent list --json`, a page at a time: summaries, newest first. Needs `workflows.view_workflow`."""
     require(caller(request), VIEW_PERMISSIONS, to="see workflows")
-    if status and status not in Workflow.Status.values:
-        raise InvalidInput(f"status {status[:30]!r} is not one of {', '.join(Workflow.Status.values)}.")
-    if limit < 1:
-        raise InvalidInput(f"limit must be at least 1; got {limit}.")
-    workflows = selectors.workflow_list(status=status, kind=kind).select_related("release")[:limit]
-    return [selectors.workflow_summary(w) for w in workflows]
+    rows = selectors.workflow_list(status=status or "", kind=kind, launcher=launcher).select_related("release")
+    return paging.keyset_page(rows, key="pk", cursor=cursor, limit=limit, descending=True,
+                              shape=selectors.workflow_summary)
 
 
-@api.get("/workflows/{workflow_id}", response={200: Json, **ERRORS}, summary="Show a workflow", tags=["workflows"])
-def workflow_show(request: HttpRequest, workflow_id: int, events: int = 50) -> Json:
+@api.get("/workflows/{workflow_id}", response={200: WorkflowDetailOut, **ERRORS}, summary="Show a workflow",
+         tags=["workflows"])
+def workflow_show(request: HttpRequest, workflow_id: int = WORKFLOW_ID, events: int = EVENTS_SHOWN) -> Json:
     """`agent show --json`: the summary plus waits (with candidate hashes), activities, spend, events…"""
     require(caller(request), VIEW_PERMISSIONS, to="see workflows")
-    if events < 0:
-        raise InvalidInput(f"events must be 0 or more; got {events}.")
     return selectors.workflow_detail(workflow_by_id(workflow_id), events=events)
 
 
-@api.post("/workflows/{workflow_id}/signal", response={200: Json, **ERRORS}, summary="Deliver a named event",
+@api.get("/workflows/{workflow_id}/events", response={200: EventPage, **ERRORS}, summary="Page a workflow's history",
+         tags=["workflows"])
+def workflow_events(request: HttpRequest, workflow_id: int = WORKFLOW_ID, kind: str = EVENT_KIND_FILTER,
+                    cursor: str = paging.CURSOR, limit: int = paging.LIMIT) -> Json:
+    """The event history, oldest first, a page at a time; `next_cursor` is where the next poll starts (the
+    history grows). Events moved to an archive by retention are not here (`history_archive` in show says
+    where). Needs `workflows.view_workflow`."""
+    require(caller(request), VIEW_PERMISSIONS, to="see workflows")
+    workflow = workflow_by_id(workflow_id)
+    rows = Event.objects.filter(workflow=workflow)
+    if kind:
+        rows = rows.filter(kind=kind)
+    return paging.keyset_page(rows, key="seq", cursor=cursor, limit=limit, descending=False, keep_position=True,
+                              shape=lambda e: {"seq": e.seq, "kind": e.kind, "at": e.created_at.isoformat(),
+                                               "data": e.data})
+
+
+@api.post("/workflows/{workflow_id}/signal", response={200: ResultOut, **ERRORS}, summary="Deliver a named event",
           tags=["workflows"])
-def workflow_signal(request: HttpRequest, workflow_id: int, payload: SignalIn) -> Json:
+def workflow_signal(request: HttpRequest, payload: SignalIn, workflow_id: int = WORKFLOW_ID) -> Json:
     """`agent signal`: a repeated `dedupe_key` is delivered once. Needs `workflows.change_workflow`."""
     require(caller(request), OPERATE_PERMISSION, to="signal workflows")
     result = services.workflow_signal(workflow_id=workflow_id, name=payload.name, payload=payload.payload,
@@ -115,9 +160,9 @@ def workflow_signal(request: HttpRequest, workflow_id: int, payload: SignalIn) -
     return result.to_json()
 
 
-@api.post("/workflows/{workflow_id}/supersede", response={200: Json, **ERRORS}, summary="Change the goal",
+@api.post("/workflows/{workflow_id}/supersede", response={200: ResultOut, **ERRORS}, summary="Change the goal",
           tags=["workflows"])
-def workflow_supersede(request: HttpRequest, workflow_id: int, payload: SupersedeIn,
+def workflow_supersede(request: HttpRequest, payload: SupersedeIn, workflow_id: int = WORKFLOW_ID,
                        idempotency_key: str = IDEMPOTENCY_KEY) -> Json:
     """`agent supersede`: a new intent version; open waits are invalidated. Needs `workflows.change_workflow`.
     With an `Idempotency-Key`, once: the same supersede again answers `already_applied` (no second version)."""
@@ -127,27 +172,27 @@ def workflow_supersede(request: HttpRequest, workflow_id: int, payload: Supersed
     return result.to_json()
 
 
-@api.post("/workflows/{workflow_id}/cancel", response={200: Json, **ERRORS}, summary="Cancel a workflow",
+@api.post("/workflows/{workflow_id}/cancel", response={200: ResultOut, **ERRORS}, summary="Cancel a workflow",
           tags=["workflows"])
-def workflow_cancel(request: HttpRequest, workflow_id: int, payload: CancelIn) -> Json:
+def workflow_cancel(request: HttpRequest, payload: CancelIn, workflow_id: int = WORKFLOW_ID) -> Json:
     """`agent cancel`: stop the work, compensate commitments, then cancelled. Needs `workflows.change_workflow`."""
     require(caller(request), OPERATE_PERMISSION, to="cancel workflows")
     result = services.workflow_cancel(workflow_id=workflow_id, reason=payload.reason, user=caller(request))
     return result.to_json()
 
 
-@api.post("/workflows/{workflow_id}/resume", response={200: Json, **ERRORS}, summary="Resume a workflow",
+@api.post("/workflows/{workflow_id}/resume", response={200: ResultOut, **ERRORS}, summary="Resume a workflow",
           tags=["workflows"])
-def workflow_resume(request: HttpRequest, workflow_id: int) -> Json:
+def workflow_resume(request: HttpRequest, workflow_id: int = WORKFLOW_ID) -> Json:
     """`agent resume`: resume a paused workflow or re-ring a running one. Needs `workflows.change_workflow`."""
     require(caller(request), OPERATE_PERMISSION, to="resume workflows")
     result = services.workflow_resume(workflow_id=workflow_id, user=caller(request))
     return result.to_json()
 
 
-@api.post("/workflows/{workflow_id}/budget", response={200: Json, **ERRORS}, summary="Set the budget",
+@api.post("/workflows/{workflow_id}/budget", response={200: BudgetOut, **ERRORS}, summary="Set the budget",
           tags=["workflows"])
-def workflow_budget(request: HttpRequest, workflow_id: int, payload: BudgetIn) -> Json:
+def workflow_budget(request: HttpRequest, payload: BudgetIn, workflow_id: int = WORKFLOW_ID) -> Json:
     """`agent budget`: audited; a workflow paused for budget resumes. Needs `workflows.change_workflow`."""
     require(caller(request), OPERATE_PERMISSION, to="change the budget of workflows")
     workflow = services.workflow_budget_set(workflow_id=workflow_id, user=caller(request), total_usd=payload.total_usd,
@@ -175,9 +220,9 @@ def decision(result: services.DecisionResult) -> Json:
             "message": result.message}
 
 
-@api.post("/waits/{wait_id}/approve", response={200: Json, **ERRORS}, summary="Approve a candidate",
+@api.post("/waits/{wait_id}/approve", response={200: DecisionOut, **ERRORS}, summary="Approve a candidate",
           tags=["waits"])
-def wait_approve(request: HttpRequest, wait_id: int, payload: ApproveIn) -> Json:
+def wait_approve(request: HttpRequest, payload: ApproveIn, wait_id: int = WAIT_ID) -> Json:
     """`agent approve`: exactly the candidate you reviewed. A member of the wait's role (or a superuser),
     never on a workflow you launched or whose goal you set. A stale candidate hash: 409."""
     wait = decidable_wait(wait_id, caller(request))
@@ -185,8 +230,36 @@ def wait_approve(request: HttpRequest, wait_id: int, payload: ApproveIn) -> Json
                                           comment=payload.comment))
 
 
-@api.post("/waits/{wait_id}/reject", response={200: Json, **ERRORS}, summary="Reject a candidate", tags=["waits"])
-def wait_reject(request: HttpRequest, wait_id: int, payload: RejectIn) -> Json:
+@api.post("/waits/{wait_id}/reject", response={200: DecisionOut, **ERRORS}, summary="Reject a candidate",
+          tags=["waits"])
+def wait_reject(request: HttpRequest, payload: RejectIn, wait_id: int = WAIT_ID) -> Json:
     """`agent reject`: the workflow fails with your comment (and compensates what it made). Who may: as approve."""
     wait = decidable_wait(wait_id, caller(request))
     return decision(services.wait_reject(wait_id=wait.pk, user=caller(request), comment=payload.comment))
+
+
+WEBHOOK_HEADERS = [
+    {"name": webhooks.TIMESTAMP_HEADER, "in": "header", "required": True, "example": "1764633600",
+     "schema": {"type": "string", "pattern": "^[0-9]{1,12}$"},
+     "description": "the time of sending, Unix seconds; refused beyond AGENTOPS_WEBHOOK_TOLERANCE_SECONDS"},
+    {"name": webhooks.DELIVERY_HEADER, "in": "header", "required": True, "example": "build-812",
+     "schema": {"type": "string", "pattern": "^[\\x21-\\x7e]{1,100}$"},
+     "description": "the source's id of the delivery: the same id again is answered already_applied"},
+    {"name": webhooks.SIGNATURE_HEADER, "in": "header", "required": True,
+     "schema": {"type": "string", "pattern": "^v2=[0-9a-f]{64}$"},
+     "description": "v2=<hex HMAC-SHA256 of v2\\n<timestamp>\\n<delivery id>\\nPOST\\n<path>\\n<body>> "
+                    "keyed with the source's secret (README, \"Webhooks\")"},
+]
+
+
+@api.post("/hooks/{source}/workflows/{workflow_id}/signals/{name}", auth=None,
+          response={200: ResultOut, **ERRORS}, summary="Deliver a signed webhook", tags=["webhooks"],
+          openapi_extra={"parameters": WEBHOOK_HEADERS, "requestBody": {"required": True, "content": {
+              "application/json": {"schema": WebhookIn.model_json_schema(),
+                                   "example": {"payload": {"build": 812, "passed": True}}}}}})
+def webhook_deliver(request: HttpRequest, source: str = WEBHOOK_SOURCE, workflow_id: int = WORKFLOW_ID,
+                    name: str = SIGNAL_NAME_PATH) -> HttpResponse:
+    """A signal from an outside system, authenticated by its signature instead of a token (README, "Webhooks"):
+    the same delivery id again answers `already_applied`, even after the workflow finished. 401: a bad
+    signature or timestamp; 404: an unknown source or workflow; 409: a finished workflow; 413: over 256 KiB."""
+    return webhooks.deliver(request, source, workflow_id, name)

@@ -9,16 +9,23 @@
 | any other ``Refused`` (``WaitRefused``, ``TransitionRefused``: stale candidate, wrong state) | 409 |
 | ``Retryable`` | 503 |
 | any other ``AgentOpsError`` | 500 |
+| ``Http404`` (no such route) | 404 |
+| Django's refusals of the request (``RequestDataTooBig``: 413, ``SuspiciousOperation``: 400) | as Django's |
+| any other exception | 500, logged with its traceback and the request id (middleware.internal_error) |
+
+Routers added to ``api`` (endpoints.py, and any other module's) inherit these handlers; what happens
+outside any endpoint (an unknown path, a refused method, a body too large) is middleware.py's.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 
+from workflows.api import middleware
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused, Retryable
 from workflows.services.tokens import TokenRefused
 
@@ -63,19 +70,36 @@ def validation_message(errors: list[dict[str, Any]]) -> str:
     return "Bad input, nothing was changed: " + "; ".join(parts) + "."
 
 
+def refused_log(request: HttpRequest, status: int, message: str, *, event: str = "api.refused",
+                source: str = "", workflow_id: Any = None, error: str = "", into: logging.Logger = logger) -> None:
+    """One line per refusal: its status and reason, who sent it (the token's user, or a webhook's
+    source) and the workflow it named, so an operator can answer "why was my call refused?"."""
+    match = getattr(request, "resolver_match", None)
+    if workflow_id is None and match is not None:
+        workflow_id = match.kwargs.get("workflow_id")
+    user = getattr(request, "auth", None)
+    log = into.warning if status < 500 else into.error
+    log(event, extra={"status": status, "reason": message[:300], "method": request.method,
+                      "path": request.path[:300], "source": source or getattr(user, "username", "") or "anonymous",
+                      "workflow_id": workflow_id, "error": error})
+
+
 def install_error_handlers(api: NinjaAPI) -> None:
-    """Map every exception the endpoints can raise; called once, on the API object."""
+    """Map every exception the endpoints can raise; called once, on the API object, so that every
+    router added to it (its routes, and any module's) answers in the one shape."""
+
+    def refuse(request: HttpRequest, message: str, status: int, *, error: str, workflow_id: Any = None) -> HttpResponse:
+        refused_log(request, status, message, workflow_id=workflow_id, error=error)
+        return error_response(api, request, message, status)
 
     @api.exception_handler(AgentOpsError)
     def agentops_error(request: HttpRequest, exc: AgentOpsError) -> HttpResponse:
-        status = status_of(exc)
-        log = logger.warning if status < 500 else logger.error
-        log("api.refused", extra={"status": status, "path": request.path, "error": type(exc).__name__})
-        return error_response(api, request, str(exc), status)
+        return refuse(request, str(exc), status_of(exc), error=type(exc).__name__,
+                      workflow_id=exc.attrs.get("workflow_id"))
 
     @api.exception_handler(ValidationError)
     def validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
-        return error_response(api, request, validation_message(list(exc.errors)), 400)
+        return refuse(request, validation_message(list(exc.errors)), 400, error="ValidationError")
 
     @api.exception_handler(HttpError)
     def http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
@@ -85,4 +109,14 @@ def install_error_handlers(api: NinjaAPI) -> None:
         if isinstance(exc, AuthenticationError) and message == "Unauthorized":
             message = ("This endpoint needs an API token: send `Authorization: Bearer <token>`; "
                        "create one with `manage.py agent token create --user NAME`.")
-        return error_response(api, request, message, exc.status_code)
+        return refuse(request, message, exc.status_code, error=type(cause or exc).__name__)
+
+    @api.exception_handler(Http404)
+    def not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
+        return refuse(request, middleware.not_found_message(request), 404, error="Http404")
+
+    @api.exception_handler(Exception)
+    def unhandled(request: HttpRequest, exc: Exception) -> HttpResponse:
+        # Django's own refusals (a body too large: 413) keep their status; anything else is a 500,
+        # logged with its traceback under the request id.
+        return middleware.refusal_of(request, exc) or middleware.internal_error(request, exc)

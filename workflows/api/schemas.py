@@ -1,13 +1,62 @@
-"""Typed request bodies (they generate the OpenAPI schema); responses are the selectors' JSON shapes."""
+"""Typed request and response bodies: they generate the OpenAPI document, so every limit a service
+checks is stated here too (lengths, ranges, enums, precision), and a value of the wrong type is
+refused, never coerced (``"priority": "5"`` and ``true`` are errors, as is a budget with more
+decimal places than the column keeps). The services check again: the command line and the admin
+reach them without these schemas."""
 from __future__ import annotations
 
+import re
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from ninja import Field, Schema
-from pydantic import ConfigDict
+from pydantic import BeforeValidator, ConfigDict, StrictFloat, StrictInt, WithJsonSchema
 
-from workflows.models import Workflow
+from workflows.models import Wait, Workflow
+from workflows.services.steps import MAX_GOAL_CHARS, MAX_HOURS, Outcome
+
+# Text a person wrote: no control characters but tab and line breaks (PostgreSQL cannot store NUL).
+TEXT = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
+KIND = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,59}$"
+MODEL_NAME = r"^([A-Za-z0-9][A-Za-z0-9._:-]{0,119})?$"
+# What str.strip() removes, spelt out: JSON Schema's (ECMA) \s and Python's differ (U+0085).
+SPACE = r"\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+# Text with something in it besides spaces (the services strip it and refuse it empty).
+FILLED_TEXT = rf"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*[^{SPACE}][^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
+SIGNAL_NAME = rf"^[^{SPACE}][^\x00-\x1f\x7f]{{0,99}}$"
+DEDUPE_KEY = r"^[^\x00-\x1f\x7f]{0,200}$"
+
+if TYPE_CHECKING:
+    StatusName = str
+else:  # an enum in the document, from the model's choices
+    StatusName = Literal[tuple(Workflow.Status.values)]
+
+
+# A budget as the column keeps it (12 digits, 4 after the point): positive, under 10^8, at most 4
+# decimal places, as a JSON number or a decimal string. Stated in the document as JSON Schema can
+# (multipleOf, a pattern), and checked exactly by pydantic (max_digits, decimal_places).
+AMOUNT_SCHEMA: dict[str, Any] = {"anyOf": [
+    {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 100_000_000, "multipleOf": 0.0001},
+    {"type": "string", "pattern": r"^(?=.*[1-9])[0-9]{1,8}(\.[0-9]{1,4})?$"},
+]}
+AMOUNT_TEXT = re.compile(AMOUNT_SCHEMA["anyOf"][1]["pattern"])
+
+
+def amount_as_given(value: Any) -> Any:
+    """A decimal string exactly as the document states it ("12.50"; not " 1", "+1", "1e2" or "1.00000"),
+    a number that is not a boolean; pydantic then checks the range and the precision."""
+    if isinstance(value, bool) or (isinstance(value, str) and not AMOUNT_TEXT.fullmatch(value)):
+        raise ValueError("must be a positive amount of USD under 10^8 with at most 4 decimal places, as a number or "
+                         "a decimal string such as \"12.50\"")
+    return value
+
+
+Amount = Annotated[Decimal, BeforeValidator(amount_as_given), WithJsonSchema(AMOUNT_SCHEMA)]
+
+
+def amount(description: str) -> Any:
+    return Field(default=None, gt=0, lt=10**8, max_digits=12, decimal_places=4, description=description,
+                 examples=["12.50"])
 
 
 class Body(Schema):
@@ -16,49 +65,169 @@ class Body(Schema):
 
 
 class LaunchIn(Body):
-    kind: str = Field(description="workflow kind, e.g. release")
-    goal: str = Field(description="what the agent should achieve")
-    params: dict[str, str] = Field(default_factory=dict, description="launch parameters, as `--param KEY=VALUE`")
-    max_hours: float | None = Field(default=None, description="time limit; past it the workflow is cancelled")
-    budget_total_usd: Decimal | None = Field(default=None, description="total model spend allowed")
-    budget_hourly_usd: Decimal | None = Field(default=None, description="model spend allowed per hour")
-    priority: int = Field(default=5, description="0–10; 9 and above may pass the hourly budget")
-    stagnation_policy: str = Field(default=Workflow.StagnationPolicy.RECORD,
-                                   description=f"one of {', '.join(Workflow.StagnationPolicy.values)}")
-    release_policy: str = Field(default="", description=f"one of {', '.join(Workflow.ReleasePolicy.values)}; "
-                                "empty: the kind's default (revalidate unless the kind declares another)")
-    fallback_model: str = Field(default="", description="model to move to on sustained overload; empty: none")
+    kind: str = Field(pattern=KIND, description="workflow kind, e.g. release", examples=["release"])
+    goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, pattern=FILLED_TEXT,
+                      description="what the agent should achieve", examples=["Publish release notes"])
+    params: dict[str, str] = Field(default_factory=dict, description="launch parameters, as `--param KEY=VALUE`",
+                                   examples=[{"repo": "/srv/repo", "test_command": "make test"}])
+    max_hours: StrictFloat | StrictInt | None = Field(default=None, gt=0, le=MAX_HOURS,
+                                                      description="time limit; past it the workflow is cancelled")
+    budget_total_usd: Amount | None = amount("total model spend allowed (USD, at most 4 decimal places)")
+    budget_hourly_usd: Amount | None = amount("model spend allowed per hour (USD, at most 4 decimal places)")
+    priority: StrictInt = Field(default=5, ge=0, le=10, description="0–10; 9 and above may pass the hourly budget")
+    stagnation_policy: Literal[tuple(Workflow.StagnationPolicy.values)] = Field(  # type: ignore[valid-type]
+        default=Workflow.StagnationPolicy.RECORD, description="what a stagnating workflow does")
+    release_policy: Literal[("", *Workflow.ReleasePolicy.values)] = Field(  # type: ignore[valid-type]
+        default="", description="empty: the kind's default (revalidate unless the kind declares another)")
+    fallback_model: str = Field(default="", pattern=MODEL_NAME, max_length=120,
+                                description="model to move to on sustained overload; empty: none",
+                                examples=["claude-haiku-4-5"])
 
 
 class ApproveIn(Body):
-    candidate_hash: str = Field(description="hash of the candidate you reviewed (from the workflow's waits)")
-    comment: str = ""
+    candidate_hash: str = Field(max_length=64, examples=["9f1c" + "0" * 60],
+                                description="SHA-256 of the candidate you reviewed (from the workflow's waits)")
+    comment: str = Field(default="", max_length=5000, pattern=TEXT, examples=["Read it; fine."])
 
 
 class RejectIn(Body):
-    comment: str = ""
+    comment: str = Field(default="", max_length=5000, pattern=TEXT)
 
 
 class SignalIn(Body):
-    name: str = Field(description="the event's name")
-    payload: Any = None
-    dedupe_key: str = Field(default="", description=(
+    name: str = Field(pattern=SIGNAL_NAME, description="the event's name", examples=["ci.done"])
+    payload: Any = Field(default=None, description="any JSON value (no NUL character in its strings), under 1 MB",
+                         examples=[{"build": 812, "passed": True}])
+    dedupe_key: str = Field(default="", pattern=DEDUPE_KEY, max_length=200, description=(
         "a repeated key is delivered once; at most 200 characters, not starting with 'auto-' or 'webhook:' "
-        "(reserved for keyless signals and for signed webhook deliveries)"))
+        "(reserved for keyless signals and for signed webhook deliveries)"), examples=["build-812"])
 
 
 class SupersedeIn(Body):
-    goal: str = Field(description="the new goal; it becomes the next intent version")
+    goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, pattern=FILLED_TEXT,
+                      description="the new goal; it becomes the next intent version")
 
 
 class CancelIn(Body):
-    reason: str = ""
+    reason: str = Field(default="", max_length=2000, pattern=TEXT)
 
 
 class BudgetIn(Body):
-    total_usd: Decimal | None = None
-    hourly_usd: Decimal | None = None
+    """One of the two, or both; a limit cannot be removed (null is refused)."""
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "anyOf": [{"required": ["total_usd"]}, {"required": ["hourly_usd"]}]})
+    total_usd: Amount = amount("the new total budget (USD, at most 4 decimal places)")
+    hourly_usd: Amount = amount("the new hourly budget (USD, at most 4 decimal places)")
+
+
+class WebhookIn(Schema):
+    payload: Any = Field(default=None, description="becomes the signal's payload")
 
 
 class ErrorOut(Schema):
-    error: str = Field(description="what went wrong and what to do next; nothing was changed")
+    error: str = Field(description="what went wrong and what to do next; nothing was changed",
+                       examples=["Workflow 7 does not exist; GET /api/workflows lists the existing ones."])
+
+
+class Open(Schema):
+    # Answers may gain keys (a kind's `show` extras): clients ignore the ones they do not know.
+    model_config = ConfigDict(extra="allow")
+
+
+class LaunchOut(Schema):
+    id: int = Field(examples=[7])
+    kind: str = Field(examples=["release"])
+    status: StatusName = Field(examples=["running"])
+
+
+class ReleaseOut(Schema):
+    provider: str
+    model: str
+    prompt_version: str
+
+
+class WorkflowOut(Open):
+    """``agent list --json``: one workflow, without nested lists."""
+    id: int
+    kind: str
+    status: StatusName
+    current_node: str
+    intent_version: int
+    goal: str
+    release: ReleaseOut
+    fallback_model: str
+    reason: str
+    pause_cause: str
+    handler_failures: int
+    advance_retry_at: str | None
+    deadline: str | None
+    created_at: str
+    updated_at: str
+
+
+class WaitOut(Open):
+    id: int
+    kind: Literal[tuple(Wait.Kind.values)]  # type: ignore[valid-type]
+    status: Literal[tuple(Wait.Status.values)]  # type: ignore[valid-type]
+    node: str
+    candidate_hash: str
+    required_role: str
+    intent_version: int
+    expires_at: str | None
+    decision: str
+    decided_by: str | None
+
+
+class EventOut(Schema):
+    seq: int = Field(examples=[12])
+    kind: str = Field(examples=["wait.opened"])
+    at: str
+    data: dict[str, Any]
+
+
+class WorkflowDetailOut(WorkflowOut):
+    """``agent show --json``: the summary with waits (and their candidate hashes), activities, spend, events…"""
+    params: dict[str, Any]
+    result: Any
+    waits: list[WaitOut]
+    activities: list[dict[str, Any]]
+    commitments: list[dict[str, Any]]
+    signals_queued: list[dict[str, Any]]
+    installation_id: str | None
+    spend: dict[str, Any]
+    progress: list[dict[str, Any]]
+    events: list[EventOut]
+    history_archive: dict[str, Any] | None
+
+
+class WorkflowPage(Schema):
+    items: list[WorkflowOut]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last page")
+
+
+class EventPage(Schema):
+    items: list[EventOut]
+    next_cursor: str | None = Field(description="pass as `cursor` for the next page; null when there are no "
+                                                "more events yet (poll again with the last cursor)")
+
+
+class ResultOut(Schema):
+    """What signal, supersede, cancel, resume and a webhook delivery answer."""
+    id: int
+    outcome: Literal[tuple(o.value for o in Outcome)] = Field(examples=["applied"])  # type: ignore[valid-type]
+    status: StatusName
+    intent_version: int
+    message: str
+
+
+class DecisionOut(Schema):
+    wait_id: int
+    workflow_id: int
+    outcome: Literal["applied", "already_applied"]
+    message: str = Field(examples=["Wait 3 approved by alice."])
+
+
+class BudgetOut(Schema):
+    id: int
+    status: StatusName
+    spend: dict[str, Any]

@@ -34,14 +34,12 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
 
 from workflows import services
-from workflows.api.errors import status_of
+from workflows.api.errors import refused_log, status_of
 from workflows.errors import AgentOpsError
 
-logger = logging.getLogger("agentops.webhooks")
+logger = logging.getLogger("agentops.webhooks")  # webhook.delivered; refusals: errors.refused_log
 
 TIMESTAMP_HEADER = "X-Agentops-Timestamp"
 SIGNATURE_HEADER = "X-Agentops-Signature"
@@ -59,21 +57,20 @@ class Refusal(Exception):
         self.status = status
 
 
-@csrf_exempt  # authenticated by its signature, not by a session
-@require_POST
 def deliver(request: HttpRequest, source: str, workflow_id: int, name: str) -> JsonResponse:
+    """The answer to one delivery (the route, with its OpenAPI description, is endpoints.webhook_deliver)."""
     try:
         body, delivery, secret = verified_delivery(request, source)
         result = services.workflow_signal_from_webhook(workflow_id=workflow_id, name=name,
                                                        payload=body.get("payload"), source=source,
                                                        delivery_id=delivery)
     except Refusal as exc:
-        return refused(source, exc.status, str(exc))
+        return refused(request, source, workflow_id, exc.status, str(exc), error="Refusal")
     except AgentOpsError as exc:
-        return refused(source, status_of(exc), str(exc))
+        return refused(request, source, workflow_id, status_of(exc), str(exc), error=type(exc).__name__)
     # "secret": "previous" says a sender still signs with the secret being rotated out.
     logger.info("webhook.delivered", extra={"source": source, "workflow_id": workflow_id, "signal": name,
-                                            "delivery": delivery, "secret": secret})
+                                            "delivery": delivery, "secret": secret, "outcome": result.outcome.value})
     return JsonResponse(result.to_json())
 
 
@@ -144,6 +141,8 @@ def signature_verified(given: str, source: str, secrets: list[tuple[str, str]], 
     return matched[0]
 
 
-def refused(source: str, status: int, message: str) -> JsonResponse:
-    logger.warning("webhook.refused", extra={"source": source, "status": status, "reason": message[:300]})
+def refused(request: HttpRequest, source: str, workflow_id: int, status: int, message: str, *,
+            error: str) -> JsonResponse:
+    refused_log(request, status, message, event="webhook.refused", source=f"webhook:{source[:60]}",
+                workflow_id=workflow_id, error=error, into=logger)
     return JsonResponse({"error": message}, status=status)

@@ -18,8 +18,8 @@ from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
 from workflows.selectors import spent_usd
-from workflows.services.common import event_record, workflow_lock, workflow_not_found, workflow_save
-from workflows.services.steps import BUDGET_PAUSE_PREFIX, MAX_BUDGET_USD, wake_locked
+from workflows.services.common import amount_checked, event_record, workflow_lock, workflow_not_found, workflow_save
+from workflows.services.steps import BUDGET_PAUSE_PREFIX, wake_locked
 from workflows.sql import concrete_field, quoted_column, quoted_table, row_update, rows_insert
 
 HOUR = timedelta(hours=1)
@@ -110,7 +110,8 @@ def _check_total(limits: _Limits, estimate: Decimal) -> None:
         raise BudgetExhausted(
             f"{BUDGET_PAUSE_PREFIX}: workflow {limits.workflow_id} has used {committed:.4f} of its "
             f"{limits.total_usd:.4f} USD and the next call may cost up to {estimate:.4f}; raise the budget "
-            f"with `manage.py agent budget {limits.workflow_id} --total USD` to resume.",
+            f"(`manage.py agent budget {limits.workflow_id} --total USD`, or POST /api/workflows/{limits.workflow_id}/"
+            "budget) to resume.",
             workflow_id=limits.workflow_id,
         )
 
@@ -127,8 +128,8 @@ def _check_hourly(limits: _Limits, estimate: Decimal, *, now: datetime) -> None:
     if estimate > limit:
         raise BudgetExhausted(
             f"{BUDGET_PAUSE_PREFIX}: one call of workflow {limits.workflow_id} may cost {estimate:.4f} USD, more "
-            f"than its hourly budget of {limit:.4f}; raise it with `manage.py agent budget {limits.workflow_id} "
-            "--hourly USD`.",
+            f"than its hourly budget of {limit:.4f}; raise it (`manage.py agent budget {limits.workflow_id} "
+            f"--hourly USD`, or POST /api/workflows/{limits.workflow_id}/budget).",
             workflow_id=limits.workflow_id,
         )
     for entry in window:
@@ -212,11 +213,10 @@ def workflow_budget_set(
     Not idempotent in its history: every call records a ``budget.changed`` event.
     """
     if total_usd is None and hourly_usd is None:
-        raise InvalidInput("Give --total USD, --hourly USD or both.")
-    for name, value in (("total", total_usd), ("hourly", hourly_usd)):
-        if value is not None and not Decimal(0) < value < MAX_BUDGET_USD:
-            raise InvalidInput(f"The {name} budget must be a positive amount of USD under {MAX_BUDGET_USD:,}; "
-                               f"got {value}.")
+        raise InvalidInput("Give a total budget, an hourly budget or both (USD; --total and --hourly on the "
+                           "command line, total_usd and hourly_usd over HTTP); nothing was changed.")
+    total_usd = amount_checked(total_usd, what="The total budget")
+    hourly_usd = amount_checked(hourly_usd, what="The hourly budget")
     workflow = workflow_lock(workflow_id)
     if workflow.is_terminal:
         raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; its budget no longer matters.")

@@ -52,7 +52,8 @@ def _decide(*, wait_id: int, user: Any, decision: str, candidate_hash: str, comm
     comment = text_checked(comment, what="The comment", max_length=MAX_COMMENT_CHARS) if comment.strip() else ""
     workflow_id = Wait.objects.filter(pk=wait_id).values_list("workflow_id", flat=True).first()
     if workflow_id is None:
-        raise NotFound(f"Wait {wait_id} does not exist; `manage.py agent show ID` lists a workflow's waits.",
+        raise NotFound(f"Wait {wait_id} does not exist; `manage.py agent show ID` (GET /api/workflows/ID) lists "
+                       "a workflow's waits.",
                        wait_id=wait_id)
     with transaction.atomic():
         workflow = workflow_lock(workflow_id)

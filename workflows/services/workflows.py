@@ -17,6 +17,7 @@ from workflows.models import ClientRequest, Commitment, Intent, Signal, Wait, Wo
 from workflows.services.cancellation import advance_cancellation, compensations_retry
 from workflows.services.client_requests import client_request_claim_once, idempotency_key_checked
 from workflows.services.common import (
+    amount_checked,
     event_record,
     events_batched,
     json_checked,
@@ -32,7 +33,6 @@ from workflows.services.failures import (
     handler_failures_clear,
 )
 from workflows.services.steps import (
-    MAX_BUDGET_USD,
     MAX_GOAL_CHARS,
     MAX_HOURS,
     MAX_STEPS_PER_ADVANCE,
@@ -131,10 +131,8 @@ def workflow_launch_once(
                            f"characters, e.g. claude-haiku-4-5; got {fallback_model[:130]!r}.")
     if not 0 <= priority <= 10:
         raise InvalidInput(f"The priority must be a whole number from 0 to 10; got {priority}.")
-    for name, value in (("total", budget_total_usd), ("hourly", budget_hourly_usd)):
-        if value is not None and not Decimal(0) < value < MAX_BUDGET_USD:
-            raise InvalidInput(f"The {name} budget must be a positive amount of USD under {MAX_BUDGET_USD:,}; "
-                               f"got {value}.")
+    budget_total_usd = amount_checked(budget_total_usd, what="The total budget")
+    budget_hourly_usd = amount_checked(budget_hourly_usd, what="The hourly budget")
     now = clock.now()
     # What names the request: its values as checked, so 5, 5.0 and "5.00" are one request.
     request = {"kind": kind, "goal": goal, "params": params, "release_policy": release_policy,
@@ -336,17 +334,21 @@ def _signal_deliver(*, workflow_id: int, name: str, payload: Any, dedupe_key: st
     if max_key is not None and len(dedupe_key) > max_key:
         raise InvalidInput(f"The dedupe key is {len(dedupe_key)} characters long; the limit is {max_key}. "
                            "Send a shorter key, e.g. a hash of this one.")
+    if any(c < " " or c == "\x7f" for c in dedupe_key):
+        raise InvalidInput("The dedupe key holds a control character (NUL, a line break…); send printable text.")
     workflow = workflow_lock(workflow_id)
-    if workflow.is_terminal:
-        raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; it takes no more signals.")
-    now = clock.now()
     keys = Signal.objects.filter(workflow=workflow)
     if dedupe_key:
+        # Before the status: a repeat (a webhook redelivered after the workflow finished) is answered
+        # as the repeat it is, not refused.
         earlier = keys.filter(dedupe_key=dedupe_key).first()
         if earlier is not None:
             where = "still queued" if earlier.consumed_by_id is None else f"delivered to wait {earlier.consumed_by_id}"
             return Result.of(workflow, Outcome.ALREADY_APPLIED,
                              f"A signal with dedupe key {dedupe_key!r} was received before ({where}); nothing changed.")
+    if workflow.is_terminal:
+        raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; it takes no more signals.")
+    now = clock.now()
     key = dedupe_key
     if not key:
         # A keyless signal is never a repeat. The seq of the event that records it makes its key
@@ -451,8 +453,9 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Result:
     by = username_of(user) or "an operator"
     if workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.BUDGET:
         raise TransitionRefused(f"Workflow {workflow_id} is paused because its budget ran out; resuming would pause "
-                                f"it again at its next model call. Raise it with `manage.py agent budget "
-                                f"{workflow_id} --total USD --user NAME`, which resumes it.")
+                                f"it again at its next model call. Raise the budget (`manage.py agent budget "
+                                f"{workflow_id} --total USD --user NAME`, or POST "
+                                f"/api/workflows/{workflow_id}/budget), which resumes it.")
     # A compensation out of attempts leaves an effect nothing undoes, whatever the workflow's state.
     retried = compensations_retry(workflow, now=now)
     if workflow.status == Workflow.Status.PAUSED:

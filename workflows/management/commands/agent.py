@@ -62,11 +62,13 @@ class Command(BaseCommand):
         lst = verb("list", "List workflows, newest first.")
         lst.add_argument("--status", choices=Workflow.Status.values, help="only this status")
         lst.add_argument("--kind", help="only this kind")
-        lst.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+        lst.add_argument("--limit", type=int, default=50,
+                         help=f"at most this many, 1 to {selectors.MAX_LIST_ROWS:,} (default 50)")
 
         show = verb("show", "Show a workflow: node, waits, activities, commitments, recent events.")
         show.add_argument("id", type=int)
-        show.add_argument("--events", type=int, default=50, help="how many recent events, 0 or more (default 50)")
+        show.add_argument("--events", type=int, default=50,
+                          help=f"how many recent events, 0 to {selectors.MAX_EVENTS:,} (default 50)")
 
         approve = verb("approve", "Approve an approval wait for one exact candidate.")
         approve.add_argument("wait_id", type=int)
@@ -162,6 +164,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         self.console = console_for(self.stdout)
         try:
+            numbers_checked(options)
             getattr(self, f"_{options['verb'].replace('-', '_')}")(options)
         except (InvalidInput, NotFound) as exc:
             raise CommandError(str(exc), returncode=EXIT_BAD_INPUT) from exc
@@ -192,8 +195,6 @@ class Command(BaseCommand):
                    f"{what}\nFollow it with: manage.py agent show {workflow.pk}")
 
     def _list(self, options: dict[str, Any]) -> None:
-        if options["limit"] < 1:
-            raise InvalidInput("--limit must be at least 1.")
         workflows = selectors.workflow_list(status=options["status"] or "", kind=options["kind"] or "")
         rows = [selectors.workflow_summary(w) for w in workflows.select_related("release")[: options["limit"]]]
         if options["json"]:
@@ -206,8 +207,6 @@ class Command(BaseCommand):
         self.console.print(table if rows else "No workflows yet. Launch one with `manage.py agent launch`.")
 
     def _show(self, options: dict[str, Any]) -> None:
-        if options["events"] < 0:
-            raise InvalidInput(f"--events must be 0 or more; got {options['events']}.")
         workflow = workflow_by_id(options["id"])
         detail = selectors.workflow_detail(workflow, events=options["events"])
         if options["json"]:
@@ -464,6 +463,28 @@ def day(raw: str) -> date:
 def console_for(stream: Any) -> Console:
     """A rich console on the command's stdout; 120 columns when not a terminal (pipes, logs)."""
     return Console(file=stream, highlight=False, width=None if stream.isatty() else 120)
+
+
+# The whole-number options and what they may be: an id within PostgreSQL's bigint, a count within what
+# one answer holds. Checked before anything runs, so a number out of range is a one-line refusal (exit
+# status 2), never a query the database fails on.
+NUMBER_RANGES = {
+    "id": ("ID", 1, selectors.MAX_ID), "wait_id": ("WAIT_ID", 1, selectors.MAX_ID),
+    "workflow": ("--workflow", 1, selectors.MAX_ID), "limit": ("--limit", 1, selectors.MAX_LIST_ROWS),
+    "events": ("--events", 0, selectors.MAX_EVENTS),
+}
+
+
+def numbers_checked(options: dict[str, Any]) -> None:
+    for key, (name, low, high) in NUMBER_RANGES.items():
+        value = options.get(key)
+        if not isinstance(value, int):
+            continue
+        if value < low:
+            raise InvalidInput(f"{name} must be {low} or more; got {value}." if low == 0 else
+                               f"{name} must be at least {low}; got {value}.")
+        if value > high:
+            raise InvalidInput(f"{name} must be at most {high:,}; got {value}.")
 
 
 def usd(raw: str) -> Decimal:
