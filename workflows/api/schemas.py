@@ -190,7 +190,9 @@ class WorkflowDetailOut(WorkflowOut):
     params: dict[str, Any]
     result: Any
     waits: list[WaitOut]
-    activities: list[dict[str, Any]]
+    activities: list[dict[str, Any]] = Field(
+        description="every activity not finished and the newest 50 finished ones, oldest first")
+    activities_left_out: int = Field(ge=0, description="the older finished activities not listed")
     commitments: list[dict[str, Any]]
     signals_queued: list[dict[str, Any]]
     installation_id: str | None
