@@ -23,8 +23,11 @@ from workflows.api.schemas import (
     EventPage,
     LaunchIn,
     LaunchOut,
+    OccurrenceOut,
     RejectIn,
     ResultOut,
+    ScheduleIn,
+    ScheduleOut,
     SignalIn,
     StatusName,
     SupersedeIn,
@@ -34,6 +37,7 @@ from workflows.api.schemas import (
 )
 from workflows.errors import NotFound
 from workflows.models import Event, Wait, Workflow
+from workflows.services import schedules
 from workflows.services.waits import wait_authority_refusal
 
 
@@ -236,6 +240,61 @@ def wait_reject(request: HttpRequest, payload: RejectIn, wait_id: int = WAIT_ID)
     """`agent reject`: the workflow fails with your comment (and compensates what it made). Who may: as approve."""
     wait = decidable_wait(wait_id, caller(request))
     return decision(services.wait_reject(wait_id=wait.pk, user=caller(request), comment=payload.comment))
+
+
+SCHEDULE_NAME = Path(..., pattern=r"^[A-Za-z0-9_-]{1,80}$", description="the schedule's name", examples=["nightly"])
+
+
+@api.get("/schedules", response={200: list[ScheduleOut], **ERRORS}, summary="List schedules", tags=["schedules"])
+def schedule_list(request: HttpRequest) -> list[Json]:
+    """`agent schedule list --json`, by name. Needs `workflows.view_schedule`."""
+    require(caller(request), ("workflows.view_schedule", "workflows.change_schedule"), to="see schedules")
+    return [selectors.schedule_summary(s) for s in selectors.schedules()[:paging.MAX_PAGE]]
+
+
+@api.post("/schedules", response={201: ScheduleOut, **ERRORS}, summary="Add a schedule", tags=["schedules"])
+def schedule_add(request: HttpRequest, payload: ScheduleIn) -> Status[Json]:
+    """`agent schedule add`: each occurrence launches as the token's user (docs/operators.md, "Schedules").
+    Needs `workflows.add_schedule`; 400 for a bad value or a name in use, with nothing written."""
+    require(caller(request), "workflows.add_schedule", to="add schedules")
+    added = schedules.schedule_add(name=payload.name, kind=payload.kind, goal=payload.goal, params=payload.params,
+                                   cron=payload.cron, every=payload.every, overlap=payload.overlap,
+                                   catch_up=payload.catch_up, jitter=payload.jitter, user=caller(request))
+    return Status(201, selectors.schedule_summary(added))
+
+
+@api.post("/schedules/{name}/pause", response={200: ScheduleOut, **ERRORS}, summary="Pause a schedule",
+          tags=["schedules"])
+def schedule_pause(request: HttpRequest, name: str = SCHEDULE_NAME) -> Json:
+    """`agent schedule pause`: launches nothing until resumed. Needs `workflows.change_schedule`."""
+    require(caller(request), "workflows.change_schedule", to="pause schedules")
+    return selectors.schedule_summary(schedules.schedule_pause(name=name))
+
+
+@api.post("/schedules/{name}/resume", response={200: ScheduleOut, **ERRORS}, summary="Resume a schedule",
+          tags=["schedules"])
+def schedule_resume(request: HttpRequest, name: str = SCHEDULE_NAME) -> Json:
+    """`agent schedule resume`: from the next occurrence. Needs `workflows.change_schedule`."""
+    require(caller(request), "workflows.change_schedule", to="resume schedules")
+    return selectors.schedule_summary(schedules.schedule_resume(name=name))
+
+
+@api.post("/schedules/{name}/trigger", response={200: OccurrenceOut, **ERRORS}, summary="Trigger a schedule now",
+          tags=["schedules"])
+def schedule_trigger(request: HttpRequest, name: str = SCHEDULE_NAME) -> Json:
+    """`agent schedule trigger`: an occurrence now, under the overlap policy, launched as the token's user.
+    Needs `workflows.change_schedule`."""
+    require(caller(request), "workflows.change_schedule", to="trigger schedules")
+    return selectors.occurrence_summary(schedules.schedule_trigger(name=name, user=caller(request)))
+
+
+@api.delete("/schedules/{name}", response={200: Json, **ERRORS}, summary="Remove a schedule", tags=["schedules"])
+def schedule_remove(request: HttpRequest, name: str = SCHEDULE_NAME) -> Json:
+    """`agent schedule remove`: the schedule and its beat entry; the workflows it launched go on. Needs
+    `workflows.delete_schedule`."""
+    require(caller(request), "workflows.delete_schedule", to="remove schedules")
+    schedules.schedule_remove(name=name)
+    return {"name": name, "removed": True}
 
 
 WEBHOOK_HEADERS = [

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from ninja import Field, Schema
 from pydantic import BeforeValidator, ConfigDict, StrictFloat, StrictInt, WithJsonSchema
 
-from workflows.models import Wait, Workflow
+from workflows.models import Schedule, ScheduleOccurrence, Wait, Workflow
 from workflows.services.steps import MAX_GOAL_CHARS, MAX_HOURS, Outcome
 
 # Text a person wrote: no control characters but tab and line breaks (PostgreSQL cannot store NUL).
@@ -233,3 +233,54 @@ class BudgetOut(Schema):
     id: int
     status: StatusName
     spend: dict[str, Any]
+
+
+DURATION = r"^([0-9]+|([0-9]+d)?([0-9]+h)?([0-9]+m)?([0-9]+s)?)$"
+
+
+class ScheduleIn(Body):
+    """`agent schedule add`: a cron or an interval (one of the two)."""
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,80}$", description="the schedule's name", examples=["nightly"])
+    kind: str = Field(pattern=KIND, description="workflow kind each occurrence launches", examples=["release"])
+    goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, pattern=FILLED_TEXT,
+                      description="the goal of each launch", examples=["Check tonight's release"])
+    params: dict[str, str] = Field(default_factory=dict, description="launch parameters, as `--param KEY=VALUE`")
+    cron: str = Field(default="", max_length=120, pattern=r"^[0-9A-Za-z*/,\- ]*$",
+                      description="five-field cron expression in UTC", examples=["0 3 * * *"])
+    every: str = Field(default="", max_length=20, pattern=f"({DURATION[1:-1]})?",
+                       description="or an interval from 10 s, e.g. 6h, 30m, 1h30m", examples=["6h"])
+    overlap: Literal[tuple(Schedule.Overlap.values)] = Field(  # type: ignore[valid-type]
+        default=Schedule.Overlap.SKIP, description="what an occurrence does while the previous run is live")
+    catch_up: str = Field(default="0", max_length=20, pattern=DURATION,
+                          description="missed occurrences up to this long ago still launch")
+    jitter: str = Field(default="0", max_length=20, pattern=DURATION,
+                        description="launch each occurrence up to this long after its time")
+
+
+class OccurrenceOut(Schema):
+    at: str
+    outcome: Literal[tuple(ScheduleOccurrence.Outcome.values)]  # type: ignore[valid-type]
+    workflow_id: int | None
+    reason: str
+    triggered_by: str | None
+
+
+class ScheduleOut(Schema):
+    """`agent schedule list --json` items."""
+    name: str
+    kind: str
+    goal: str
+    params: dict[str, Any]
+    cron: str
+    every_seconds: int | None
+    when: str = Field(examples=["every 6h"])
+    overlap: str
+    catch_up_seconds: int
+    jitter_seconds: int
+    paused: bool
+    created_by: str | None
+    next_due_at: str
+    buffered_at: str | None
+    launched: int = Field(ge=0, description="occurrences that launched a workflow")
+    last_occurrence: OccurrenceOut | None
+

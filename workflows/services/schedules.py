@@ -24,7 +24,7 @@ from django.db.models import Q
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from workflows import clock, registry
-from workflows.errors import InvalidInput, Refused
+from workflows.errors import InvalidInput, NotFound, Refused
 from workflows.models import Schedule, ScheduleOccurrence, Workflow
 from workflows.services.cancellation import workflow_cancel
 from workflows.services.common import json_checked, text_checked
@@ -168,7 +168,8 @@ def schedule_named(name: str, *, lock: bool = False) -> Schedule:
     try:
         return rows.select_related("created_by").get(name=name)
     except Schedule.DoesNotExist:
-        raise InvalidInput(f"No schedule is named {str(name)[:90]!r} (manage.py agent schedule list).") from None
+        raise NotFound(f"No schedule is named {str(name)[:90]!r} (manage.py agent schedule list, GET "
+                       "/api/schedules).") from None
 
 
 def schedule_pause(*, name: str) -> Schedule:
