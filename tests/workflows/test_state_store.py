@@ -2,11 +2,16 @@
 changed, the kinds at their limits, and workflows parked with state in the old shape finishing."""
 from __future__ import annotations
 
+import io
 import json
 import re
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from django.urls import reverse
 
 from agentops.agents.autonomous.definition import Autonomous
 from agentops.agents.autonomous.presentation import earlier_tasks
@@ -124,6 +129,18 @@ def test_autonomous_completes_20_rounds_of_12_tasks_with_flat_state(settings, tm
     shown = Autonomous().show_extras(workflow)  # a bounded read: three earlier rounds and the current one
     assert len(shown["tasks"]) == 48 and shown["tasks"][0]["title"] == "Round 17 task 1"
     assert shown["earlier_rounds_left_out"] == 16
+    earlier, current = shown["tasks"][0], shown["tasks"][-1]  # the earlier rounds' texts cut, the current's whole
+    assert earlier["summary"].endswith("[… 1,400 more characters: agent export-history]")
+    assert len(current["summary"]) == 2000
+    detail = io.StringIO()
+    call_command("agent", "show", str(workflow.pk), "--json", stdout=detail)
+    assert len(detail.getvalue()) < 300_000, len(detail.getvalue())
+    admin = User.objects.create_superuser("root", "root@example.invalid", "root-password")
+    client = Client()
+    client.force_login(admin)
+    page = client.get(reverse("admin:workflows_workflow_change", args=[workflow.pk])).content.decode()
+    assert len(page) < 300_000 and page.count('<tr id="task-') == 48, len(page)
+    assert "more characters: agent show --json]" in page and "more characters: agent export-history]" in page
     assert replay.check(replay.history_of(workflow)) is None
 
 

@@ -30,6 +30,21 @@ class TaskRow:
 # Earlier rounds shown in full (the admin, ``agent show``); the rest are counted, and
 # ``agent export-history`` has them all: a page costs the same on round 200 as on round 3.
 EARLIER_ROUNDS_SHOWN = 3
+# Of a task's instructions and outcome, the start shown on the page, and in ``agent show --json``
+# for the earlier rounds' tasks (a task's instructions may be 4 KB, a round has up to 12 tasks).
+TASK_TEXT_CHARS = 600
+
+
+def cut(text: str, where: str) -> str:
+    """``text``'s first TASK_TEXT_CHARS, and how many characters follow and ``where`` they are."""
+    if len(text) <= TASK_TEXT_CHARS:
+        return text
+    return f"{text[:TASK_TEXT_CHARS]} [… {len(text) - TASK_TEXT_CHARS:,} more characters: {where}]"
+
+
+def _cut_task(task: dict[str, Any]) -> dict[str, Any]:
+    return {key: cut(value, "agent export-history") if key in ("instructions", "summary", "reason")
+            and isinstance(value, str) else value for key, value in task.items()}
 
 
 def earlier_tasks(workflow: Workflow, *, rounds: int | None = None) -> list[dict[str, Any]]:
@@ -65,12 +80,14 @@ def _adaptation_visits(workflow: Workflow) -> list[int]:
 
 
 def shown_tasks(workflow: Workflow) -> list[dict[str, Any]]:
-    """The tasks of the last EARLIER_ROUNDS_SHOWN earlier rounds, then the current round's."""
+    """The tasks of the last EARLIER_ROUNDS_SHOWN earlier rounds (their texts cut), then the
+    current round's (whole)."""
     state = statestore.state_of(workflow) if isinstance(workflow.state, dict) else {}
     tasks = state.get("tasks")
     if not isinstance(tasks, list):
         return []
-    return [*earlier_tasks(workflow, rounds=EARLIER_ROUNDS_SHOWN), *(t for t in tasks if isinstance(t, dict))]
+    return [*map(_cut_task, earlier_tasks(workflow, rounds=EARLIER_ROUNDS_SHOWN)),
+            *(t for t in tasks if isinstance(t, dict))]
 
 
 def task_rows(workflow: Workflow) -> list[TaskRow]:
@@ -87,17 +104,18 @@ def task_rows(workflow: Workflow) -> list[TaskRow]:
     current_round = str(state.get("round", ""))
     executing = workflow.current_node == "EXECUTION" and not workflow.is_terminal
     rows: list[TaskRow] = []
-    for task in [*history, *tasks]:
+    for n, task in enumerate([*history, *tasks]):
         if not isinstance(task, dict):
             continue
+        whole = "agent export-history" if n < len(history) else "agent show --json"
         round_label = str(task.get("round", "")) or "earlier"
         status = str(task.get("status", ""))
         is_next = (executing and status == "pending" and round_label == current_round
                    and not any(r.current for r in rows))
         rows.append(TaskRow(
             id=str(task.get("id", "")), round=round_label, title=str(task.get("title", "")),
-            instructions=str(task.get("instructions", "")), status=status,
-            outcome=str(task.get("summary") or task.get("reason") or ""), current=is_next,
+            instructions=cut(str(task.get("instructions", "")), whole), status=status,
+            outcome=cut(str(task.get("summary") or task.get("reason") or ""), whole), current=is_next,
         ))
     return rows
 
