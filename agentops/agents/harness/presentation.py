@@ -23,6 +23,7 @@ from urllib.parse import urlencode
 
 from django.core.paginator import Paginator
 from django.db.models import Count, Sum
+from django.db.models.fields.json import KT
 from django.urls import reverse
 
 from agentops import git as engine_git
@@ -150,9 +151,12 @@ def check_runs(workflow: Workflow) -> list[CheckRun]:
     """Every ``harness.check_ran`` event, with only the keys the page reads: not its output tail
     (2 KB a run, thousands of runs in a long project)."""
     keys = ("feature", "purpose", "passed", "commit", "isolation")
+    # As text (->>): half the time of decoding each value as JSON.
     rows = (workflow.events.filter(kind="harness.check_ran").order_by("seq")
-            .values_list("created_at", *(f"data__{k}" for k in keys)))
-    return [CheckRun(at, dict(zip(keys, values, strict=True))) for at, *values in rows]
+            .annotate(**{f"check_{k}": KT(f"data__{k}") for k in keys})
+            .values_list("created_at", *(f"check_{k}" for k in keys)))
+    return [CheckRun(at, {"feature": feature, "purpose": purpose, "passed": passed == "true", "commit": commit,
+                          "isolation": isolation}) for at, feature, purpose, passed, commit, isolation in rows]
 
 
 def _status(feature: dict[str, Any]) -> str:
