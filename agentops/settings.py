@@ -513,3 +513,14 @@ AGENTOPS_WEBHOOK_MAX_BODY_BYTES = 256 * 1024
 # Prometheus metrics at /metrics (docs/operators.md, "Metrics"): scraped with
 # "Authorization: Bearer <this>"; empty turns the endpoint off.
 AGENTOPS_METRICS_TOKEN = env_str("AGENTOPS_METRICS_TOKEN", "")
+
+# Live event streams (docs/live.md): how often a stream looks for new events (holding no database
+# connection in between), the longest silence before a keep-alive comment, how long one stream runs
+# before it ends and the client reconnects with Last-Event-ID (so that server threads recycle), the
+# reconnect delay a client is told, and how long the all-workflows stream waits for a hole in the
+# event numbers to fill (a transaction still committing) before it passes it (one rolled back).
+AGENTOPS_STREAM_POLL_SECONDS = env_float("AGENTOPS_STREAM_POLL_SECONDS", 1.0)
+AGENTOPS_STREAM_KEEPALIVE_SECONDS = min(env_float("AGENTOPS_STREAM_KEEPALIVE_SECONDS", 15.0), 15.0)
+AGENTOPS_STREAM_MAX_SECONDS = env_float("AGENTOPS_STREAM_MAX_SECONDS", 300.0)
+AGENTOPS_STREAM_RETRY_MILLISECONDS = env_int("AGENTOPS_STREAM_RETRY_MILLISECONDS", 2000)
+AGENTOPS_STREAM_GAP_SECONDS = env_float("AGENTOPS_STREAM_GAP_SECONDS", 30.0)
