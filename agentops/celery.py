@@ -51,6 +51,14 @@ def stop_chaining(**_: Any) -> None:
     activities.shutting_down.set()
 
 
+@signals.worker_process_shutdown.connect
+def export_spans(**_: Any) -> None:
+    """A pool process exits without running atexit handlers: export the spans it still buffers."""
+    from agentops import telemetry
+
+    telemetry.flush()
+
+
 @signals.worker_ready.connect
 def announce_release(**_: Any) -> None:
     """Say which behavioral release this worker runs, so launches from a shell or the admin record

@@ -524,3 +524,17 @@ AGENTOPS_STREAM_KEEPALIVE_SECONDS = min(env_float("AGENTOPS_STREAM_KEEPALIVE_SEC
 AGENTOPS_STREAM_MAX_SECONDS = env_float("AGENTOPS_STREAM_MAX_SECONDS", 300.0)
 AGENTOPS_STREAM_RETRY_MILLISECONDS = env_int("AGENTOPS_STREAM_RETRY_MILLISECONDS", 2000)
 AGENTOPS_STREAM_GAP_SECONDS = env_float("AGENTOPS_STREAM_GAP_SECONDS", 30.0)
+
+# OpenTelemetry traces (docs/live.md, "Traces"), from the standard variables: OTEL_TRACES_EXPORTER
+# is a comma-separated list of otlp (OTLP over HTTP/protobuf; OTEL_EXPORTER_OTLP_ENDPOINT and the
+# other OTEL_EXPORTER_OTLP_* variables are read by the exporter itself), console, or none (the
+# default: off, at no cost). AGENTOPS_OTEL_CONSOLE_PATH sends the console exporter's lines to a
+# file instead of standard output (`manage.py demo` collects its workers' spans there).
+AGENTOPS_OTEL_TRACES_EXPORTER = tuple(
+    n for n in (p.strip().lower() for p in env_str("OTEL_TRACES_EXPORTER", "none").split(",")) if n and n != "none")
+if set(AGENTOPS_OTEL_TRACES_EXPORTER) - {"otlp", "console"}:
+    raise ImproperlyConfigured(f"OTEL_TRACES_EXPORTER={os.environ.get('OTEL_TRACES_EXPORTER')!r} names an exporter "
+                               "agentops does not have; use otlp, console or none.")
+AGENTOPS_OTEL_SDK_DISABLED = env_bool("OTEL_SDK_DISABLED", False)
+AGENTOPS_OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "agentops")
+AGENTOPS_OTEL_CONSOLE_PATH = env_str("AGENTOPS_OTEL_CONSOLE_PATH", "")
