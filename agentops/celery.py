@@ -8,7 +8,7 @@ from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentops.settings")
 
-app = Celery("agentops", include=["tasks.activities", "tasks.workflows", "tasks.beat"])
+app = Celery("agentops", include=["tasks.activities", "tasks.workflows", "tasks.beat", "tasks.webhooks"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Celery's Django fixup closes every database connection around every task unless this is set,
 # whatever CONN_MAX_AGE says; it is set out of reach so that the handler below decides instead.

@@ -538,3 +538,17 @@ if set(AGENTOPS_OTEL_TRACES_EXPORTER) - {"otlp", "console"}:
 AGENTOPS_OTEL_SDK_DISABLED = env_bool("OTEL_SDK_DISABLED", False)
 AGENTOPS_OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "agentops")
 AGENTOPS_OTEL_CONSOLE_PATH = env_str("AGENTOPS_OTEL_CONSOLE_PATH", "")
+
+# Outbound webhooks (docs/live.md, "Outbound webhooks"): how often beat scans for new events and
+# sends due deliveries (whole seconds), how long a receiver may take to answer, the first retry's
+# delay (doubled after each failure, up to the maximum) and the attempts before a delivery fails.
+AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS = max(1, env_int("AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS", 2))
+AGENTOPS_OUTBOUND_WEBHOOK_TIMEOUT_SECONDS = env_float("AGENTOPS_OUTBOUND_WEBHOOK_TIMEOUT_SECONDS", 10.0)
+AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_SECONDS = env_float("AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_SECONDS", 10.0)
+AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_MAX_SECONDS = env_float("AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0)
+AGENTOPS_OUTBOUND_WEBHOOK_MAX_ATTEMPTS = env_int("AGENTOPS_OUTBOUND_WEBHOOK_MAX_ATTEMPTS", 20)
+CELERY_BEAT_SCHEDULE["deliver_webhooks"] = {
+    "task": "agentops.beat.deliver_webhooks",
+    "schedule": schedule(AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS),
+    "options": {"expires": max(10.0, 5 * AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS)},
+}

@@ -66,8 +66,8 @@ class GlobalCursor:
     after: int
     gap_seconds: float = field(default_factory=lambda: float(settings.AGENTOPS_STREAM_GAP_SECONDS))
     monotonic: Callable[[], float] = time.monotonic
-    # The first hole seen and when: the key after ``after`` that is missing.
-    _hole_seen_at: float | None = None
+    # When the reader first met the hole after ``after`` (on the ``monotonic`` clock); None: no hole.
+    hole_seen_at: float | None = None
 
     def read(self, event_filter: EventFilter, *, limit: int) -> list[Event]:
         """The next events that match, oldest first; ``after`` moves past every key read, matching or not."""
@@ -77,7 +77,7 @@ class GlobalCursor:
             if key != upto + 1 and not self._hole_passable():
                 break
             upto = key
-            self._hole_seen_at = None
+            self.hole_seen_at = None
         if upto == self.after:
             return []
         events = list(event_filter.apply(Event.objects.filter(pk__gt=self.after, pk__lte=upto)).order_by("pk"))
@@ -86,9 +86,9 @@ class GlobalCursor:
 
     def _hole_passable(self) -> bool:
         now = self.monotonic()
-        if self._hole_seen_at is None:
-            self._hole_seen_at = now
-        return now - self._hole_seen_at >= self.gap_seconds
+        if self.hole_seen_at is None:
+            self.hole_seen_at = now
+        return now - self.hole_seen_at >= self.gap_seconds
 
 
 def workflow_is_finished(workflow_id: int) -> bool:
