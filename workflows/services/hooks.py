@@ -49,6 +49,19 @@ def webhook_subscription_create(*, name: str, url: str, secret: str, event_kinds
                                 user: Any = None) -> WebhookSubscription:
     """A new subscription, told of the events recorded from now on. Not idempotent: a second call
     with the same name is refused (unique constraint ``uniq_webhook_subscription_name``)."""
+    fields = webhook_subscription_checked(name=name, url=url, secret=secret, event_kinds=event_kinds,
+                                          workflow_kinds=workflow_kinds, launchers=launchers)
+    with transaction.atomic():
+        if WebhookSubscription.objects.filter(name=fields["name"]).exists():
+            raise InvalidInput(f"A webhook named {fields['name']!r} exists already; remove it first or choose another "
+                               "name. Nothing was changed.")
+        return WebhookSubscription.objects.create(**fields, created_by=user if getattr(user, "pk", None) else None,
+                                                  created_at=clock.now(), cursor=latest_event_pk())
+
+
+def webhook_subscription_checked(*, name: str, url: str, secret: str, event_kinds: Iterable[str] = (),
+                                 workflow_kinds: Iterable[str] = (), launchers: Iterable[str] = ()) -> dict[str, Any]:
+    """A subscription's fields, checked and tidied; InvalidInput saying what is wrong."""
     name, url = name.strip(), url.strip()
     if not NAME.match(name):
         raise InvalidInput(f"A webhook's name is 1-100 letters, digits, '_', '.' or '-', starting with a letter or "
@@ -60,17 +73,8 @@ def webhook_subscription_create(*, name: str, url: str, secret: str, event_kinds
     if len(secret) < MIN_SECRET or len(secret) > 200:
         raise InvalidInput(f"A webhook's secret must be {MIN_SECRET}-200 characters (e.g. `python -c \"import secrets; "
                            "print(secrets.token_urlsafe(32))\"`). Nothing was changed.")
-    lists = {what: _names(values, what) for what, values in (("event kinds", event_kinds),
-                                                             ("workflow kinds", workflow_kinds),
-                                                             ("launchers", launchers))}
-    with transaction.atomic():
-        if WebhookSubscription.objects.filter(name=name).exists():
-            raise InvalidInput(f"A webhook named {name!r} exists already; remove it first or choose another name. "
-                               "Nothing was changed.")
-        return WebhookSubscription.objects.create(
-            name=name, url=url, secret=secret, event_kinds=lists["event kinds"],
-            workflow_kinds=lists["workflow kinds"], launchers=lists["launchers"],
-            created_by=user if getattr(user, "pk", None) else None, created_at=clock.now(), cursor=latest_event_pk())
+    return {"name": name, "url": url, "secret": secret, "event_kinds": _names(event_kinds, "event kinds"),
+            "workflow_kinds": _names(workflow_kinds, "workflow kinds"), "launchers": _names(launchers, "launchers")}
 
 
 def _names(values: Iterable[str], what: str) -> list[str]:

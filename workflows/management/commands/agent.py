@@ -20,6 +20,7 @@ from rich.table import Table
 
 from workflows import histories, replay, selectors, services
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
+from workflows.management import webhook_verb
 from workflows.models import Signal, Workflow
 from workflows.services import tokens
 from workflows.services.workflows import SIGNAL_AUTO_KEY_PREFIX, SIGNAL_WEBHOOK_KEY_PREFIX
@@ -122,6 +123,8 @@ class Command(BaseCommand):
         token.add_argument("id", type=int, nargs="?", help="the token to revoke")
         token.add_argument("--user", help="create: whose token (the API acts as this user); list: only theirs")
         token.add_argument("--name", default="", help="create: a label to tell tokens apart, e.g. ci")
+
+        webhook_verb.add_parser(verb("webhook", webhook_verb.HELP))
 
         usage = verb("usage", "The usage ledger's requests whose outcome is unknown: `usage uncertain [--workflow ID]` "
                               "lists them; `usage settle --file REPORT.jsonl` charges or releases them from the "
@@ -279,6 +282,9 @@ class Command(BaseCommand):
                        f"API token {token.pk} ({token.prefix}…) of {token.user.username} "
                        + ("revoked." if outcome == services.Outcome.APPLIED else
                           f"was already revoked at {token.revoked_at:%Y-%m-%d %H:%M:%S}; nothing changed."))
+
+    def _webhook(self, options: dict[str, Any]) -> None:
+        webhook_verb.run(self, options)
 
     def _usage(self, options: dict[str, Any]) -> None:
         if options["action"] == "uncertain":
