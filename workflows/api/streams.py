@@ -137,6 +137,11 @@ def workflow_events_stream(request: HttpRequest, workflow_id: int, after: str = 
     if workflow.history_archived and seq < workflow.event_seq:
         raise Refused(f"Workflow {workflow_id}'s history was moved to {workflow.history_archive_path} by retention; "
                       f"`manage.py agent export-history {workflow_id}` prints it.")
+    return workflow_stream(workflow_id, seq)
+
+
+def workflow_stream(workflow_id: int, seq: int) -> StreamingHttpResponse:
+    """The stream of one workflow's events after ``seq`` (the API's, and the admin page's)."""
     connection.close()  # the stream's first poll opens one again
 
     def poll() -> Poll:
