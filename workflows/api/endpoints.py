@@ -8,7 +8,7 @@ from django.http import HttpRequest
 from ninja import Header, NinjaAPI, Status
 
 from workflows import selectors, services
-from workflows.api import hooks, streams
+from workflows.api import costs, hooks, streams
 from workflows.api.auth import LAUNCH_PERMISSION, OPERATE_PERMISSION, VIEW_PERMISSIONS, JsonParser, TokenAuth, require
 from workflows.api.errors import Forbidden, install_error_handlers
 from workflows.api.schemas import (
@@ -45,6 +45,7 @@ api = AgentOpsAPI(
 install_error_handlers(api)
 api.add_router("", streams.router)
 api.add_router("", hooks.router)
+api.add_router("", costs.router)
 
 Json = dict[str, Any]
 ERRORS: dict[int, Any] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut}
