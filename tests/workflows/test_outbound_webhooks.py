@@ -186,3 +186,22 @@ def test_a_second_subscription_of_the_same_name_is_refused() -> None:
     with pytest.raises(InvalidInput, match="A webhook named 'ci' exists already"):
         hooks.webhook_subscription_create(name="ci", url="https://example.com/other", secret=SECRET)
     assert Workflow.objects.count() == 0
+
+
+def test_a_sender_that_died_lets_its_claim_lapse_and_the_delivery_is_sent_again(
+    receiver: Receiver, deliveries_rung: list[tuple[int, int]]
+) -> None:
+    """The worker that claimed it never answered: after the claim lapses beat rings it again, and the
+    late first sender, if it comes back, records nothing (the attempts count moved on)."""
+    subscribe(receiver, event_kinds=["test.tick"])
+    record(services.workflow_launch(kind=KIND, goal="g").pk, "test.tick")
+    hooks.webhooks_deliver_due()
+    [(delivery_id, attempt)] = deliveries_rung  # the worker that took this doorbell dies
+    deliveries_rung.clear()
+    assert hooks.webhooks_deliver_due() == 0
+    WebhookDelivery.objects.filter(pk=delivery_id).update(claimed_until=clock.now() - timedelta(seconds=1))
+    hooks.webhooks_deliver_due()
+    assert deliveries_rung == [(delivery_id, attempt)]
+    assert hooks.webhook_delivery_send_if_claimed(delivery_id=delivery_id, attempt=attempt) == Outcome.APPLIED
+    assert hooks.webhook_delivery_send_if_claimed(delivery_id=delivery_id, attempt=attempt) == Outcome.NOT_RUNNABLE
+    assert receiver.requests == 1 and WebhookDelivery.objects.get(pk=delivery_id).status == "delivered"

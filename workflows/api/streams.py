@@ -19,6 +19,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Header, Router
 
 from workflows.api.auth import VIEW_PERMISSIONS, require
+from workflows.api.schemas import ErrorOut
 from workflows.errors import InvalidInput, NotFound, Refused
 from workflows.eventfeed import (
     EventFilter,
@@ -31,6 +32,9 @@ from workflows.eventfeed import (
 from workflows.models import Workflow
 
 router = Router(tags=["streams"])
+# What the OpenAPI document says a stream answers (ninja describes JSON bodies only).
+SSE = {"responses": {200: {"description": "Server-Sent Events (docs/live.md)",
+                           "content": {"text/event-stream": {"schema": {"type": "string"}}}}}}
 
 PAGE = 200
 LAST_EVENT_ID = Header(
@@ -120,7 +124,8 @@ def listed(raw: str, name: str, allowed: tuple[str, ...] = ()) -> tuple[str, ...
 
 
 @router.get("/workflows/{workflow_id}/events/stream", summary="Stream a workflow's events",
-            response={200: None, 400: Any, 401: Any, 403: Any, 404: Any, 409: Any})
+            response={200: None, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut},
+            openapi_extra=SSE)
 def workflow_events_stream(request: HttpRequest, workflow_id: int, after: str = "",
                            last_event_id: str = LAST_EVENT_ID) -> StreamingHttpResponse:
     """`text/event-stream` of the workflow's history: each event as `id: <seq>` and `data: <JSON>`
@@ -158,7 +163,7 @@ def workflow_stream(workflow_id: int, seq: int) -> StreamingHttpResponse:
 
 
 @router.get("/events/stream", summary="Stream every workflow's events",
-            response={200: None, 400: Any, 401: Any, 403: Any})
+            response={200: None, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut}, openapi_extra=SSE)
 def events_stream(request: HttpRequest, kind: str = "", status: str = "", launcher: str = "", after: str = "",
                   last_event_id: str = LAST_EVENT_ID) -> StreamingHttpResponse:
     """`text/event-stream` of the events of all workflows, for dashboards: `id:` is the event's global
