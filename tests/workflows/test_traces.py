@@ -74,20 +74,23 @@ def test_an_autonomous_run_is_one_trace_of_advances_attempts_model_and_tool_call
     assert {s.parent.span_id for s in tools} <= attempt_ids
 
 
-def test_a_replayed_step_makes_no_second_span(spans: InMemorySpanExporter) -> None:
+def test_a_replayed_step_makes_no_second_span(spans: InMemorySpanExporter,
+                                              django_capture_on_commit_callbacks: Any) -> None:
     """A duplicate doorbell replays the recorded steps and changes nothing; a recorded activity is not
     run again: neither makes a span."""
-    workflow_id = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
-    services.workflow_advance_if_runnable(workflow_id=workflow_id)
-    [plan] = Activity.objects.filter(workflow_id=workflow_id, status="scheduled")
-    services.activity_run_if_runnable(activity_id=plan.pk, worker="w1")
+    with django_capture_on_commit_callbacks(execute=True):
+        workflow_id = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
+        services.workflow_advance_if_runnable(workflow_id=workflow_id)
+        [plan] = Activity.objects.filter(workflow_id=workflow_id, status="scheduled")
+        services.activity_run_if_runnable(activity_id=plan.pk, worker="w1")
     assert Activity.objects.get(pk=plan.pk).status == "succeeded"
     before = [s.name for s in spans.get_finished_spans()]
     assert f"activity {plan.name}" in before and f"advance {plan.workflow.kind}" in before
 
-    services.workflow_advance_if_runnable(workflow_id=workflow_id)
-    services.workflow_advance_if_runnable(workflow_id=workflow_id)
-    services.activity_run_if_runnable(activity_id=plan.pk, worker="w2")
+    with django_capture_on_commit_callbacks(execute=True):
+        services.workflow_advance_if_runnable(workflow_id=workflow_id)
+        services.workflow_advance_if_runnable(workflow_id=workflow_id)
+        services.activity_run_if_runnable(activity_id=plan.pk, worker="w2")
     assert [s.name for s in spans.get_finished_spans()] == before
 
 

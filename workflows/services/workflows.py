@@ -218,11 +218,14 @@ def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Out
         return Outcome.NOT_RUNNABLE
     started_ns, seq, node = telemetry.now_ns(), workflow.event_seq, workflow.current_node
     outcome = _advance_guarded(workflow, chain=chain)
-    if workflow.event_seq != seq and telemetry.enabled():  # an advance that only replayed made no span
-        telemetry.span_recorded(f"advance {workflow.kind}", workflow_id=workflow.pk, started_ns=started_ns, attributes={
-            "agentops.workflow.id": workflow.pk, "agentops.workflow.kind": workflow.kind, "agentops.node.from": node,
-            "agentops.node.to": workflow.current_node, "agentops.advance.outcome": str(outcome),
-            "agentops.events": workflow.event_seq - seq})
+    if workflow.event_seq != seq and telemetry.enabled():
+        # Only an advance that recorded something, once it has committed: replaying recorded steps,
+        # or an advance rolled back and done again, makes no second span.
+        transaction.on_commit(functools.partial(
+            telemetry.span_recorded, f"advance {workflow.kind}", workflow_id=workflow.pk, started_ns=started_ns,
+            attributes={"agentops.workflow.id": workflow.pk, "agentops.workflow.kind": workflow.kind,
+                        "agentops.node.from": node, "agentops.node.to": workflow.current_node,
+                        "agentops.advance.outcome": str(outcome), "agentops.events": workflow.event_seq - seq}))
     return outcome
 
 
