@@ -552,3 +552,9 @@ CELERY_BEAT_SCHEDULE["deliver_webhooks"] = {
     "schedule": schedule(AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS),
     "options": {"expires": max(10.0, 5 * AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS)},
 }
+
+# The model call in flight, live (docs/live.md): a Redis URL turns on streamed model calls whose
+# partial output is published there (never stored) for the event streams; empty: off. At most one
+# model.delta event per AGENTOPS_MODEL_DELTA_SECONDS per call.
+AGENTOPS_LIVE_REDIS_URL = env_str("AGENTOPS_LIVE_REDIS_URL", "")
+AGENTOPS_MODEL_DELTA_SECONDS = env_float("AGENTOPS_MODEL_DELTA_SECONDS", 0.2)

@@ -13,7 +13,7 @@ from typing import Any
 from django.conf import settings
 from opentelemetry.trace import SpanKind
 
-from agentops import telemetry
+from agentops import livewire, telemetry
 from agentops.providers import provider_for
 from agentops.providers.base import ModelResponse, Usage
 from workflows.activity_context import ActivityContext
@@ -145,10 +145,15 @@ def _metered_call(ctx: ActivityContext, provider: Any, meter: LedgerMeter, span:
                   messages: list[dict[str, Any]], max_tokens: int, tools: list[dict[str, Any]] | None,
                   tool_choice: dict[str, Any] | None, prefix_cache_ttl: str) -> ModelResponse:
     started = time.monotonic()
+    deltas = (livewire.DeltaBuffer(workflow_id=ctx.workflow_id, operation_id=ctx.operation_id, call=call,
+                                   model=provider.model) if livewire.enabled() else None)
     try:
         with keep_alive(ctx, f"waiting for model call {call}") as beat:
             response = provider.complete(system=system, messages=messages, max_tokens=max_tokens, tools=tools,
-                                         tool_choice=tool_choice, meter=meter, prefix_cache_ttl=prefix_cache_ttl)
+                                         tool_choice=tool_choice, meter=meter, prefix_cache_ttl=prefix_cache_ttl,
+                                         **({"on_delta": deltas} if deltas is not None else {}))
+        if deltas is not None:
+            deltas.flush()
     except AgentOpsError as exc:
         meter.failed(exc)
         telemetry.failed(span, exc)

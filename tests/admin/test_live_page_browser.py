@@ -41,6 +41,26 @@ def test_an_event_appears_on_the_open_workflow_page_without_reload(
     screenshot(page, "live-timeline.png", selector="#timeline")
 
 
+def test_the_model_call_in_flight_shows_its_partial_output(
+    page: Page, live_server: Any, staff_outsider: Any, requester: Any, settings: Any
+) -> None:
+    from agentops import livewire
+
+    settings.AGENTOPS_STREAM_POLL_SECONDS = 0.1
+    settings.AGENTOPS_LIVE_REDIS_URL = "redis://127.0.0.1:6379/4"
+    settings.AGENTOPS_MODEL_DELTA_SECONDS = 0
+    workflow = gate_wait(requester).workflow
+    url = reverse("admin:workflows_workflow_change", args=[workflow.pk])
+    log_in(page, live_server, "oscar", "oscar-password", then=url)
+    expect(page.locator("#ao-live")).to_have_text("Live: new events appear at the top as they are recorded.")
+    deltas = livewire.DeltaBuffer(workflow_id=workflow.pk, operation_id="wf-1/EXECUTION.2/i1/0", call=3,
+                                  model="claude-x")
+    for piece in ("Reading ", "<the> ", "docs…"):
+        deltas({"text": piece})
+    expect(page.locator("#ao-live-model")).to_have_text(
+        "model call wf-1/EXECUTION.2/i1/0#3 (claude-x), live:\nReading <the> docs…")
+
+
 def test_the_page_stream_needs_the_view_permission(client: Any, db: None, requester: Any) -> None:
     from django.contrib.auth.models import User
 

@@ -203,3 +203,31 @@ def test_the_all_workflows_stream_waits_for_a_hole_in_the_numbers_to_fill(http: 
     kinds = [next(got).json["kind"], next(got).json["kind"]]
     stream.close()
     assert kinds == ["test.slow", "test.fast"]
+
+
+def test_model_deltas_reach_the_stream_between_history_events_without_ids(
+    http: Http, requester_token: str, settings: Any
+) -> None:
+    """Ephemeral events (agentops.livewire) come as `event: model.delta`, with no id: Last-Event-ID
+    stays the last history event's, so a reconnect neither repeats nor misses history."""
+    from agentops import livewire
+
+    settings.AGENTOPS_LIVE_REDIS_URL = "redis://127.0.0.1:6379/4"
+    settings.AGENTOPS_MODEL_DELTA_SECONDS = 0
+    workflow_id = launch(http, requester_token)
+    seq = Workflow.objects.get(pk=workflow_id).event_seq
+    stream = Stream(url(http, f"/workflows/{workflow_id}/events/stream"), token=requester_token,
+                    last_event_id=str(seq))
+    got = stream.events()
+    time.sleep(0.3)  # the stream has subscribed and waits
+    deltas = livewire.DeltaBuffer(workflow_id=workflow_id, operation_id="op", call=0, model="m")
+    deltas({"text": "Hel"})
+    deltas({"text": "lo"})
+    record(workflow_id, 1)
+    frames_got = [next(got), next(got), next(got)]
+    stream.close()
+    # Two channels, no order between them: the history event may come before the deltas or after.
+    live_frames = [f for f in frames_got if f.event == "model.delta"]
+    assert [(f.id, f.json["text"], f.json["n"]) for f in live_frames] == [(None, "Hel", 0), (None, "lo", 1)]
+    [history] = [f for f in frames_got if f.event == "message"]
+    assert history.id == str(seq + 1)

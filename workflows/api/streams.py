@@ -18,6 +18,7 @@ from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Header, Router
 
+from agentops import livewire
 from workflows.api.auth import VIEW_PERMISSIONS, require
 from workflows.api.schemas import ErrorOut
 from workflows.errors import InvalidInput, NotFound, Refused
@@ -63,8 +64,10 @@ def end_frame(reason: str, *, reconnect: bool) -> str:
     return f"event: end\ndata: {json.dumps({'reason': reason, 'reconnect': reconnect})}\n\n"
 
 
-def frames(poll: Callable[[], Poll], *, sleep: Callable[[float], None] = time.sleep) -> Iterator[str]:
-    """The stream: poll, send, keep alive, and stop after AGENTOPS_STREAM_MAX_SECONDS."""
+def frames(poll: Callable[[], Poll], *, sleep: Callable[[float], None] = time.sleep,
+           live: LiveFrames | None = None) -> Iterator[str]:
+    """The stream: poll, send, keep alive, and stop after AGENTOPS_STREAM_MAX_SECONDS; between two
+    polls, ``live`` (when given) waits instead of ``sleep`` and sends the ephemeral events it gets."""
     started = last_sent = time.monotonic()
     poll_seconds = float(settings.AGENTOPS_STREAM_POLL_SECONDS)
     keepalive = float(settings.AGENTOPS_STREAM_KEEPALIVE_SECONDS)
@@ -92,13 +95,50 @@ def frames(poll: Callable[[], Poll], *, sleep: Callable[[float], None] = time.sl
             if now - last_sent >= keepalive:
                 yield ": keep-alive\n\n"
                 last_sent = now
-            sleep(max(0.0, min(poll_seconds, keepalive - (now - last_sent))))
+            pause = max(0.0, min(poll_seconds, keepalive - (now - last_sent)))
+            if live is None:
+                sleep(pause)
+                continue
+            ephemeral = live.wait(pause)
+            if ephemeral:
+                yield from ephemeral
+                last_sent = time.monotonic()
     finally:
         connection.close()
+        if live is not None:
+            live.close()
 
 
-def stream_response(poll: Callable[[], Poll]) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(frames(poll), content_type="text/event-stream")
+class LiveFrames:
+    """A workflow's ephemeral events (agentops.livewire: ``model.delta``), read from Redis between polls
+    and sent as ``event: model.delta`` frames without an id: they never move ``Last-Event-ID``."""
+
+    def __init__(self, workflow_id: int) -> None:
+        self.pubsub = livewire.client().pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(livewire.channel(workflow_id))
+
+    def wait(self, seconds: float) -> list[str]:
+        deadline = time.monotonic() + seconds
+        got: list[str] = []
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                message = self.pubsub.get_message(timeout=left)
+                if message is not None and message.get("type") == "message":
+                    data = json.loads(message["data"])
+                    got.append(f"event: {data.get('kind', 'model.delta')}\ndata: {json.dumps(data)}\n\n")
+        except Exception:  # noqa: BLE001 - Redis gone: the history still streams, the deltas are lost
+            time.sleep(max(0.0, deadline - time.monotonic()))
+        return got
+
+    def close(self) -> None:
+        try:
+            self.pubsub.close()
+        except Exception:  # noqa: BLE001, S110 - closing a broken connection
+            pass
+
+
+def stream_response(poll: Callable[[], Poll], *, live: LiveFrames | None = None) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(frames(poll, live=live), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # a proxy in front (nginx) must not hold the frames back
     return response
@@ -159,7 +199,7 @@ def workflow_stream(workflow_id: int, seq: int) -> StreamingHttpResponse:
         return Poll([history_frame(e.seq, event_json(e, workflow_id=workflow_id)) for e in events], more=more,
                     end=f"workflow {workflow_id} has finished" if finished and not more else "")
 
-    return stream_response(poll)
+    return stream_response(poll, live=LiveFrames(workflow_id) if livewire.enabled() else None)
 
 
 @router.get("/events/stream", summary="Stream every workflow's events",
