@@ -222,6 +222,11 @@ def test_the_openapi_document_lists_every_path(http: Http, live_server: Any) -> 
         ("POST", "/api/workflows/{workflow_id}/cancel"), ("POST", "/api/workflows/{workflow_id}/resume"),
         ("POST", "/api/workflows/{workflow_id}/budget"), ("POST", "/api/waits/{wait_id}/approve"),
         ("POST", "/api/waits/{wait_id}/reject"),
+        # docs/live.md: streams, outbound webhooks, cost per step
+        ("GET", "/api/workflows/{workflow_id}/events/stream"), ("GET", "/api/events/stream"),
+        ("GET", "/api/webhooks"), ("POST", "/api/webhooks"), ("DELETE", "/api/webhooks/{subscription_id}"),
+        ("GET", "/api/webhooks/{subscription_id}/deliveries"),
+        ("POST", "/api/webhooks/deliveries/{delivery_pk}/redeliver"), ("GET", "/api/workflows/{workflow_id}/costs"),
     }
     for item in paths.values():
         for operation in item.values():

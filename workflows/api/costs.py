@@ -16,7 +16,7 @@ router = Router(tags=["workflows"])
 
 
 @router.get("/workflows/{workflow_id}/costs", response={200: dict[str, Any], 401: ErrorOut, 403: ErrorOut,
-                                                        404: ErrorOut}, summary="Spend per step")
+                                                        404: ErrorOut, 409: ErrorOut}, summary="Spend per step")
 def workflow_costs(request: HttpRequest, workflow_id: int) -> dict[str, Any]:
     """Spend (USD, as the budget counts it), calls and tokens per node, per activity and per model, the
     costliest first; `spent_usd` equals `agent show`'s. Needs `workflows.view_workflow`."""

@@ -15,7 +15,7 @@ from workflows.services import hooks
 
 router = Router(tags=["webhooks"])
 Json = dict[str, Any]
-ERRORS: dict[int, Any] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut}
+ERRORS: dict[int, Any] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut}
 
 
 class WebhookIn(Body):

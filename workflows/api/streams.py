@@ -203,7 +203,7 @@ def workflow_stream(workflow_id: int, seq: int) -> StreamingHttpResponse:
 
 
 @router.get("/events/stream", summary="Stream every workflow's events",
-            response={200: None, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut}, openapi_extra=SSE)
+            response={200: None, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 409: ErrorOut}, openapi_extra=SSE)
 def events_stream(request: HttpRequest, kind: str = "", status: str = "", launcher: str = "", after: str = "",
                   last_event_id: str = LAST_EVENT_ID) -> StreamingHttpResponse:
     """`text/event-stream` of the events of all workflows, for dashboards: `id:` is the event's global
