@@ -8,7 +8,7 @@ from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentops.settings")
 
-app = Celery("agentops", include=["tasks.activities", "tasks.workflows", "tasks.beat"])
+app = Celery("agentops", include=["tasks.activities", "tasks.workflows", "tasks.beat", "tasks.webhooks"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Celery's Django fixup closes every database connection around every task unless this is set,
 # whatever CONN_MAX_AGE says; it is set out of reach so that the handler below decides instead.
@@ -49,6 +49,14 @@ def stop_chaining(**_: Any) -> None:
     from workflows.services import activities
 
     activities.shutting_down.set()
+
+
+@signals.worker_process_shutdown.connect
+def export_spans(**_: Any) -> None:
+    """A pool process exits without running atexit handlers: export the spans it still buffers."""
+    from agentops import telemetry
+
+    telemetry.flush()
 
 
 @signals.worker_ready.connect

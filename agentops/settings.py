@@ -540,3 +540,48 @@ AGENTOPS_WEBHOOK_MAX_BODY_BYTES = 256 * 1024
 # Prometheus metrics at /metrics (docs/operators.md, "Metrics"): scraped with
 # "Authorization: Bearer <this>"; empty turns the endpoint off.
 AGENTOPS_METRICS_TOKEN = env_str("AGENTOPS_METRICS_TOKEN", "")
+
+# Live event streams (docs/live.md): how often a stream looks for new events (holding no database
+# connection in between), the longest silence before a keep-alive comment, how long one stream runs
+# before it ends and the client reconnects with Last-Event-ID (so that server threads recycle), the
+# reconnect delay a client is told, and how long the all-workflows stream waits for a hole in the
+# event numbers to fill (a transaction still committing) before it passes it (one rolled back).
+AGENTOPS_STREAM_POLL_SECONDS = env_float("AGENTOPS_STREAM_POLL_SECONDS", 1.0)
+AGENTOPS_STREAM_KEEPALIVE_SECONDS = min(env_float("AGENTOPS_STREAM_KEEPALIVE_SECONDS", 15.0), 15.0)
+AGENTOPS_STREAM_MAX_SECONDS = env_float("AGENTOPS_STREAM_MAX_SECONDS", 300.0)
+AGENTOPS_STREAM_RETRY_MILLISECONDS = env_int("AGENTOPS_STREAM_RETRY_MILLISECONDS", 2000)
+AGENTOPS_STREAM_GAP_SECONDS = env_float("AGENTOPS_STREAM_GAP_SECONDS", 30.0)
+
+# OpenTelemetry traces (docs/live.md, "Traces"), from the standard variables: OTEL_TRACES_EXPORTER
+# is a comma-separated list of otlp (OTLP over HTTP/protobuf; OTEL_EXPORTER_OTLP_ENDPOINT and the
+# other OTEL_EXPORTER_OTLP_* variables are read by the exporter itself), console, or none (the
+# default: off, at no cost). AGENTOPS_OTEL_CONSOLE_PATH sends the console exporter's lines to a
+# file instead of standard output (`manage.py demo` collects its workers' spans there).
+AGENTOPS_OTEL_TRACES_EXPORTER = tuple(
+    n for n in (p.strip().lower() for p in env_str("OTEL_TRACES_EXPORTER", "none").split(",")) if n and n != "none")
+if set(AGENTOPS_OTEL_TRACES_EXPORTER) - {"otlp", "console"}:
+    raise ImproperlyConfigured(f"OTEL_TRACES_EXPORTER={os.environ.get('OTEL_TRACES_EXPORTER')!r} names an exporter "
+                               "agentops does not have; use otlp, console or none.")
+AGENTOPS_OTEL_SDK_DISABLED = env_bool("OTEL_SDK_DISABLED", False)
+AGENTOPS_OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "agentops")
+AGENTOPS_OTEL_CONSOLE_PATH = env_str("AGENTOPS_OTEL_CONSOLE_PATH", "")
+
+# Outbound webhooks (docs/live.md, "Outbound webhooks"): how often beat scans for new events and
+# sends due deliveries (whole seconds), how long a receiver may take to answer, the first retry's
+# delay (doubled after each failure, up to the maximum) and the attempts before a delivery fails.
+AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS = max(1, env_int("AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS", 2))
+AGENTOPS_OUTBOUND_WEBHOOK_TIMEOUT_SECONDS = env_float("AGENTOPS_OUTBOUND_WEBHOOK_TIMEOUT_SECONDS", 10.0)
+AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_SECONDS = env_float("AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_SECONDS", 10.0)
+AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_MAX_SECONDS = env_float("AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0)
+AGENTOPS_OUTBOUND_WEBHOOK_MAX_ATTEMPTS = env_int("AGENTOPS_OUTBOUND_WEBHOOK_MAX_ATTEMPTS", 20)
+CELERY_BEAT_SCHEDULE["deliver_webhooks"] = {
+    "task": "agentops.beat.deliver_webhooks",
+    "schedule": schedule(AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS),
+    "options": {"expires": max(10.0, 5 * AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS)},
+}
+
+# The model call in flight, live (docs/live.md): a Redis URL turns on streamed model calls whose
+# partial output is published there (never stored) for the event streams; empty: off. At most one
+# model.delta event per AGENTOPS_MODEL_DELTA_SECONDS per call.
+AGENTOPS_LIVE_REDIS_URL = env_str("AGENTOPS_LIVE_REDIS_URL", "")
+AGENTOPS_MODEL_DELTA_SECONDS = env_float("AGENTOPS_MODEL_DELTA_SECONDS", 0.2)

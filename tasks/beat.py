@@ -71,3 +71,10 @@ def archive_histories() -> int:
     from workflows.services import retention
 
     return retention.histories_archive_due()
+
+
+@shared_task(name="agentops.beat.deliver_webhooks", acks_late=True)
+def deliver_webhooks() -> int:
+    from workflows.services import hooks
+
+    return hooks.webhooks_deliver_due()

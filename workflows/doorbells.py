@@ -51,3 +51,12 @@ def activity_queue(name: str) -> str:
 
 def workflow_advance(*, workflow_id: int) -> None:
     _publish_on_commit("agentops.workflow.advance", workflow_id=workflow_id)
+
+
+def webhook_deliver(*, delivery_id: int, attempt: int) -> None:
+    """Send attempt ``attempt`` of an outbound webhook delivery, on the I/O queue: a receiver's
+    answer is a wait, like an I/O-bound activity's."""
+    from django.conf import settings
+
+    _publish_on_commit("agentops.webhook.deliver", queue=settings.AGENTOPS_IO_QUEUE, delivery_id=delivery_id,
+                       attempt=attempt)

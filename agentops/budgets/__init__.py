@@ -11,7 +11,9 @@ from decimal import ROUND_UP, Decimal
 from typing import Any
 
 from django.conf import settings
+from opentelemetry.trace import SpanKind
 
+from agentops import livewire, telemetry
 from agentops.providers import provider_for
 from agentops.providers.base import ModelResponse, Usage
 from workflows.activity_context import ActivityContext
@@ -126,13 +128,35 @@ def metered_complete(
     estimate = estimate_usd(provider.model, input_tokens=input_tokens, max_tokens=max_tokens,
                             prefix_cache_ttl=prefix_cache_ttl)
     meter = LedgerMeter(ctx, call=call, provider=provider.name, model=provider.model, estimate=estimate)
+    with telemetry.span(f"chat {provider.model}", kind=SpanKind.CLIENT,
+                        attributes=model_call_attributes(provider.name, provider.model, call, max_tokens)) as span:
+        return _metered_call(ctx, provider, meter, span, call=call, system=system, messages=messages,
+                             max_tokens=max_tokens, tools=tools, tool_choice=tool_choice,
+                             prefix_cache_ttl=prefix_cache_ttl)
+
+
+def model_call_attributes(provider: str, model: str, call: int, max_tokens: int) -> dict[str, Any]:
+    """A model call span's request attributes (OpenTelemetry GenAI semantic conventions)."""
+    return {"gen_ai.operation.name": "chat", "gen_ai.system": provider, "gen_ai.provider.name": provider,
+            "gen_ai.request.model": model, "gen_ai.request.max_tokens": max_tokens, "agentops.model_call": call}
+
+
+def _metered_call(ctx: ActivityContext, provider: Any, meter: LedgerMeter, span: Any, *, call: int, system: str,
+                  messages: list[dict[str, Any]], max_tokens: int, tools: list[dict[str, Any]] | None,
+                  tool_choice: dict[str, Any] | None, prefix_cache_ttl: str) -> ModelResponse:
     started = time.monotonic()
+    deltas = (livewire.DeltaBuffer(workflow_id=ctx.workflow_id, operation_id=ctx.operation_id, call=call,
+                                   model=provider.model) if livewire.enabled() else None)
     try:
         with keep_alive(ctx, f"waiting for model call {call}") as beat:
             response = provider.complete(system=system, messages=messages, max_tokens=max_tokens, tools=tools,
-                                         tool_choice=tool_choice, meter=meter, prefix_cache_ttl=prefix_cache_ttl)
+                                         tool_choice=tool_choice, meter=meter, prefix_cache_ttl=prefix_cache_ttl,
+                                         **({"on_delta": deltas} if deltas is not None else {}))
+        if deltas is not None:
+            deltas.flush()
     except AgentOpsError as exc:
         meter.failed(exc)
+        telemetry.failed(span, exc)
         if meter.sent:
             ctx.note("model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
                      request_id=str(getattr(exc, "request_id", "") or ""), error=f"{type(exc).__name__}: {exc}"[:500],
@@ -142,8 +166,15 @@ def metered_complete(
         meter.failed(exc)
         raise
     cost = meter.charge(response)
-    beat.raise_if_lost()
     usage = response.usage
+    telemetry.annotate(span, {
+        "gen_ai.response.model": provider.model, "gen_ai.response.id": response.request_id or None,
+        "gen_ai.response.finish_reasons": [response.stop_reason],
+        "gen_ai.usage.input_tokens": usage.input_tokens, "gen_ai.usage.output_tokens": usage.output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": usage.cache_read_input_tokens,
+        "gen_ai.usage.cache_creation.input_tokens": usage.cache_creation_input_tokens,
+        "agentops.cost_usd": float(cost), "agentops.requests": meter.sent})
+    beat.raise_if_lost()
     _conversation_remember(ctx, system=system, messages=messages, tools=tools, usage=usage)
     ctx.note("model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
              request_id=response.request_id, stop_reason=response.stop_reason, input_tokens=usage.input_tokens,

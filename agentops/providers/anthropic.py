@@ -23,7 +23,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anthropic
@@ -119,6 +119,7 @@ class AnthropicProvider:
         self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
         tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
         meter: RequestMeter | None = None, prefix_cache_ttl: str = "5m",
+        on_delta: Callable[[dict[str, str]], None] | None = None,
     ) -> ModelResponse:
         request = cached_request(model=self.model, system=system, messages=messages, max_tokens=max_tokens,
                                  tools=tools, prefix_cache_ttl=prefix_cache_ttl)
@@ -129,7 +130,10 @@ class AnthropicProvider:
             # Innermost, inside the SDK's retry loop: it sees every HTTP request and its raw answer.
             client = client.with_options(middleware=[*client.middleware, Metered(meter)])
         try:
-            message = client.messages.create(**request)
+            if on_delta is None:
+                message = client.messages.create(**request)
+            else:
+                message = self._streamed(client, request, on_delta)
         except anthropic.AnthropicError as exc:
             raise self._mapped(exc) from None
         except json.JSONDecodeError as exc:  # the SDK lets a 2xx body that is not JSON through as is
@@ -139,6 +143,21 @@ class AnthropicProvider:
                 "Messages API.", provider=self.name, retry_after_seconds=None,
             ) from None
         return self._response(message)
+
+    @staticmethod
+    def _streamed(client: anthropic.Anthropic, request: dict[str, Any],
+                  on_delta: Callable[[dict[str, str]], None]) -> object:
+        """The same call, streamed: each text and tool-input delta goes to ``on_delta`` as it comes;
+        the answer is the stream's final message, checked like any other."""
+        with client.messages.stream(**request) as stream:
+            for event in stream:
+                if event.type == "text":
+                    on_delta({"text": event.text})
+                elif event.type == "input_json":
+                    on_delta({"tool_input": event.partial_json})
+            message = stream.get_final_message()
+            message._request_id = stream.request_id  # what ``create`` sets on its answer
+        return message
 
     def count_tokens(
         self, *, system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,

@@ -1,6 +1,7 @@
 """The provider interface: one ``complete`` call in the shape of the Messages API."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,10 +66,13 @@ class ModelProvider(Protocol):
         self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
         tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
         meter: RequestMeter | None = None, prefix_cache_ttl: str = "5m",
+        on_delta: Callable[[dict[str, str]], None] | None = None,
     ) -> ModelResponse:
         """One Messages API call; ``tool_choice`` (``{"type": "tool", "name": …}``) forces a tool
         call; ``meter`` is told about each HTTP request the call sends; ``prefix_cache_ttl``
-        ("5m" or "1h") is the prompt-cache lifetime of the stable prefix (tools and system)."""
+        ("5m" or "1h") is the prompt-cache lifetime of the stable prefix (tools and system);
+        ``on_delta``, when given, is told the answer's partial text (``{"text": …}``) and tool input
+        (``{"tool_input": …}``) while it comes (agentops.livewire); it never changes the answer."""
         ...
 
     def count_tokens(

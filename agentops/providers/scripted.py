@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from agentops.providers.base import ModelResponse, RequestMeter, Usage
@@ -26,8 +27,10 @@ class ScriptedProvider:
         self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,
         tools: list[dict[str, Any]] | None = None, tool_choice: dict[str, Any] | None = None,
         meter: RequestMeter | None = None, prefix_cache_ttl: str = "5m",
+        on_delta: Callable[[dict[str, str]], None] | None = None,
     ) -> ModelResponse:
-        """An answer computed in-process: one "request", always answered."""
+        """An answer computed in-process: one "request", always answered (all at once, so it
+        sends no deltas)."""
         if meter is not None:
             meter.sending(0)
             meter.answered(0, status=200, request_id="")

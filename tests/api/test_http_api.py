@@ -223,6 +223,11 @@ def test_the_openapi_document_lists_every_path(http: Http, live_server: Any) -> 
         ("POST", "/api/workflows/{workflow_id}/budget"), ("POST", "/api/waits/{wait_id}/approve"),
         ("POST", "/api/waits/{wait_id}/reject"), ("GET", "/api/workflows/{workflow_id}/events"),
         ("POST", "/api/hooks/{source}/workflows/{workflow_id}/signals/{name}"),
+        # docs/live.md: streams, outbound webhooks, cost per step
+        ("GET", "/api/workflows/{workflow_id}/events/stream"), ("GET", "/api/events/stream"),
+        ("GET", "/api/webhooks"), ("POST", "/api/webhooks"), ("DELETE", "/api/webhooks/{subscription_id}"),
+        ("GET", "/api/webhooks/{subscription_id}/deliveries"),
+        ("POST", "/api/webhooks/deliveries/{delivery_pk}/redeliver"), ("GET", "/api/workflows/{workflow_id}/costs"),
     }
     for path, item in paths.items():
         for operation in item.values():

@@ -390,6 +390,32 @@ def api_key_of(headers: dict[str, str]) -> str:
     return headers.get("x-api-key") or (bearer[len("Bearer "):] if bearer.startswith("Bearer ") else "")
 
 
+def sse_body(message: dict[str, Any], *, piece: int = 7) -> bytes:
+    """``message`` as the Messages API streams it (``"stream": true``): message_start, each content block
+    as a start, its text or tool input in pieces of ``piece`` characters, a stop; message_delta (stop
+    reason, output tokens), message_stop."""
+    events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": {
+        **message, "content": [], "stop_reason": None, "usage": {**message["usage"], "output_tokens": 0}}})]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            start, whole, delta = {"type": "text", "text": ""}, block["text"], ("text_delta", "text")
+        elif block["type"] == "tool_use":
+            start, whole, delta = {**block, "input": {}}, json.dumps(block["input"]), ("input_json_delta",
+                                                                                      "partial_json")
+        else:
+            start, whole, delta = block, "", ("", "")
+        events.append(("content_block_start", {"type": "content_block_start", "index": index, "content_block": start}))
+        for at in range(0, len(whole), piece):
+            events.append(("content_block_delta", {"type": "content_block_delta", "index": index,
+                                                   "delta": {"type": delta[0], delta[1]: whole[at:at + piece]}}))
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+    output = {"output_tokens": message["usage"]["output_tokens"]}
+    events.append(("message_delta", {"type": "message_delta", "usage": output,
+                                     "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None}}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events).encode()
+
+
 def _handler_for(api: FakeAnthropicAPI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the SDK's connection pool expects
@@ -431,6 +457,8 @@ def _handler_for(api: FakeAnthropicAPI) -> type[BaseHTTPRequestHandler]:
                                    answer.error_details)
             message = api.message_for(body, answer, request_id)
             recorded.usage = message["usage"]
+            if body.get("stream"):
+                return self._send(recorded, 200, sse_body(message), {"content-type": "text/event-stream"})
             self._json(recorded, 200, message)
 
         def _count_tokens(self, recorded: Recorded, body: Any, headers: dict[str, str]) -> None:

@@ -9,6 +9,7 @@ from django.db.models import Count
 
 from workflows.admin.charts import Reading, TimeChart, time_chart
 from workflows.admin.display import usd, when
+from workflows.costs import cost_breakdown
 from workflows.models import Event, ProgressSample, UsageEntry, Workflow
 from workflows.selectors import spend_summary
 
@@ -63,6 +64,13 @@ def progress_chart(workflow: Workflow, samples: list[ProgressSample]) -> TimeCha
     )
 
 
+def costs_tables(workflow: Workflow) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The per-step cost tables: (axis, rows with the axis's value as ``key``), per node, activity, model."""
+    costs = cost_breakdown(workflow)
+    return [(axis, [{**row, "key": row[axis]} for row in costs[f"by_{axis}"]])
+            for axis in ("node", "activity", "model")]
+
+
 def reasoning_panel(workflow: Workflow, *, now: datetime) -> dict[str, Any]:
     """Budget and spend, progress and stagnation, for the workflow page."""
     entries = list(UsageEntry.objects.filter(workflow=workflow).order_by("created_at", "pk")
@@ -77,6 +85,7 @@ def reasoning_panel(workflow: Workflow, *, now: datetime) -> dict[str, Any]:
                  if flagged else None)
     return {
         "spend": spend_summary(workflow),
+        "costs_tables": costs_tables(workflow),
         "spend_chart": spend_chart(workflow, entries, simulated=simulated),
         "models": models,
         "simulated": simulated,

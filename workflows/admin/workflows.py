@@ -11,6 +11,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http.response import HttpResponseBase
+from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -20,7 +22,8 @@ from workflows.admin.common import ReadOnlyAdmin, add_outcome_message, forbidden
 from workflows.admin.display import usd, when
 from workflows.admin.inspection import EVENTS_PAGE_PARAM, inspect_workflow
 from workflows.admin.reasoning import is_budget_paused, reasoning_panel
-from workflows.errors import Refused
+from workflows.api import streams
+from workflows.errors import InvalidInput, Refused
 from workflows.models import Checkpoint, Commitment, Intent, Wait, Workflow
 from workflows.selectors import definition_of, spend_summary
 from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS
@@ -273,6 +276,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
               for name in ACTIONS),
             path("<int:workflow_id>/checkpoints/<int:checkpoint_id>/", self.admin_site.admin_view(self.checkpoint_view),
                  name="workflows_workflow_checkpoint"),
+            path("<int:workflow_id>/events/stream/", self.admin_site.admin_view(self.events_stream_view),
+                 name="workflows_workflow_events_stream"),
             *super().get_urls(),
         ]
 
@@ -302,6 +307,19 @@ class WorkflowAdmin(ReadOnlyAdmin):
                      ) -> HttpResponse:
         """A workflow's history is its event timeline, not the admin's log of form edits (there are none)."""
         return HttpResponseRedirect(reverse("admin:workflows_workflow_change", args=[object_id]) + "#timeline")
+
+    def events_stream_view(self, request: HttpRequest, workflow_id: int) -> HttpResponseBase:
+        """The page's live timeline: the API's event stream, for the admin's session (docs/live.md)."""
+        if not self.has_view_permission(request):
+            return forbidden(request, self.admin_site, title="Live events",
+                             reason=f"{request.user.get_username()} may not see workflows.")
+        workflow = get_object_or_404(Workflow, pk=workflow_id)
+        try:
+            seq = streams.cursor_from(request.headers.get("Last-Event-ID", ""), request.GET.get("after", ""),
+                                      default=lambda: 0)
+        except InvalidInput as exc:
+            return HttpResponse(str(exc), status=400, content_type="text/plain")
+        return streams.workflow_stream(workflow.pk, seq)
 
     def checkpoint_view(self, request: HttpRequest, workflow_id: int, checkpoint_id: int) -> HttpResponse:
         """One checkpoint's durable state (the workflow page lists checkpoints without their states)."""

@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Header, NinjaAPI, Path, Query, Status
 
 from workflows import selectors, services
-from workflows.api import paging, webhooks
+from workflows.api import costs, hooks, paging, streams, webhooks
 from workflows.api.auth import LAUNCH_PERMISSION, OPERATE_PERMISSION, VIEW_PERMISSIONS, JsonParser, TokenAuth, require
 from workflows.api.errors import Forbidden, install_error_handlers
 from workflows.api.schemas import (
@@ -61,6 +61,9 @@ api = AgentOpsAPI(
     urls_namespace="api",
 )
 install_error_handlers(api)
+api.add_router("", streams.router)
+api.add_router("", hooks.router)
+api.add_router("", costs.router)
 
 Json = dict[str, Any]
 # 413: a body over DATA_UPLOAD_MAX_MEMORY_SIZE; 415: a body not sent as application/json (middleware.py).

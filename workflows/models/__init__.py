@@ -1,5 +1,6 @@
 """Durable workflow state: tables, constraints, indexes and FSM transitions (no I/O, no clock)."""
 from workflows.models.activities import Activity, ActivityAttempt, Commitment
+from workflows.models.hooks import WebhookAttempt, WebhookDelivery, WebhookSubscription
 from workflows.models.identity import ClientRequest, Installation
 from workflows.models.ledger import ProgressSample, UsageEntry
 from workflows.models.schedules import Schedule, ScheduleOccurrence
@@ -26,5 +27,8 @@ __all__ = [
     "Timer",
     "UsageEntry",
     "Wait",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookSubscription",
     "Workflow",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from agentops import telemetry
 from workflows import clock, doorbells, faults, registry, statestore
 from workflows.activity_context import ActivityContext
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Permanent, Refused, Throttled
@@ -93,16 +94,24 @@ def _attempt_run(claim: Claim, *, worker: str, task_id: str, chain_until: float)
     when the result's advance scheduled one before ``chain_until``."""
     spec = registry.activity_type(claim.name)
     ctx = ActivityContext(claim=claim, lease=DatabaseLease())
-    ctx.faultpoint("activity.after_claim")
-    try:
-        result = _execute(spec, ctx)
-    except Exception as exc:
-        logger.info("activity.attempt.failed", extra={"operation_id": claim.operation_id, "attempt": claim.attempt})
-        return activity_failure_record_if_current(claim=claim, error=exc), None
-    ctx.faultpoint("activity.before_writeback")
-    chain = (ChainSlot(worker=worker, task_id=task_id, io_bound=spec.io_bound)
-             if time.monotonic() < chain_until and not shutting_down.is_set() else None)
-    outcome = activity_result_record_if_current(claim=claim, result=result, reconciled=ctx.reconciled, chain=chain)
+    with telemetry.span(f"activity {claim.name}", workflow_id=claim.workflow_id, attributes={
+            "agentops.workflow.id": claim.workflow_id, "agentops.activity.name": claim.name,
+            "agentops.operation_id": claim.operation_id, "agentops.attempt": claim.attempt,
+            "agentops.worker": worker}) as span:
+        ctx.faultpoint("activity.after_claim")
+        try:
+            result = _execute(spec, ctx)
+        except Exception as exc:
+            logger.info("activity.attempt.failed", extra={"operation_id": claim.operation_id, "attempt": claim.attempt})
+            telemetry.failed(span, exc)
+            outcome = activity_failure_record_if_current(claim=claim, error=exc)
+            telemetry.annotate(span, {"agentops.attempt.outcome": str(outcome)})
+            return outcome, None
+        ctx.faultpoint("activity.before_writeback")
+        chain = (ChainSlot(worker=worker, task_id=task_id, io_bound=spec.io_bound)
+                 if time.monotonic() < chain_until and not shutting_down.is_set() else None)
+        outcome = activity_result_record_if_current(claim=claim, result=result, reconciled=ctx.reconciled, chain=chain)
+        telemetry.annotate(span, {"agentops.attempt.outcome": str(outcome), "agentops.reconciled": ctx.reconciled})
     return outcome, chain.claim if chain is not None else None
 
 

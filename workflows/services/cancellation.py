@@ -17,6 +17,7 @@ from workflows.services.steps import (
     commitment_close_compensated,
     compensation_ensure,
     live_work_void,
+    trace_finished_on_commit,
     uncertain_commitments_ensure,
     username_of,
 )
@@ -91,6 +92,7 @@ def advance_cancellation(workflow: Workflow) -> Outcome:
     workflow.finish_cancel(at=now)
     event_record(workflow=workflow, kind="workflow.cancelled", at=now)
     workflow_save(workflow, "status", at=now)
+    trace_finished_on_commit(workflow)
     return Outcome.APPLIED
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -10,8 +11,10 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 
+from agentops import telemetry
 from workflows import doorbells, engine, registry, statestore
 from workflows.errors import InvalidInput, Throttled
 from workflows.leases import Claim
@@ -293,6 +296,7 @@ def complete_locked(workflow: Workflow, result: Any, *, now: datetime) -> None:
     workflow.complete(at=now, result=json_checked(result, what="The workflow result"))
     event_record(workflow=workflow, kind="workflow.completed", at=now)
     workflow_save(workflow, "status", "result", at=now)
+    trace_finished_on_commit(workflow)
 
 
 def fail_locked(workflow: Workflow, reason: str, *, now: datetime) -> None:
@@ -303,7 +307,16 @@ def fail_locked(workflow: Workflow, reason: str, *, now: datetime) -> None:
     workflow.fail(at=now, reason=reason)
     event_record(workflow=workflow, kind="workflow.failed", at=now, reason=reason)
     workflow_save(workflow, "status", "reason", at=now)
+    trace_finished_on_commit(workflow)
     commitments_compensate(workflow, workflow.commitments.filter(status=Commitment.Status.ACTIVE), now=now)
+
+
+def trace_finished_on_commit(workflow: Workflow) -> None:
+    """The workflow's root span (agentops.telemetry), once the final transition has committed."""
+    if telemetry.enabled():
+        transaction.on_commit(functools.partial(telemetry.workflow_finished, workflow_id=workflow.pk,
+                                                kind=workflow.kind, status=workflow.status,
+                                                created_at=workflow.created_at))
 
 
 def live_work_void(workflow: Workflow, *, now: datetime, reason: str, visit: int | None = None) -> list[Commitment]:

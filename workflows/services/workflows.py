@@ -11,6 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from agentops import telemetry
 from workflows import clock, doorbells, engine, registry, selectors
 from workflows.errors import InvalidInput, NotFound, TransitionRefused
 from workflows.models import ClientRequest, Commitment, Intent, Signal, Wait, Workflow
@@ -213,6 +214,20 @@ def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Out
     """
     if workflow.status not in (Workflow.Status.RUNNING, Workflow.Status.CANCELLING):
         return Outcome.NOT_RUNNABLE
+    started_ns, seq, node = telemetry.now_ns(), workflow.event_seq, workflow.current_node
+    outcome = _advance_guarded(workflow, chain=chain)
+    if workflow.event_seq != seq and telemetry.enabled():
+        # Only an advance that recorded something, once it has committed: replaying recorded steps,
+        # or an advance rolled back and done again, makes no second span.
+        transaction.on_commit(functools.partial(
+            telemetry.span_recorded, f"advance {workflow.kind}", workflow_id=workflow.pk, started_ns=started_ns,
+            attributes={"agentops.workflow.id": workflow.pk, "agentops.workflow.kind": workflow.kind,
+                        "agentops.node.from": node, "agentops.node.to": workflow.current_node,
+                        "agentops.advance.outcome": str(outcome), "agentops.events": workflow.event_seq - seq}))
+    return outcome
+
+
+def _advance_guarded(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
     mark = AdvanceMark.take(workflow, chain)
     try:
         with transaction.atomic():

@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 
 from django.conf import settings
 
-from agentops import sandbox
+from agentops import sandbox, telemetry
 from agentops.budgets import MODEL_CALL_LEASE, keep_alive, metered_complete
 from agentops.providers.answers import AnswerTool, ask_structured
 from workflows.activity_context import ActivityContext
@@ -183,8 +183,10 @@ def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
         for call in response.tool_calls:
             # A taken-over or unwanted attempt must not touch the workspace the current one uses.
             ctx.fence(f"tool {call['name']}")
-            with keep_alive(ctx, f"task {task['id']} turn {turn + 1}: tool {call['name']}") as beat:
+            with (telemetry.tool_span(call["name"]) as span,
+                  keep_alive(ctx, f"task {task['id']} turn {turn + 1}: tool {call['name']}") as beat):
                 ok, output, isolation = run_tool_isolated(root, call["name"], call.get("input") or {})
+                telemetry.annotate(span, {"agentops.tool.ok": ok})
             beat.raise_if_lost()
             tool_notes.append(("tool.called", {
                 "tool": call["name"], "input": sandbox.redact(_short(call.get("input"))), "ok": ok,

@@ -19,7 +19,7 @@ from typing import Any, TypedDict
 
 from django.conf import settings
 
-from agentops import sandbox
+from agentops import sandbox, telemetry
 from agentops.agents.harness import breakers, gitops, tools
 from agentops.agents.harness import checks as checks_mod
 from agentops.agents.harness.checks import CheckResult, Feature
@@ -644,8 +644,9 @@ def _loop(ctx: ActivityContext, session: tools.Session, *, system: str, brief: s
                     # The deadline caps every command too.
                     args = {**args, "timeout_seconds": max(1, min(int(args.get("timeout_seconds") or 30),
                                                                  int(run.left_seconds())))}
-                with keep_alive(ctx, f"tool {name}"):
+                with telemetry.tool_span(name) as span, keep_alive(ctx, f"tool {name}"):
                     ok, output = tools.call(session, name, args)
+                    telemetry.annotate(span, {"agentops.tool.ok": ok})
             ctx.note("tool.called", tool=name, input=json.dumps(_short(args), default=str)[:300], ok=ok,
                      output=output[:300], **({"isolation": session.isolation} if name == "run_command" else {}))
             if output.startswith("refused:"):

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from workflows import histories, replay, selectors, services
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
+from workflows.management import webhook_verb
 from workflows.models import Schedule, Signal, Workflow
 from workflows.services import schedules, tokens
 from workflows.services.workflows import SIGNAL_AUTO_KEY_PREFIX, SIGNAL_WEBHOOK_KEY_PREFIX
@@ -144,6 +145,8 @@ class Command(BaseCommand):
         sched.add_argument("--jitter", default="0", metavar="DURATION",
                            help="add: launch each occurrence up to this long after its time (default 0)")
         sched.add_argument("--user", help="add: whose launches they are; trigger: who asked")
+
+        webhook_verb.add_parser(verb("webhook", webhook_verb.HELP))
 
         usage = verb("usage", "The usage ledger's requests whose outcome is unknown: `usage uncertain [--workflow ID]` "
                               "lists them; `usage settle --file REPORT.jsonl` charges or releases them from the "
@@ -341,6 +344,9 @@ class Command(BaseCommand):
             changed = schedules.schedule_pause(name=name) if action == "pause" else schedules.schedule_resume(name=name)
             self._emit(options, selectors.schedule_summary(changed),
                        f"Schedule {name} {'paused' if changed.paused else 'resumed'}.")
+
+    def _webhook(self, options: dict[str, Any]) -> None:
+        webhook_verb.run(self, options)
 
     def _usage(self, options: dict[str, Any]) -> None:
         if options["action"] == "uncertain":

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group, Permission, User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from agentops import telemetry
 from workflows import services, statestore
 from workflows.management.commands.agent import console_for, render_detail
 from workflows.models import Event, Wait, Workflow
@@ -54,6 +55,7 @@ class Command(BaseCommand):
         requester, approver = demo_users()
         port = free_port()
         env = {**os.environ, "AGENTOPS_DEPLOY_TARGET_URL": f"http://127.0.0.1:{port}"}
+        spans = spans_file(var / "demo", env)
         children = start_children(var / "demo", port, env)
         in_admin = options["approve_in_admin"]
         if in_admin:
@@ -74,6 +76,8 @@ class Command(BaseCommand):
                                   f"password {admin_password(approver)}")
             timeout = options["timeout"] or (1800.0 if in_admin else 180.0)
             final = self.follow(workflow.pk, approver, deadline=time.monotonic() + timeout, auto_approve=not in_admin)
+            if spans is not None:
+                self.print_trace(spans, final)
         finally:
             stop_children(children)
         self.console.print(render_detail(workflow_detail(final, events=12)))
@@ -103,6 +107,33 @@ class Command(BaseCommand):
             time.sleep(0.5)
         return Workflow.objects.get(pk=workflow_id)
 
+
+    def print_trace(self, path: Path, workflow: Workflow) -> None:
+        """The workflow's trace as a tree of spans, from the console exporter's lines of every process."""
+        trace_id = f"0x{telemetry.workflow_ids(workflow.pk)[0]:032x}"
+        deadline = time.monotonic() + 10
+        while True:  # the root span is exported just after the final transition commits
+            found = [s for s in map(json.loads, path.read_text().splitlines()) if s["context"]["trace_id"] == trace_id]
+            if any(s["parent_id"] is None for s in found) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        children: dict[str | None, list[dict[str, Any]]] = {}
+        for span in sorted(found, key=lambda s: s["start_time"]):
+            children.setdefault(span["parent_id"], []).append(span)
+        self.console.print(f"[bold]Trace {trace_id}[/] of workflow {workflow.pk}: {len(found)} spans "
+                           f"(OTEL_TRACES_EXPORTER=console; every span's JSON is in {path})")
+        roots = children.get(None, []) + [s for p, group in children.items() if p is not None
+                                          and p not in {x["context"]["span_id"] for x in found} for s in group]
+
+        def show(span: dict[str, Any], depth: int) -> None:
+            shown = " ".join(f"{k}={v}" for k, v in span["attributes"].items() if k.startswith("gen_ai.usage") or k in (
+                "gen_ai.system", "agentops.cost_usd", "agentops.attempt", "agentops.node.to", "gen_ai.tool.name"))
+            self.console.print(f"  {'  ' * depth}{span['name']}  {shown}", highlight=False)
+            for child in children.get(span["context"]["span_id"], []):
+                show(child, depth + 1)
+
+        for root in roots:
+            show(root, 0)
 
     def run_harness(self, logs: Path, *, timeout: float) -> None:
         """The harness's todo demo (scripted provider): launch, approve the feature list, resume the
@@ -228,6 +259,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def spans_file(logs: Path, env: dict[str, str]) -> Path | None:
+    """With OTEL_TRACES_EXPORTER=console, this process and its children write their spans to one
+    file (one JSON line each), which the demo prints as a tree at the end."""
+    if "console" not in settings.AGENTOPS_OTEL_TRACES_EXPORTER:
+        return None
+    path = logs / "spans.jsonl"
+    path.write_text("")
+    env["AGENTOPS_OTEL_CONSOLE_PATH"] = settings.AGENTOPS_OTEL_CONSOLE_PATH = str(path)
+    telemetry.configure(None)
+    return path
 
 
 def start_children(logs: Path, port: int, env: dict[str, str]) -> list[subprocess.Popen[bytes]]:

@@ -1,0 +1,28 @@
+"""Cost per step over the API: the usage ledger per node, activity and model (docs/live.md)."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Router
+
+from workflows.api.auth import VIEW_PERMISSIONS, require
+from workflows.api.schemas import ErrorOut
+from workflows.costs import cost_breakdown
+from workflows.errors import NotFound
+from workflows.models import Workflow
+
+router = Router(tags=["workflows"])
+
+
+@router.get("/workflows/{workflow_id}/costs", response={200: dict[str, Any], 401: ErrorOut, 403: ErrorOut,
+                                                        404: ErrorOut, 409: ErrorOut}, summary="Spend per step")
+def workflow_costs(request: HttpRequest, workflow_id: int) -> dict[str, Any]:
+    """Spend (USD, as the budget counts it), calls and tokens per node, per activity and per model, the
+    costliest first; `spent_usd` equals `agent show`'s. Needs `workflows.view_workflow`."""
+    require(request.auth, VIEW_PERMISSIONS, to="see workflows")  # type: ignore[attr-defined]
+    workflow = Workflow.objects.filter(pk=workflow_id).first()
+    if workflow is None:
+        raise NotFound(f"Workflow {workflow_id} does not exist; GET /api/workflows lists the existing ones.",
+                       workflow_id=workflow_id)
+    return cost_breakdown(workflow)
