@@ -18,7 +18,7 @@ threads = settings.AGENTOPS_WEB_THREADS
 # gthread: how long a worker may go without telling the arbiter it lives (not a per-request limit,
 # so a stream may stay open longer).
 timeout = settings.AGENTOPS_WEB_TIMEOUT_SECONDS
-graceful_timeout = 30
+graceful_timeout = settings.AGENTOPS_WEB_GRACEFUL_SECONDS
 keepalive = 5
 # Connections waiting for a free thread; beyond them clients are refused at once, not queued forever.
 backlog = 256

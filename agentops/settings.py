@@ -195,6 +195,9 @@ AGENTOPS_WEB_WORKERS = env_int("AGENTOPS_WEB_WORKERS", 2)
 AGENTOPS_WEB_THREADS = env_int("AGENTOPS_WEB_THREADS", 16)
 AGENTOPS_WEB_BIND = env_str("AGENTOPS_WEB_BIND", "0.0.0.0:8000")
 AGENTOPS_WEB_TIMEOUT_SECONDS = env_int("AGENTOPS_WEB_TIMEOUT_SECONDS", 60)
+# On SIGTERM (a deploy), how long gunicorn lets requests in flight finish; open event streams are cut
+# then, and their clients reconnect with Last-Event-ID (docs/live.md).
+AGENTOPS_WEB_GRACEFUL_SECONDS = env_int("AGENTOPS_WEB_GRACEFUL_SECONDS", 30)
 if AGENTOPS_WEB_WORKERS < 1 or AGENTOPS_WEB_THREADS < 1:
     raise ImproperlyConfigured("AGENTOPS_WEB_WORKERS and AGENTOPS_WEB_THREADS must be at least 1.")
 

@@ -30,7 +30,8 @@ DOC = REPO_ROOT / "docs" / "live.md"
 
 
 class WebServer:
-    """`manage.py runserver --noreload` on one port, started and killed by the test."""
+    """The documented production server (`gunicorn -c python:agentops.gunicorn`, gthread workers: a
+    stream holds a thread) on one port, started and killed by the test."""
 
     def __init__(self, port: int, log: Path) -> None:
         self.port, self.log = port, log
@@ -39,11 +40,12 @@ class WebServer:
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "AGENTOPS_"))}
         env.update(DATABASE_URL=subprocess_database_url(), AGENTOPS_STREAM_POLL_SECONDS="0.1",
-                   AGENTOPS_VAR_DIR=str(self.log.parent / "var"), PYTHONUNBUFFERED="1")
+                   AGENTOPS_VAR_DIR=str(self.log.parent / "var"), PYTHONUNBUFFERED="1",
+                   AGENTOPS_WEB_BIND=f"127.0.0.1:{self.port}", AGENTOPS_WEB_WORKERS="1", AGENTOPS_WEB_THREADS="4",
+                   AGENTOPS_WEB_GRACEFUL_SECONDS="3")
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{self.port}",
-                                          "--noreload"], cwd=REPO_ROOT, env=env, stdout=out, stderr=out,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:agentops.gunicorn"],
+                                         cwd=REPO_ROOT, env=env, stdout=out, stderr=out, start_new_session=True)
         wait_for(self.answers, timeout=30, what="the web server to answer")
 
     def answers(self) -> bool:
