@@ -10,7 +10,6 @@ clock: the services load the recorded steps, call ``step`` and persist what it r
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import json
@@ -406,7 +405,10 @@ class WorkflowDefinition:
     @classmethod
     def state_type(cls, node: str) -> Any:
         """The state type node ``node``'s handler declares (``ctx: NodeContext[State]``), or None."""
-        return _declared_state(cls, cls._handlers.get(node, ""))
+        key = (cls, node)
+        if key not in _declared_states:
+            _declared_states[key] = _declared_state(cls, cls._handlers.get(node, ""))
+        return _declared_states[key]
 
     def handler(self, node: str) -> Handler:
         if node not in self._handlers:
@@ -418,7 +420,9 @@ class WorkflowDefinition:
         return handler
 
 
-@functools.cache
+_declared_states: dict[tuple[type[WorkflowDefinition], str], Any] = {}
+
+
 def _declared_state(cls: type[WorkflowDefinition], attr: str) -> Any:
     fn = getattr(cls, attr, None)
     if fn is None:
@@ -461,7 +465,7 @@ def decide(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | 
 def step(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | Suspended:
     """Run the current node's handler once against recorded steps."""
     handler = definition.handler(ctx.snapshot.node)
-    ctx.state = typed_state(definition, ctx.snapshot.node, ctx.state)  # type: ignore[assignment]
+    ctx.state = typed_state(definition, ctx.snapshot.node, ctx.state)
     try:
         decision = handler(ctx)
     except _Suspend:
