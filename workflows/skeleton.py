@@ -130,9 +130,12 @@ class {cls}(WorkflowDefinition):
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
         recipient = str(params.get("recipient", "")).strip()
+        role = str(params.get("approver_role", "{kind}-approvers")).strip()
         if "@" not in recipient or len(recipient) > 200 or set(params) - {{"recipient", "approver_role"}}:
             raise InvalidInput("Pass --param recipient=someone@example.com (and optionally approver_role).")
-        return {{"recipient": recipient, "approver_role": str(params.get("approver_role", "{kind}-approvers"))[:150]}}
+        if not 0 < len(role) <= 150:
+            raise InvalidInput("approver_role is a group name of 1–150 characters.")
+        return {{"recipient": recipient, "approver_role": role}}
 
     @node("DRAFT")
     def draft(self, ctx: NodeContext[State]) -> Decision:
