@@ -31,18 +31,22 @@ class Sizes:
     inflight_agents: tuple[int, ...] = (10, 100, 500)
     inflight_latency_s: float = 5.0
     inflight_tool_turns: int = 3
+    # Long runs (8): harness projects of these many scripted features, autonomous runs of these many rounds.
+    long_run_features: tuple[int, ...] = (10, 50, 200)
+    long_run_rounds: tuple[int, ...] = (20,)
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(throughput_workflows=20, warmup_workflows=4, parked=2000, sweep_repeats=10, timers=50,
                    timer_window_s=10.0, recovery_runs=3, growth_concurrency=(5, 20, 50),
                    rss_activities=(100, 500), ablations=False, profile_seconds=3.0, latency_runs=3,
-                   inflight_agents=(10, 100), inflight_tool_turns=1)
+                   inflight_agents=(10, 100), inflight_tool_turns=1, long_run_features=(10,), long_run_rounds=(3,))
 
     @classmethod
     def full(cls) -> Sizes:
-        """The default sizes, and 1,000 agents in flight too (a few minutes more)."""
-        return cls(inflight_agents=(10, 100, 500, 1000))
+        """The default sizes, 1,000 agents in flight too (a few minutes more), and the days-long
+        autonomous run of 200 rounds."""
+        return cls(inflight_agents=(10, 100, 500, 1000), long_run_rounds=(20, 200))
 
 
 @dataclass

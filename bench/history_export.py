@@ -2,8 +2,8 @@
 
 Builds synthetic finished workflows of N node visits (each visit: a checkpoint whose state grows
 with the run, as today's kinds' do, one activity with a result, a few events), then runs
-`manage.py agent export-history` and `replay-check --fixtures` on each in a child process under
-``/usr/bin/time -v`` and prints N, visits, output bytes, wall time and peak RSS:
+`manage.py agent export-history` and `replay-check --fixtures` on each in a child process of
+its own and prints N, visits, output bytes, wall time and peak RSS:
 
     DATABASE_URL=postgres://… python -m bench.history_export --visits 100 400 1600
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -68,15 +67,19 @@ def long_history(*, visits: int, state_growth_bytes: int = 470, state_bytes: int
 
 
 def measured(command: list[str], *, out: Path) -> dict[str, Any]:
-    """Run ``command`` (a Python module or script and its arguments) under /usr/bin/time -v, stdout to ``out``."""
+    """Run ``command`` (a Python module or script and its arguments) in a child process, stdout to
+    ``out``: its exit status, seconds, peak resident memory (the child's own, from wait4) and bytes."""
     began = time.perf_counter()
-    with out.open("w") as stdout:
-        done = subprocess.run(["/usr/bin/time", "-v", sys.executable, *command], cwd=ROOT, stdout=stdout,
-                              stderr=subprocess.PIPE, text=True, env=os.environ.copy())
-    seconds = time.perf_counter() - began
-    peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
-    return {"rc": done.returncode, "seconds": seconds, "peak_mb": int(peak.group(1)) / 1024 if peak else 0.0,
-            "bytes": out.stat().st_size, "stderr": done.stderr[-600:] if done.returncode else ""}
+    with out.open("w") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        child = subprocess.Popen([sys.executable, *command], cwd=ROOT, stdout=stdout, stderr=stderr,
+                                 env=os.environ.copy())
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        seconds = time.perf_counter() - began
+        stderr.seek(0)
+        said = stderr.read()
+    return {"rc": child.returncode, "seconds": seconds, "peak_mb": usage.ru_maxrss / 1024,  # ru_maxrss: KB on Linux
+            "bytes": out.stat().st_size, "stderr": said[-600:] if child.returncode else ""}
 
 
 def read_all(path: Path) -> None:

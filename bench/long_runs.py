@@ -272,6 +272,22 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))] if ordered else 0.0
 
 
+def history_reads(workflow_id: int, scratch: Path) -> dict[str, Any]:
+    """``agent export-history`` of the run (bytes, seconds, peak memory: a child process under
+    /usr/bin/time) and ``agent replay-check --fixtures`` of what it wrote (seconds, and whether
+    every visit replays)."""
+    from bench.history_export import measured
+
+    path = scratch / f"history-{workflow_id}.jsonl"
+    export = measured(["manage.py", "agent", "export-history", str(workflow_id)], out=path)
+    check = measured(["manage.py", "agent", "replay-check", "--fixtures", str(path)],
+                     out=scratch / f"replay-check-{workflow_id}.txt")
+    path.unlink(missing_ok=True)
+    return {"export_bytes": export["bytes"], "export_s": export["seconds"], "export_peak_mb": export["peak_mb"],
+            "export_rc": export["rc"], "replay_check_s": check["seconds"], "replay_check_peak_mb": check["peak_mb"],
+            "replay_check_rc": check["rc"], "replay_check_said": check["stderr"][-300:]}
+
+
 def reads(workflow_id: int) -> dict[str, Any]:
     """The admin workflow page and ``agent show --json``: bytes and seconds."""
     import io
@@ -296,7 +312,7 @@ def reads(workflow_id: int) -> dict[str, Any]:
 
 
 def measure(label: str, workflow: Any, timer: AdvanceTimer, db_before: int, db_name: str, wall: float,
-            extra: dict[str, Any]) -> dict[str, Any]:
+            extra: dict[str, Any], scratch: Path) -> dict[str, Any]:
     sources: dict[str, int] = {}
     per = stored_per_visit(workflow.pk, sources)
     visits = [per.get(v, 0) for v in range(1, workflow.node_visit + 1)]
@@ -312,12 +328,12 @@ def measure(label: str, workflow: Any, timer: AdvanceTimer, db_before: int, db_n
         "advance_median_early_ms": 1000 * statistics.median(early),
         "advance_median_late_ms": 1000 * statistics.median(late),
         "advance_p95_early_ms": 1000 * _p95(early), "advance_p95_late_ms": 1000 * _p95(late),
-        **extra, **reads(workflow.pk),
+        **extra, **reads(workflow.pk), **history_reads(workflow.pk, scratch),
     }
     return row
 
 
-def run_autonomous(rounds: int, db_name: str) -> dict[str, Any]:
+def run_autonomous(rounds: int, db_name: str, scratch: Path) -> dict[str, Any]:
     from workflows import services
 
     _patch_autonomous_model(rounds)
@@ -331,7 +347,7 @@ def run_autonomous(rounds: int, db_name: str) -> dict[str, Any]:
     finally:
         timer.close()
     return measure(f"autonomous {rounds}x{TASKS_PER_ROUND}", workflow, timer, db_before, db_name,
-                   time.perf_counter() - started, {})
+                   time.perf_counter() - started, {}, scratch)
 
 
 def run_harness(n: int, db_name: str, scratch: Path) -> dict[str, Any]:
@@ -367,7 +383,8 @@ def run_harness(n: int, db_name: str, scratch: Path) -> dict[str, Any]:
     extra = {"check_runs": checks.count(), "regression_runs": checks.filter(data__purpose="regression").count(),
              "accepted_passes": passes,
              "check_runs_per_pass": round(checks.exclude(data__purpose="scaffold").count() / max(1, passes), 1)}
-    return measure(f"harness {n} features", workflow, timer, db_before, db_name, time.perf_counter() - started, extra)
+    return measure(f"harness {n} features", workflow, timer, db_before, db_name, time.perf_counter() - started, extra,
+                   scratch)
 
 
 def _kb(value: float) -> str:
@@ -405,6 +422,37 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"(target <= 2x)")
 
 
+def bench_long_runs(bench: Any) -> dict[str, Any]:
+    """The "long runs" section of ``python -m bench``: this module in a child process of its own
+    (it drives the workflows in process, on a database of its own, with the doorbells off), at the
+    suite's sizes; its rows and the ratios the targets are about."""
+    bench.cluster.stop(bench.cluster.workers())  # nothing else on the machine's two cores
+    out = bench.out_dir / "long_runs.json"
+    command = [sys.executable, "-m", "bench.long_runs", "--features", ",".join(map(str, bench.sizes.long_run_features)),
+               "--postgres-url", bench.pg.server_url, "--database", f"{bench.db_name}_long", "--out", str(out)]
+    for rounds in bench.sizes.long_run_rounds:
+        command += ["--rounds", str(rounds)]
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")}
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.long_runs exited {done.returncode}: {done.stderr[-1500:]}")
+    rows = json.loads(out.read_text())["rows"]
+    return {"rows": rows, **summary(rows)}
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures issue 23's targets are about: per-visit bytes of the largest harness run against
+    the smallest, and each run's late/early ratios."""
+    harness = {int(r["run"].split()[1]): r for r in rows if r["run"].startswith("harness")}
+    out: dict[str, Any] = {}
+    if len(harness) > 1:
+        low, high = min(harness), max(harness)
+        out["harness_bytes_per_visit_ratio"] = {
+            "low": low, "high": high,
+            "ratio": harness[high]["bytes_per_visit_mean"] / max(1.0, harness[low]["bytes_per_visit_mean"])}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     postgres = Postgres(args.postgres_url)
@@ -434,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for rounds in args.rounds if args.rounds is not None else [20]:
             if rounds > 0:
-                rows.append(run_autonomous(rounds, args.database))
+                rows.append(run_autonomous(rounds, args.database, scratch))
                 print(json.dumps(rows[-1]), flush=True)
         for n in [int(x) for x in args.features.split(",") if x.strip()]:
             rows.append(run_harness(n, args.database, scratch))

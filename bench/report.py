@@ -154,8 +154,49 @@ def _inflight(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _long_runs(r: dict[str, Any]) -> list[Row]:
+    """Issue 23's targets: per-visit bytes late/early <= 1.5x (autonomous), harness N=200 / N=10
+    <= 2x, median advance late/early <= 1.3x, admin page <= 300 KB and < 1 s, show --json < 1 s."""
+    rows: list[Row] = []
+    for row in r["rows"]:
+        run = row["run"]
+        growth = row["bytes_per_visit_last"] / max(1.0, row["bytes_per_visit_first"])
+        advance = row["advance_median_late_ms"] / max(1e-6, row["advance_median_early_ms"])
+        page_kb = row["admin_page_bytes"] / 1024
+        rows += [
+            ("8 long runs", f"{run}: {row['visits']} node visits, {row['status']}",
+             f"{row['bytes_total'] / 2**20:.1f} MB stored, {row['db_growth_bytes'] / 2**20:.1f} MB db growth", "",
+             _met(row["status"] == "completed")),
+            ("8 long runs", "  stored bytes per visit, last 10 % / first 10 %",
+             f"{row['bytes_per_visit_first'] / 1024:.1f} -> {row['bytes_per_visit_last'] / 1024:.1f} KB "
+             f"({growth:.2f}x)", "<= 1.5x", _met(growth <= 1.5)),
+            ("8 long runs", "  median advance, late / early (p95)",
+             f"{row['advance_median_early_ms']:.1f} -> {row['advance_median_late_ms']:.1f} ms ({advance:.2f}x; "
+             f"p95 {row['advance_p95_early_ms']:.0f} -> {row['advance_p95_late_ms']:.0f} ms)", "<= 1.3x",
+             _met(advance <= 1.3)),
+            ("8 long runs", "  admin workflow page",
+             f"{page_kb:.0f} KB in {row['admin_page_s']:.2f} s", "<= 300 KB, < 1 s",
+             _met(page_kb <= 300 and row["admin_page_s"] < 1)),
+            ("8 long runs", "  agent show --json", f"{row['show_json_bytes'] / 1024:.0f} KB in {row['show_s']:.2f} s",
+             "< 1 s", _met(row["show_s"] < 1)),
+            ("8 long runs", "  export-history / replay-check",
+             f"{row['export_bytes'] / 2**20:.1f} MB in {row['export_s']:.1f} s, peak {row['export_peak_mb']:.0f} MB "
+             f"/ {row['replay_check_s']:.1f} s", "<= 200 MB peak, replays",
+             _met(row["export_peak_mb"] <= 200 and row["replay_check_rc"] == 0 and row["export_rc"] == 0)),
+        ]
+        if "check_runs_per_pass" in row:  # docs/harness.md, "Regression": about 1 + M + P / K a pass, P <= N
+            bound = 1 + 10 + int(run.split()[1]) / 10
+            rows.append(("8 long runs", "  check runs per accepted pass (verify and regression)",
+                         f"{row['check_runs_per_pass']}", f"<= 1 + M + N / K = {bound:g}",
+                         _met(float(row["check_runs_per_pass"]) <= bound)))
+    if ratio := r.get("harness_bytes_per_visit_ratio"):
+        rows.append(("8 long runs", f"harness bytes per visit, N={ratio['high']} / N={ratio['low']}",
+                     f"{ratio['ratio']:.2f}x", "<= 2x", _met(ratio["ratio"] <= 2)))
+    return rows
+
+
 SECTIONS = {"throughput": _throughput, "inflight": _inflight, "ablations": _ablations, "growth": _growth,
-            "parked": _parked, "timers": _timers, "recovery": _recovery, "profile": _profile}
+            "long_runs": _long_runs, "parked": _parked, "timers": _timers, "recovery": _recovery, "profile": _profile}
 
 
 def table(results: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from workflows import codec
 from workflows.errors import InvalidDecision, InvalidInput, NonDeterminismError, Permanent
-from workflows.presentation import AdminPanel, CandidateView, candidate_as_json
+from workflows.presentation import EMPTY_QUERY, AdminPanel, CandidateView, candidate_as_json
 
 S = TypeVar("S", bound=Mapping[str, Any])
 O = TypeVar("O")  # noqa: E741  (an activity's result type)
@@ -394,8 +394,9 @@ class WorkflowDefinition:
         """How the approval queue shows a candidate this kind asks people to approve."""
         return candidate_as_json(candidate)
 
-    def admin_panels(self, workflow: Any) -> list[AdminPanel]:
-        """Extra sections for the admin's page of one of this kind's workflows."""
+    def admin_panels(self, workflow: Any, query: Mapping[str, str] = EMPTY_QUERY) -> list[AdminPanel]:
+        """Extra sections for the admin's page of one of this kind's workflows; ``query`` is the
+        page's query string (a panel of a long list reads its page number there)."""
         return []
 
     def show_extras(self, workflow: Any) -> dict[str, Any]:

@@ -7,8 +7,13 @@ the kind. Hooks only read; they are never called while a workflow advances.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
+
+# The query of a page that asks for nothing (``admin_panels``' default).
+EMPTY_QUERY: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,8 @@ def candidate_as_json(candidate: Any) -> CandidateView:
 @dataclass(frozen=True)
 class AdminPanel:
     """A section of the admin's workflow page: ``template`` (shipped in the kind's package,
-    which is a Django app) rendered with ``context`` under the name ``panel``."""
+    which is a Django app) rendered with ``context`` under the name ``panel``. A panel of a long
+    list pages it itself, from the page's query (``admin_panels(workflow, query)``)."""
 
     template: str
     context: dict[str, Any] = field(default_factory=dict)

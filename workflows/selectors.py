@@ -111,8 +111,8 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
 DETAIL_KEYS = frozenset({
     "id", "kind", "status", "current_node", "intent_version", "goal", "release", "fallback_model", "reason",
     "pause_cause", "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params",
-    "result", "waits", "activities", "commitments", "spend", "progress", "events", "signals_queued", "installation_id",
-    "history_archive", "retrying",
+    "result", "waits", "activities", "activities_left_out", "commitments", "spend", "progress", "events",
+    "signals_queued", "installation_id", "history_archive", "retrying",
 })
 
 
@@ -153,6 +153,23 @@ def installation_id() -> str | None:
     return Installation.objects.values_list("installation_id", flat=True).first()
 
 
+# ``agent show --json`` and the API's workflow read list every activity that has not finished and
+# the newest finished ones, oldest first (a 200-feature harness run has over 2,000 activities);
+# the activity list of the admin and export-history have all of them. Errors keep their end.
+ACTIVITIES_SHOWN = 50
+ERROR_CHARS_SHOWN = 2_000
+
+
+def shown_activities(workflow: Workflow) -> tuple[list[Activity], int]:
+    """The activities a workflow's detail lists (``ACTIVITIES_SHOWN``), and how many it leaves out."""
+    rows = workflow.activities.defer("input", "result", "checkpoint")
+    live = (Activity.Status.SCHEDULED, Activity.Status.RUNNING)
+    unfinished = list(rows.filter(status__in=live))
+    newest = list(rows.exclude(status__in=live).order_by("-pk")[:ACTIVITIES_SHOWN])
+    left_out = workflow.activities.count() - len(unfinished) - len(newest) if len(newest) == ACTIVITIES_SHOWN else 0
+    return sorted([*unfinished, *newest], key=lambda a: a.pk), left_out
+
+
 def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
     """The stable JSON shape of ``agent show --json``: DETAIL_KEYS, then the kind's extras."""
     detail = workflow_summary(workflow)
@@ -171,14 +188,16 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
         for w in workflow.waits.select_related("decided_by").order_by("pk")
     ]
     detail["retrying"] = activities_retrying(workflow)
+    activities, detail["activities_left_out"] = shown_activities(workflow)
     detail["activities"] = [
         {
             "operation_id": a.operation_id, "idempotency_key": a.sent_key, "name": a.name, "node": a.node,
             "status": a.status,
-            "attempts": a.attempt, "error": a.error, "heartbeat": a.heartbeat_detail if a.status == "running" else "",
+            "attempts": a.attempt, "error": a.error[-ERROR_CHARS_SHOWN:],
+            "heartbeat": a.heartbeat_detail if a.status == "running" else "",
             "checkpointed_at": _iso(a.checkpointed_at) if a.checkpoint is not None else None,
         }
-        for a in workflow.activities.order_by("pk")
+        for a in activities
     ]
     detail["commitments"] = [
         {"id": c.pk, "kind": c.kind, "status": c.status, "operation_id": c.activity.operation_id}

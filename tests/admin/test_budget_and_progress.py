@@ -116,7 +116,7 @@ class TestCharts:
         assert "&lt;b&gt;more&lt;/b&gt;" in page
         assert "&lt;img src=x onerror=alert(1)&gt;" in page and "<img src=x" not in page
 
-    def test_a_long_ledger_is_thinned_to_200_points_and_the_page_says_so(self, staff_outsider, gate):
+    def test_a_long_ledger_is_thinned_to_100_points_and_the_page_says_so(self, staff_outsider, gate):
         start = clock.now() - timedelta(days=3)
         UsageEntry.objects.bulk_create(
             UsageEntry(workflow=gate, key=f"op{i}#0", operation_id=f"op{i}", provider="anthropic",
@@ -126,7 +126,7 @@ class TestCharts:
         page = logged_in(staff_outsider).get(page_of(gate.pk)).content.decode()
 
         spend = svg(page, f"spend-{gate.pk}")
-        assert points(spend) == 200 and "50 of the readings are left out" in spend
+        assert points(spend) == 100 and "150 of the readings are left out" in spend
         assert "$0.2500 after 250 calls" in spend and ">+2.6 days</text>" in spend
         assert '<line class="ao-limit" x1="78" y1="14.0"' in spend  # the 1 USD budget tops the scale
 

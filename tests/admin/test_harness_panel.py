@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils.html import escape
 from playwright.sync_api import Page, expect
 
+from agentops.agents.harness.presentation import SESSIONS_SHOWN
 from tests.admin.conftest import logged_in
 from tests.admin.test_approval_queue_browser import log_in, screenshot
 from tests.harness.conftest import approve_feature_list, drive_all
@@ -99,7 +100,16 @@ def test_the_page_shows_the_board_the_chart_the_sessions_and_their_commits(compl
 
     sessions = page[page.index('id="sessions"'):]
     numbers = [int(n) for n in re.findall(r'<details class="ao-session" id="session-(\d+)"', sessions)]
-    assert numbers == list(range(state["sessions"], -1, -1))  # newest first, the initializer last
+    assert state["sessions"] + 1 > SESSIONS_SHOWN  # the demo's sessions take two pages
+    assert numbers == list(range(state["sessions"], state["sessions"] - SESSIONS_SHOWN, -1))  # newest first
+    assert f"Sessions 1–{SESSIONS_SHOWN} of {state['sessions'] + 1}, newest first" in sessions
+    assert f'href="{page_of(workflow)}?sessions=2#sessions">older ›</a>' in sessions
+    older = logged_in(staff_outsider).get(page_of(workflow), {"sessions": "2"}).content.decode()
+    older = older[older.index('id="sessions"'):]
+    assert [int(n) for n in re.findall(r'<details class="ao-session" id="session-(\d+)"', older)] == list(
+        range(state["sessions"] - SESSIONS_SHOWN, -1, -1))  # the initializer last
+    assert '<details class="ao-session" id="session-' in older and " open>" not in older.split("</summary>")[0]
+    sessions += older  # each block below is read from the page that lists it
     newest = session(sessions, state["sessions"])
     assert re.search(r"model call</strong></td><td class=\"ao-details\">\d+ tokens in", newest)
     assert "check <span class=\"ao-badge ao-passing\">passed</span>" in newest

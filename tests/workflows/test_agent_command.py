@@ -11,7 +11,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from tests.conftest import drive, open_approval
-from workflows.models import Event, Intent, Workflow
+from workflows.models import Activity, Event, Intent, Workflow
+from workflows.selectors import ACTIVITIES_SHOWN, ERROR_CHARS_SHOWN
 
 pytestmark = pytest.mark.django_db
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -45,6 +46,33 @@ def test_launch_prints_the_id_and_show_has_the_documented_shape(git_repo, deploy
     assert (wait["kind"], wait["status"], wait["required_role"]) == ("approval", "open", "release-approvers")
     assert {"operation_id", "name", "status", "attempts"} <= set(detail["activities"][0])
     assert [e["seq"] for e in detail["events"]] == sorted(e["seq"] for e in detail["events"])
+
+
+def test_show_lists_the_unfinished_and_the_newest_finished_activities_and_counts_the_rest(git_repo, deploy_target):
+    """A long run's detail stays small: every activity that has not finished, the newest
+    ACTIVITIES_SHOWN finished ones (oldest first), a count of the others and each error's end."""
+    workflow = Workflow.objects.get(pk=launch(git_repo))
+    drive(workflow.pk)
+    before = workflow.activities.count()
+    template = workflow.activities.order_by("pk").first()
+    Activity.objects.bulk_create(
+        Activity(workflow=workflow, operation_id=f"{template.operation_id}/old{n}", name=template.name,
+                 node=template.node, node_visit=template.node_visit, intent_version=1, input={}, attempt=1,
+                 status="failed", error="e" * 5_000 + f"end {n}", next_attempt_at=template.next_attempt_at,
+                 created_at=template.created_at)
+        for n in range(ACTIVITIES_SHOWN + 30))
+    Activity.objects.filter(pk=template.pk).update(status="scheduled")  # the oldest: not finished
+
+    detail = agent_json("show", str(workflow.pk))
+
+    listed = [a["operation_id"] for a in detail["activities"]]
+    newest = list(workflow.activities.exclude(status="scheduled").order_by("-pk")
+                  .values_list("operation_id", flat=True)[:ACTIVITIES_SHOWN])
+    assert listed == [template.operation_id, *reversed(newest)]
+    assert detail["activities_left_out"] == before + ACTIVITIES_SHOWN + 30 - len(listed) == before + 29
+    errors = [a["error"] for a in detail["activities"] if a["status"] == "failed"]
+    assert errors and all(len(e) == ERROR_CHARS_SHOWN and e.startswith("e") and "end " in e for e in errors)
+    assert f"{before + 29} older finished activities not listed" in agent("show", str(workflow.pk))
 
 
 def test_list_json_has_no_nested_lists_and_filters_by_status(git_repo, deploy_target):

@@ -34,10 +34,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-def pretty_json(value: Any) -> str:
+def pretty_json(value: Any, *, limit: int = 0, whole: str = "") -> str:
+    """``value`` as indented JSON; past ``limit`` characters (0: no limit) cut, and a line after it
+    saying how much is left out and where the whole is (``whole``)."""
     if value in (None, {}, []):
         return "—"
-    return format_html('<pre class="ao-json">{}</pre>', json.dumps(value, indent=2, sort_keys=True, default=str))
+    text = json.dumps(value, indent=2, sort_keys=True, default=str)
+    if not limit or len(text) <= limit:
+        return format_html('<pre class="ao-json">{}</pre>', text)
+    return format_html('<pre class="ao-json">{}\n…</pre><p class="ao-quiet">{} more characters not shown: {}.</p>',
+                       text[:limit], f"{len(text) - limit:,}", whole)
 
 
 def time_left(expires_at: datetime | None, now: datetime) -> str:

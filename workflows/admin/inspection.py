@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -32,13 +33,14 @@ from workflows.services.steps import COMPENSATION_NODE
 # page of one with 461 events weighed 1.9 MB when it listed them all.
 EVENTS_PER_PAGE = 50
 EVENTS_PAGE_PARAM = "events"
+EVENT_VALUE_CHARS = 400
 # The activities and checkpoints tables list the newest ones, newest first; the activity list has
 # every activity, and each checkpoint links to a page of its own with the state.
-ACTIVITIES_SHOWN = 50
+ACTIVITIES_SHOWN = 20
 CHECKPOINTS_SHOWN = 30
 # The path chart draws the newest steps: one dot per node visit, and a run of 1,601 visits drew
 # 343 KB of SVG.
-PATH_STEPS_SHOWN = 120
+PATH_STEPS_SHOWN = 60
 
 
 def duration(start: datetime | None, end: datetime | None) -> str:
@@ -199,29 +201,45 @@ def timeline_page(workflow: Workflow, number: str) -> dict[str, Any]:
 
 
 def _page_links(workflow: Workflow, paginator: Paginator, page: Page) -> list[PageLink]:
+    base = reverse("admin:workflows_workflow_change", args=[workflow.pk])
+    return page_links(paginator, page, lambda number: f"{base}?{EVENTS_PAGE_PARAM}={number}#timeline",
+                      previous="‹ newer", next="older ›")
+
+
+def page_links(paginator: Paginator, page: Page, url_of: Callable[[int], str], *, previous: str = "‹ previous",
+               next: str = "next ›") -> list[PageLink]:
+    """Links to a paged list's other pages (``url_of(number)``): the previous one, the numbers with
+    gaps, the next one; none for a single page."""
     if paginator.num_pages < 2:
         return []
-    base = reverse("admin:workflows_workflow_change", args=[workflow.pk])
 
     def link(label: str, number: int) -> PageLink:
         if number == page.number:
             return PageLink(label, "", current=True)
-        return PageLink(label, f"{base}?{EVENTS_PAGE_PARAM}={number}#timeline")
+        return PageLink(label, url_of(number))
 
-    links = [link("‹ newer", page.previous_page_number())] if page.has_previous() else []
+    links = [link(previous, page.previous_page_number())] if page.has_previous() else []
     links += [PageLink(str(n), "") if n == Paginator.ELLIPSIS else link(str(n), int(n))
               for n in paginator.get_elided_page_range(page.number, on_each_side=2, on_ends=1)]
     if page.has_next():
-        links.append(link("older ›", page.next_page_number()))
+        links.append(link(next, page.next_page_number()))
     return links
 
 
 def _details(data: Any) -> list[tuple[str, str]]:
-    """An event's data as (key, value) pairs: strings as they are, anything else as JSON."""
+    """An event's data as (key, value) pairs: strings as they are, anything else as JSON; each
+    value cut to its first ``EVENT_VALUE_CHARS`` (a check run's output tail is 2 KB, and a page
+    has 50 events)."""
     if not isinstance(data, dict):
-        return [("", json.dumps(data, default=str))]
-    return [(key, value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str))
+        return [("", _cut(json.dumps(data, default=str)))]
+    return [(key, _cut(value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)))
             for key, value in sorted(data.items())]
+
+
+def _cut(text: str) -> str:
+    if len(text) <= EVENT_VALUE_CHARS:
+        return text
+    return f"{text[:EVENT_VALUE_CHARS]} [… {len(text) - EVENT_VALUE_CHARS:,} more characters: agent export-history]"
 
 
 def _help(model: type[Any]) -> dict[str, str]:

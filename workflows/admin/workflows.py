@@ -28,6 +28,9 @@ from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS
 # The permission that lets an operator cancel, resume, re-goal or re-budget a workflow. Generic
 # change forms stay disabled whoever holds it: the services are the only writers.
 OPERATE_PERMISSION = "workflows.change_workflow"
+# The result and the durable state on the workflow page: their first 8,000 characters (a
+# 200-feature harness result is 48 KB of JSON; agent show --json and the checkpoints have them whole).
+JSON_FIELD_CHARS = 8_000
 
 
 class WaitingOnFilter(admin.SimpleListFilter):
@@ -255,11 +258,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
     @admin.display(description="result")
     def result_pretty(self, workflow: Workflow) -> str:
-        return pretty_json(workflow.result)
+        return pretty_json(workflow.result, limit=JSON_FIELD_CHARS, whole=f"manage.py agent show {workflow.pk} --json")
 
     @admin.display(description="durable state")
     def state_pretty(self, workflow: Workflow) -> str:
-        return pretty_json(workflow.state)
+        return pretty_json(workflow.state, limit=JSON_FIELD_CHARS,
+                           whole="each checkpoint's page, below, has the state at that visit")
 
     def get_urls(self) -> list[Any]:
         # One path per action: a generic "<id>/<action>/" would shadow the admin's own "<id>/change/".
@@ -284,7 +288,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
                                                    events_page=request.GET.get(EVENTS_PAGE_PARAM, ""))
             extra["reasoning"] = reasoning_panel(workflow, now=now)
             definition = definition_of(workflow)
-            extra["kind_panels"] = definition.admin_panels(workflow) if definition else []
+            extra["kind_panels"] = definition.admin_panels(workflow, request.GET) if definition else []
             may_operate = request.user.has_perm(OPERATE_PERMISSION)
             extra["operator_actions"] = [
                 {"label": a.label, "url": reverse(f"admin:workflows_workflow_{a.name}", args=[workflow.pk])}

@@ -1,6 +1,7 @@
 """The ``autonomous`` agent: plan, execute one task at a time, verify, adapt, complete."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
 from agentops.agents.autonomous.activities import (
@@ -17,7 +18,7 @@ from agentops.agents.autonomous.activities import (
 )
 from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
-from workflows.presentation import AdminPanel
+from workflows.presentation import EMPTY_QUERY, AdminPanel
 from workflows.registry import register_definition
 
 DEFAULT_ROUNDS = 3
@@ -136,7 +137,7 @@ class Autonomous(WorkflowDefinition):
             "summary": ctx.state["verdict"]["reason"],
         })
 
-    def admin_panels(self, workflow: Any) -> list[AdminPanel]:
+    def admin_panels(self, workflow: Any, query: Mapping[str, str] = EMPTY_QUERY) -> list[AdminPanel]:
         from agentops.agents.autonomous.presentation import tasks_panel
 
         return [tasks_panel(workflow)]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
 from agentops.agents.harness import breakers
@@ -38,7 +39,7 @@ from workflows import statestore
 from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
 from workflows.models import Wait
-from workflows.presentation import AdminPanel, CandidateView
+from workflows.presentation import EMPTY_QUERY, AdminPanel, CandidateView
 from workflows.registry import register_definition
 
 # name: (default, low, high, type)
@@ -605,10 +606,10 @@ class Harness(WorkflowDefinition):
                      f"{contract})."),
             facts=[(f["id"], f"{f['description']} ({f['check']})") for f in features])
 
-    def admin_panels(self, workflow: Any) -> list[AdminPanel]:
+    def admin_panels(self, workflow: Any, query: Mapping[str, str] = EMPTY_QUERY) -> list[AdminPanel]:
         from agentops.agents.harness.presentation import harness_panels
 
-        return harness_panels(workflow)
+        return harness_panels(workflow, query)
 
     def show_extras(self, workflow: Any) -> dict[str, Any]:
         """``agent show --json``: the feature board with the engine's evidence, budgets and breakers,

@@ -13,19 +13,23 @@ import os
 import subprocess
 import threading
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
-from django.db.models import Sum
+from django.core.paginator import Paginator
+from django.db.models import Count, Sum
+from django.urls import reverse
 
 from agentops import git as engine_git
 from workflows import statestore
 from workflows.admin.charts import Reading, TimeChart, time_chart
 from workflows.admin.display import usd, when
-from workflows.admin.inspection import duration
+from workflows.admin.inspection import duration, page_links
 from workflows.models import Activity, UsageEntry, Workflow
 from workflows.presentation import AdminPanel
 
@@ -39,12 +43,22 @@ DECIDING = ("scaffold", "verify", "regression", "verify_all")
 # waits for), at most this many commits a session, each cut at this many bytes (the --stat comes
 # first, so it survives a cut patch); git gets this long before it is killed.
 DIFF_SESSIONS = 3
-# Sessions shown with their timelines on the workflow page; the older ones are counted (agent
-# export-history has every one).
-SESSIONS_SHOWN = 20
+# Sessions shown with their timelines on the workflow page, newest first, a page at a time:
+# ?sessions=<page>.
+SESSIONS_SHOWN = 10
+SESSIONS_PAGE_PARAM = "sessions"
+# Of a session's timeline, the first and the last steps (a model may make hundreds of tool calls in
+# one session), each tool call's output cut to its end.
+SESSION_STEPS_SHOWN = 40
+STEP_OUTPUT_CHARS = 600
 # Of each feature's evidence, the end of its output shown on the board (agent show --json has the
 # whole stored tail).
 BOARD_TAIL_CHARS = 600
+# The board is paged (a 500-feature list drew 270 KB of rows), in the list's order, and can be
+# narrowed to one status: ?features=<page>&feature_status=<status>.
+BOARD_PAGE_SIZE = 50
+BOARD_PAGE_PARAM = "features"
+BOARD_STATUS_PARAM = "feature_status"
 DIFF_MAX_COMMITS = 5
 DIFF_MAX_BYTES = 12_000
 GIT_TIMEOUT_SECONDS = 5.0
@@ -117,27 +131,59 @@ class SessionView:
     diff_note: str = ""  # why the commits are not shown, or that some were left out
 
 
-def harness_panels(workflow: Workflow) -> list[AdminPanel]:
+def harness_panels(workflow: Workflow, query: Mapping[str, str]) -> list[AdminPanel]:
     state = statestore.state_of(workflow) if isinstance(workflow.state, dict) else {}
-    checks = [CheckRun(at, _object(data)) for at, data in
-              workflow.events.filter(kind="harness.check_ran").order_by("seq").values_list("created_at", "data")]
-    features = feature_rows(state)
-    sessions = session_views(workflow, state, checks)
-    all_sessions = Activity.objects.filter(workflow=workflow, name__in=SESSION_ACTIVITIES).count()
-    counts = Counter(f.status for f in features)
+    checks = check_runs(workflow)
+    features = [f for f in state.get("features") or [] if isinstance(f, dict)]
+    sessions = session_views(workflow, state, checks, query.get(SESSIONS_PAGE_PARAM, ""))
+    counts = Counter(_status(f) for f in features)
     return [AdminPanel(template="agents/harness/board.html", context={
-        "features": features, "counts": {status: counts.get(status, 0) for status in STATUS_HELP},
-        "status_help": STATUS_HELP, "chart": passing_chart(workflow, checks, features=[f.id for f in features]),
-        "sessions": sessions, "sessions_left_out": all_sessions - len(sessions),
+        "board": board_page(workflow, features, query), "counts": {s: counts.get(s, 0) for s in STATUS_HELP},
+        "board_page_size": BOARD_PAGE_SIZE, "sessions_page_size": SESSIONS_SHOWN, "status_help": STATUS_HELP,
+        "chart": passing_chart(workflow, checks, features=[str(f.get("id", "")) for f in features]),
+        "sessions": sessions,
         "isolation": isolation_used(workflow, checks), "limits": limits(workflow, state),
     })]
 
 
-def feature_rows(state: dict[str, Any]) -> list[FeatureRow]:
+def check_runs(workflow: Workflow) -> list[CheckRun]:
+    """Every ``harness.check_ran`` event, with only the keys the page reads: not its output tail
+    (2 KB a run, thousands of runs in a long project)."""
+    keys = ("feature", "purpose", "passed", "commit", "isolation")
+    rows = (workflow.events.filter(kind="harness.check_ran").order_by("seq")
+            .values_list("created_at", *(f"data__{k}" for k in keys)))
+    return [CheckRun(at, dict(zip(keys, values, strict=True))) for at, *values in rows]
+
+
+def _status(feature: dict[str, Any]) -> str:
+    return str(feature.get("status") or "failing")
+
+
+def board_page(workflow: Workflow, features: list[dict[str, Any]], query: Mapping[str, str]) -> dict[str, Any]:
+    """One page of the feature board (``BOARD_PAGE_SIZE`` rows, in the list's order), narrowed to
+    the status ``query`` asks for, with links to the other pages and to each status."""
+    status = query.get(BOARD_STATUS_PARAM, "")
+    status = status if status in STATUS_HELP else ""
+    chosen = [f for f in features if not status or _status(f) == status]
+    paginator = Paginator(chosen, BOARD_PAGE_SIZE)
+    page = paginator.get_page(query.get(BOARD_PAGE_PARAM, ""))
+    base = reverse("admin:workflows_workflow_change", args=[workflow.pk])
+
+    def url(number: int, of: str = status) -> str:
+        params = {BOARD_PAGE_PARAM: number, **({BOARD_STATUS_PARAM: of} if of else {})}
+        return f"{base}?{urlencode(params)}#features"
+
+    return {
+        "rows": feature_rows(page.object_list), "status": status, "total": len(features), "shown": len(chosen),
+        "first": page.start_index(), "last": page.end_index(),
+        "links": page_links(paginator, page, url),
+        "filters": [(s or "all", url(1, s), s == status) for s in ("", *STATUS_HELP)],
+    }
+
+
+def feature_rows(features: Iterable[dict[str, Any]]) -> list[FeatureRow]:
     rows = []
-    for f in state.get("features") or []:
-        if not isinstance(f, dict):
-            continue
+    for f in features:
         evidence = _object(f.get("evidence"))
         tail = str(evidence.get("output_tail") or "")
         if len(tail) > BOARD_TAIL_CHARS:
@@ -145,7 +191,7 @@ def feature_rows(state: dict[str, Any]) -> list[FeatureRow]:
                                                    f"--json has them …]\n{tail[-BOARD_TAIL_CHARS:]}"}
         ms = evidence.get("duration_ms")
         rows.append(FeatureRow(id=str(f.get("id", "")), description=str(f.get("description", "")),
-                               status=str(f.get("status") or "failing"), attempts=int(f.get("attempts") or 0),
+                               status=_status(f), attempts=int(f.get("attempts") or 0),
                                reason=str(f.get("reason", "")), evidence=evidence,
                                took=f"{ms / 1000:.2f} s" if isinstance(ms, int | float) else "—"))
     return rows
@@ -180,11 +226,24 @@ def passing_chart(workflow: Workflow, checks: list[CheckRun], *, features: list[
     )
 
 
-def session_views(workflow: Workflow, state: dict[str, Any], checks: list[CheckRun]) -> list[SessionView]:
-    """The newest SESSIONS_SHOWN sessions, newest first (the initializer is session 0, then one per
-    coding session): a page of a 500-feature run costs what one of a 10-feature run does."""
-    newest = Activity.objects.filter(workflow=workflow, name__in=SESSION_ACTIVITIES).order_by("-pk")[:SESSIONS_SHOWN]
-    activities = list(reversed(newest))
+def session_views(workflow: Workflow, state: dict[str, Any], checks: list[CheckRun], number: str) -> dict[str, Any]:
+    """A page of SESSIONS_SHOWN sessions, newest first (the initializer is session 0, then one per
+    coding session), with links to the other pages: a page of a 500-feature run costs what one of
+    a 10-feature run does."""
+    paginator = Paginator(Activity.objects.filter(workflow=workflow, name__in=SESSION_ACTIVITIES).order_by("-pk"),
+                          SESSIONS_SHOWN)
+    page = paginator.get_page(number)
+    base = reverse("admin:workflows_workflow_change", args=[workflow.pk])
+    return {"views": _views(workflow, state, checks, list(page.object_list), newer=page.start_index() - 1),
+            "count": paginator.count, "first": page.start_index(), "last": page.end_index(),
+            "links": page_links(paginator, page, lambda n: f"{base}?{SESSIONS_PAGE_PARAM}={n}#sessions",
+                                previous="‹ newer", next="older ›")}
+
+
+def _views(workflow: Workflow, state: dict[str, Any], checks: list[CheckRun], activities: list[Activity], *,
+           newer: int) -> list[SessionView]:
+    """The sessions ``activities`` (newest first) as the page shows them; ``newer`` sessions come
+    before them (only the newest DIFF_SESSIONS of all have their commits read)."""
     events: dict[str, list[Any]] = defaultdict(list)
     operations = {a.operation_id for a in activities}
     for event in (workflow.events.exclude(kind__in=NOT_SESSION_STEPS)
@@ -194,7 +253,7 @@ def session_views(workflow: Workflow, state: dict[str, Any], checks: list[CheckR
                 for c in checks if c.data.get("purpose") == "verify"}
     workspace = str(state.get("workspace") or "")
     views = []
-    for age, activity in enumerate(reversed(activities)):
+    for age, activity in enumerate(activities, start=newer):
         view = _session(activity, events[activity.operation_id])
         result = _object(statestore.resolve(activity.workflow_id, activity.result))
         if activity.name == "harness_session":
@@ -229,6 +288,11 @@ def _session(activity: Activity, events: list[Any]) -> SessionView:
             view.commands += event["data"].get("tool") == "run_command"
     view.started = start
     view.took = duration(start, previous)
+    if len(view.steps) > SESSION_STEPS_SHOWN:
+        half, left_out = SESSION_STEPS_SHOWN // 2, len(view.steps) - SESSION_STEPS_SHOWN
+        gap = Step(at=view.steps[half].at, offset="", took="", kind="left-out", label=f"… {left_out} steps",
+                   detail="not shown here: agent export-history has every event of the session")
+        view.steps = [*view.steps[:half], gap, *view.steps[-half:]]
     return view
 
 
@@ -249,7 +313,10 @@ def _step(event: dict[str, Any], *, start: datetime | None, previous: datetime |
             label = tool
             detail = ", ".join(f"{k}={v}" for k, v in args.items() if k != "content") if args else str(
                 data.get("input", ""))
-        return Step(**common, label=label, detail=detail, ok=bool(data.get("ok")), output=str(data.get("output", "")))
+        output = str(data.get("output", ""))
+        if len(output) > STEP_OUTPUT_CHARS:
+            output = f"[… {len(output) - STEP_OUTPUT_CHARS:,} characters before …]\n{output[-STEP_OUTPUT_CHARS:]}"
+        return Step(**common, label=label, detail=detail, ok=bool(data.get("ok")), output=output)
     if kind == "harness.tool_refused":
         return Step(**common, label=f"{data.get('tool')} refused", detail=str(data.get("reason", "")), ok=False)
     if kind == "harness.tamper_reverted":
@@ -343,10 +410,12 @@ def _git(workspace: str, *args: str, limit: int) -> tuple[str, bool] | None:
 def isolation_used(workflow: Workflow, checks: list[CheckRun]) -> dict[str, list[tuple[str, int]]]:
     """How checks and sessions' commands were isolated (``bwrap`` or ``none``), as recorded per run:
     (isolation, runs) pairs."""
-    commands = (workflow.events.filter(kind="tool.called", data__tool="run_command")
-                .values_list("data__isolation", flat=True))
+    commands: Counter[str] = Counter()
+    for isolation, n in (workflow.events.filter(kind="tool.called", data__tool="run_command")
+                         .values_list("data__isolation").annotate(n=Count("pk")).order_by()):
+        commands[str(isolation or "?")] += n
     return {"checks": sorted(Counter(str(c.data.get("isolation") or "?") for c in checks).items()),
-            "commands": sorted(Counter(str(i or "?") for i in commands).items())}
+            "commands": sorted(commands.items())}
 
 
 def limits(workflow: Workflow, state: dict[str, Any]) -> dict[str, Any]:

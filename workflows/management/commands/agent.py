@@ -595,7 +595,10 @@ def render_detail(detail: dict[str, Any]) -> Any:
                      f"remaining: {', '.join(latest['remaining']) or 'nothing'}")
     parts += [extra_table(name, rows) for name, rows in detail.items()
               if name not in selectors.DETAIL_KEYS and rows]
-    activities = Table("operation", "activity", "status", "attempts", "error", title="Activities")
+    left_out = detail["activities_left_out"]
+    activities = Table("operation", "activity", "status", "attempts", "error", title="Activities", caption=(
+        f"{left_out} older finished activit{'ies' if left_out > 1 else 'y'} not listed: agent export-history "
+        f"{detail['id']} has every one" if left_out else None))
     for a in detail["activities"]:
         activities.add_row(a["operation_id"], a["name"], a["status"], str(a["attempts"]), a["error"][:60])
     parts.append(activities)
