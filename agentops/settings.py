@@ -4,6 +4,7 @@ Production differs from the demo by environment variables only:
 DATABASE_URL (PostgreSQL), CELERY_BROKER_URL (Redis), DJANGO_SECRET_KEY, DJANGO_DEBUG,
 DJANGO_ALLOWED_HOSTS and the AGENTOPS_* names below, each of which carries its unit.
 """
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -371,12 +372,15 @@ AGENTOPS_HARNESS_SESSION_LEASE_SECONDS = env_int("AGENTOPS_HARNESS_SESSION_LEASE
 # empty: the todo demo's.
 AGENTOPS_HARNESS_SCHEDULE_FILE = env_str("AGENTOPS_HARNESS_SCHEDULE_FILE", "")
 # The packages that hold agent kinds (definition, activities, optional admin templates), imported at
-# start-up by web, workers and beat alike. Add a kind of your own with one more entry (docs/authoring.md).
-AGENTOPS_AGENT_MODULES = [
-    m.strip() for m in env_str("AGENTOPS_AGENT_MODULES",
-                         "agentops.agents.release,agentops.agents.autonomous,agentops.agents.harness")
-    .split(",") if m.strip()
-]
+# start-up by web, workers and beat alike. Add a kind of your own with one more entry, or install
+# its package: every module of the "agentops.kinds" entry point group is added (docs/authoring.md).
+AGENT_KINDS_ENTRY_POINTS = "agentops.kinds"
+AGENTOPS_AGENT_MODULES = list(dict.fromkeys([
+    *(m.strip() for m in env_str("AGENTOPS_AGENT_MODULES",
+                                 "agentops.agents.release,agentops.agents.autonomous,agentops.agents.harness")
+      .split(",") if m.strip()),
+    *(ep.module for ep in importlib.metadata.entry_points(group=AGENT_KINDS_ENTRY_POINTS)),
+]))
 
 
 def _agent_template_dirs(modules: list[str]) -> list[Path]:

@@ -7,6 +7,7 @@ and other JSON values pass through as they are.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -55,7 +56,30 @@ def from_json(tp: Any, data: Any, *, what: str) -> Any:
             return tp(**values)
         except TypeError as exc:
             raise InvalidInput(f"{what} does not fit {tp.__name__}: {exc}.") from None
+    if typing.is_typeddict(tp) and isinstance(data, Mapping):
+        # A TypedDict stays a dict; its keys declared as dataclasses (or lists, dicts of them) are rebuilt.
+        hints = _typeddict_hints(tp)
+        return {key: _field_from_json(hints[key], item, what=f"{what}[{key!r}]") if key in hints else item
+                for key, item in data.items()}
     return data
+
+
+@functools.cache
+def _typeddict_hints(tp: Any) -> dict[str, Any]:
+    """The keys of a TypedDict whose values need rebuilding (a dataclass somewhere in the type)."""
+    try:
+        hints = typing.get_type_hints(tp)
+    except (NameError, TypeError):  # a hint only a type checker can resolve: the values stay as stored
+        return {}
+    return {key: hint for key, hint in hints.items() if _holds_dataclass(hint)}
+
+
+def _holds_dataclass(tp: Any) -> bool:
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return True
+    if typing.is_typeddict(tp):
+        return bool(_typeddict_hints(tp))
+    return any(_holds_dataclass(arg) for arg in typing.get_args(tp))
 
 
 def _field_from_json(tp: Any, data: Any, *, what: str) -> Any:

@@ -10,6 +10,10 @@ clock: the services load the recorded steps, call ``step`` and persist what it r
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -277,17 +281,31 @@ class NodeContext(Generic[S]):
         self,
         *,
         candidate: Any,
-        candidate_hash: str,
         role: str,
         expires_in_seconds: float,
-        state_versions: dict[str, Any],
+        candidate_hash: str = "",
+        state_versions: dict[str, Any] | None = None,
         on_timeout: str = "fail",
     ) -> WaitOutcome:
-        """Wait for a person with ``role`` to approve or reject this exact candidate."""
+        """Wait for a person with ``role`` to approve or reject this exact candidate.
+
+        ``candidate_hash`` defaults to ``candidate_hash(candidate)`` (SHA-256 of its canonical
+        JSON): a decision names it, so nobody approves a candidate they were not shown.
+        ``state_versions`` records what the candidate was built on (shown to approvers and in
+        the history); by default the intent version. ``on_timeout`` is ``"fail"`` (an expiry is
+        final: a release change never re-routes the workflow past it) or ``"continue"`` (the
+        handler goes on from ``.expired``, and a release change may rebuild the candidate).
+        """
+        if on_timeout not in TIMEOUT_POLICIES:
+            raise InvalidDecision(f"ctx.approval(on_timeout={on_timeout!r}) must be one of "
+                                  f"{', '.join(TIMEOUT_POLICIES)}.")
+        candidate_json = codec.to_json(candidate)
         return self._wait(OpenWait(
             operation_id=self._next_operation_id(), kind="approval", expires_in_seconds=expires_in_seconds,
-            candidate=candidate, candidate_hash=candidate_hash, required_role=role,
-            state_versions=state_versions, timeout_policy=on_timeout,
+            candidate=candidate_json, candidate_hash=candidate_hash or hash_of_candidate(candidate_json),
+            required_role=role, timeout_policy=on_timeout,
+            state_versions=codec.to_json(state_versions) if state_versions is not None
+            else {"intent_version": self.intent_version},
         ))
 
     def wait_for_event(self, name: str, *, timeout_seconds: float | None = None) -> WaitOutcome:
@@ -300,6 +318,17 @@ class NodeContext(Generic[S]):
     def sleep(self, seconds: float) -> None:
         """Sleep durably: a timer row with its wake time stored, fired by beat."""
         self._wait(OpenWait(operation_id=self._next_operation_id(), kind="timer", expires_in_seconds=seconds))
+
+
+TIMEOUT_POLICIES = ("fail", "continue")
+
+
+def hash_of_candidate(candidate: Any) -> str:
+    """SHA-256 over the canonical JSON of a candidate (keys sorted, no spaces): what
+    ``ctx.approval`` binds a wait to when no ``candidate_hash`` is given, and what an approver
+    passes (``agent approve --candidate-hash``; ``agent show`` prints it)."""
+    text = json.dumps(codec.to_json(candidate), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 Handler = Callable[[NodeContext[Any]], Decision]
@@ -374,6 +403,14 @@ class WorkflowDefinition:
         """Extra keys for ``agent show --json`` (they never replace the kernel's keys)."""
         return {}
 
+    @classmethod
+    def state_type(cls, node: str) -> Any:
+        """The state type node ``node``'s handler declares (``ctx: NodeContext[State]``), or None."""
+        key = (cls, node)
+        if key not in _declared_states:
+            _declared_states[key] = _declared_state(cls, cls._handlers.get(node, ""))
+        return _declared_states[key]
+
     def handler(self, node: str) -> Handler:
         if node not in self._handlers:
             raise NonDeterminismError(
@@ -382,6 +419,32 @@ class WorkflowDefinition:
                 "definition that still has the node (branch on ctx.definition_version), then resume it.")
         handler: Handler = getattr(self, self._handlers[node])
         return handler
+
+
+_declared_states: dict[tuple[type[WorkflowDefinition], str], Any] = {}
+
+
+def _declared_state(cls: type[WorkflowDefinition], attr: str) -> Any:
+    fn = getattr(cls, attr, None)
+    if fn is None:
+        return None
+    try:
+        params = list(inspect.signature(fn).parameters)
+        hint = typing.get_type_hints(fn).get(params[1]) if len(params) > 1 else None
+    except (NameError, TypeError):  # an annotation only a type checker can resolve: state stays as stored
+        return None
+    args = typing.get_args(hint) if typing.get_origin(hint) is NodeContext else ()
+    return args[0] if args and typing.is_typeddict(args[0]) else None
+
+
+def typed_state(definition: WorkflowDefinition, node: str, state: dict[str, Any]) -> dict[str, Any]:
+    """The stored state as the node's handler declares it: the keys its TypedDict declares as
+    dataclasses (or lists and dicts of them) rebuilt, the rest as stored (``codec.from_json``)."""
+    tp = definition.state_type(node)
+    if tp is None:
+        return state
+    typed: dict[str, Any] = codec.from_json(tp, state, what="The workflow's state")
+    return typed
 
 
 def decide(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | Suspended:
@@ -402,8 +465,10 @@ def decide(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | 
 
 def step(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | Suspended:
     """Run the current node's handler once against recorded steps."""
+    handler = definition.handler(ctx.snapshot.node)
+    ctx.state = typed_state(definition, ctx.snapshot.node, ctx.state)
     try:
-        decision = definition.handler(ctx.snapshot.node)(ctx)
+        decision = handler(ctx)
     except _Suspend:
         return Suspended(commands=tuple(ctx.commands))
     if isinstance(decision, Goto) and decision.node not in definition.nodes:

@@ -132,8 +132,39 @@ DETAIL_KEYS = frozenset({
     "id", "kind", "status", "current_node", "intent_version", "goal", "release", "fallback_model", "reason",
     "pause_cause", "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params",
     "result", "waits", "activities", "activities_left_out", "commitments", "spend", "progress", "events",
-    "signals_queued", "installation_id", "history_archive",
+    "signals_queued", "installation_id", "history_archive", "retrying",
 })
+
+
+def roles(*, name: str = "") -> list[dict[str, Any]]:
+    """Approver roles (groups): each with its members' usernames and how many open approvals name it."""
+    from django.contrib.auth.models import Group
+
+    groups = Group.objects.order_by("name").prefetch_related("user_set")
+    if name:
+        groups = groups.filter(name=name)
+    waiting = dict(Wait.objects.filter(kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN).values_list(
+        "required_role").annotate(n=Count("pk")).values_list("required_role", "n"))
+    return [{"role": g.name, "members": sorted(u.username for u in g.user_set.all()),
+             "open_approvals": waiting.get(g.name, 0)} for g in groups]
+
+
+def activities_retrying(workflow: Workflow) -> list[dict[str, Any]]:
+    """The workflow's activities waiting out a retry window after a failed attempt: what failed,
+    which attempt is next and when (a workflow whose work keeps failing is ``running`` until its
+    attempts run out; this says what it is doing meanwhile)."""
+    return [
+        {"operation_id": a.operation_id, "name": a.name, "attempts": a.attempt, "max_attempts": a.max_attempts,
+         "next_attempt_at": _iso(a.next_attempt_at), "error": a.error[:500]}
+        for a in workflow.activities.filter(status=Activity.Status.SCHEDULED, attempt__gte=1).exclude(
+            error="").order_by("next_attempt_at", "pk")[:20]
+    ]
+
+
+def workflows_retrying(ids: list[int]) -> set[int]:
+    """Which of the workflows ``ids`` have an activity waiting out a retry window."""
+    return set(Activity.objects.filter(workflow_id__in=ids, status=Activity.Status.SCHEDULED, attempt__gte=1)
+               .exclude(error="").values_list("workflow_id", flat=True))
 
 
 def installation_id() -> str | None:
@@ -170,9 +201,13 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
             "required_role": w.required_role, "intent_version": w.intent_version,
             "expires_at": _iso(w.expires_at),
             "decision": w.decision, "decided_by": w.decided_by.username if w.decided_by else None,
+            # What an approver decides on: the candidate the hash is of, while the wait is open.
+            **({"candidate": w.candidate, "state_versions": w.state_versions}
+               if w.kind == Wait.Kind.APPROVAL and w.status == Wait.Status.OPEN else {}),
         }
         for w in workflow.waits.select_related("decided_by").order_by("pk")
     ]
+    detail["retrying"] = activities_retrying(workflow)
     activities, detail["activities_left_out"] = shown_activities(workflow)
     detail["activities"] = [
         {

@@ -1,21 +1,24 @@
 """Model prices and cost arithmetic (USD); the durable ledger lives in ``workflows.services.budgets``."""
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import ROUND_UP, Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from opentelemetry.trace import SpanKind
 
 from agentops import livewire, telemetry
 from agentops.providers import provider_for
-from agentops.providers.base import ModelResponse, Usage
+from agentops.providers.base import ModelProvider, ModelResponse, Usage
 from workflows.activity_context import ActivityContext
 from workflows.connections import connection_release_while_waiting
 from workflows.errors import AgentOpsError, Permanent
@@ -88,6 +91,66 @@ def _usd(per_million_total: Decimal) -> Decimal:
     return (per_million_total / MILLION).quantize(Decimal("0.000001"), rounding=ROUND_UP)
 
 
+class Ledger(Protocol):
+    """Where a model call's requests are reserved and settled: the usage ledger in the database
+    (``DatabaseLedger``), or the test kit's ``workflows.testing.FakeLedger``."""
+
+    def reserve(self, *, workflow_id: int, key: str, operation_id: str, attempt: int, provider: str, model: str,
+                estimate_usd: Decimal, fence: Callable[[], None]) -> bool:
+        """Hold ``estimate_usd`` for request ``key`` or raise BudgetDeferred/BudgetExhausted; runs ``fence`` first."""
+        ...
+
+    def charge(self, *, key: str, cost_usd: Decimal, usage: dict[str, int], request_id: str) -> bool: ...
+
+    def release(self, *, key: str, reason: str, http_status: int | None = None, request_id: str = "") -> bool: ...
+
+    def uncertain(self, *, key: str, reason: str) -> bool: ...
+
+
+class DatabaseLedger:
+    """The usage ledger of ``workflows.services.budgets`` (one row per request)."""
+
+    def reserve(self, *, workflow_id: int, key: str, operation_id: str, attempt: int, provider: str, model: str,
+                estimate_usd: Decimal, fence: Callable[[], None]) -> bool:
+        from workflows.services.budgets import budget_reserve_ensure
+
+        return budget_reserve_ensure(workflow_id=workflow_id, key=key, operation_id=operation_id, attempt=attempt,
+                                     provider=provider, model=model, estimate_usd=estimate_usd, fence=fence)
+
+    def charge(self, *, key: str, cost_usd: Decimal, usage: dict[str, int], request_id: str) -> bool:
+        from workflows.services.budgets import budget_charge_once
+
+        return budget_charge_once(key=key, cost_usd=cost_usd, usage=usage, request_id=request_id)
+
+    def release(self, *, key: str, reason: str, http_status: int | None = None, request_id: str = "") -> bool:
+        from workflows.services.budgets import budget_release_once
+
+        return budget_release_once(key=key, reason=reason, http_status=http_status, request_id=request_id)
+
+    def uncertain(self, *, key: str, reason: str) -> bool:
+        from workflows.services.budgets import budget_uncertain_once
+
+        return budget_uncertain_once(key=key, reason=reason)
+
+
+# The model and ledger of the block, when the test kit put fakes in place (``answered_by``);
+# None: the workflow's release answers and the database ledger meters.
+_stand_ins: contextvars.ContextVar[tuple[ModelProvider, Ledger] | None] = contextvars.ContextVar(
+    "agentops_model_stand_ins", default=None)
+
+
+@contextmanager
+def answered_by(model: ModelProvider, ledger: Ledger) -> Iterator[None]:
+    """Within the block, ``metered_complete`` calls ``model`` and meters with ``ledger``: the test
+    kit's ``ActivityEnvironment(model=FakeModel(...))`` runs a model-calling activity this way,
+    without a database or a provider."""
+    token = _stand_ins.set((model, ledger))
+    try:
+        yield
+    finally:
+        _stand_ins.reset(token)
+
+
 def metered_complete(
     ctx: ActivityContext,
     *,
@@ -118,7 +181,8 @@ def metered_complete(
     ``model.called`` event (request id, model, latency, tokens, stop reason, cost; or the error
     of a failed call).
     """
-    provider = provider_for(ctx)
+    stand_ins = _stand_ins.get()
+    provider, ledger = stand_ins if stand_ins is not None else (provider_for(ctx), DATABASE_LEDGER)
     input_tokens = _continued_conversation_tokens(ctx, system=system, messages=messages, tools=tools)
     if input_tokens is None:
         connection_release_while_waiting()  # the token count is a request to the provider too
@@ -127,7 +191,8 @@ def metered_complete(
         input_tokens = estimated_input_tokens(system=system, messages=messages, tools=tools)
     estimate = estimate_usd(provider.model, input_tokens=input_tokens, max_tokens=max_tokens,
                             prefix_cache_ttl=prefix_cache_ttl)
-    meter = LedgerMeter(ctx, call=call, provider=provider.name, model=provider.model, estimate=estimate)
+    meter = LedgerMeter(ctx, call=call, provider=provider.name, model=provider.model, estimate=estimate,
+                        ledger=ledger)
     with telemetry.span(f"chat {provider.model}", kind=SpanKind.CLIENT,
                         attributes=model_call_attributes(provider.name, provider.model, call, max_tokens)) as span:
         return _metered_call(ctx, provider, meter, span, call=call, system=system, messages=messages,
@@ -239,8 +304,10 @@ class LedgerMeter:
     one without an answer uncertain, or releases it when it never left (connection refused).
     """
 
-    def __init__(self, ctx: ActivityContext, *, call: int, provider: str, model: str, estimate: Decimal) -> None:
+    def __init__(self, ctx: ActivityContext, *, call: int, provider: str, model: str, estimate: Decimal,
+                 ledger: Ledger | None = None) -> None:
         self.ctx, self.call, self.provider, self.model, self.estimate = ctx, call, provider, model, estimate
+        self.ledger = ledger or DATABASE_LEDGER
         self.sent = 0
         self._open: dict[int, str] = {}  # requests reserved and not yet settled: n -> key
         self._ok: tuple[int, str] | None = None  # the request answered 2xx, (n, request id)
@@ -251,38 +318,32 @@ class LedgerMeter:
         return usage_key(operation_id=self.ctx.operation_id, call=self.call, attempt=self.ctx.attempt, request=n)
 
     def sending(self, n: int) -> dict[str, str]:
-        from workflows.services.budgets import budget_reserve_ensure
-
         key = self.key(n)
-        budget_reserve_ensure(workflow_id=self.ctx.workflow_id, key=key, operation_id=self.ctx.operation_id,
-                              attempt=self.ctx.attempt, provider=self.provider, model=self.model,
-                              estimate_usd=self.estimate, fence=lambda: self.ctx.fence(f"model call {self.call}"))
+        self.ledger.reserve(workflow_id=self.ctx.workflow_id, key=key, operation_id=self.ctx.operation_id,
+                            attempt=self.ctx.attempt, provider=self.provider, model=self.model,
+                            estimate_usd=self.estimate, fence=lambda: self.ctx.fence(f"model call {self.call}"))
         connection_release_while_waiting()  # the request goes out now; the answer takes seconds
         self._open[n] = key
         self.sent += 1
         return {USAGE_KEY_HEADER: key}
 
     def answered(self, n: int, *, status: int, request_id: str) -> None:
-        from workflows.services.budgets import budget_release_once
-
         if 200 <= status < 300:
             self._ok = (n, request_id)
             return
         key = self._open.pop(n, None)
         if key is not None:
-            budget_release_once(key=key, reason=f"answered {status}: the API does not bill errors",
+            self.ledger.release(key=key, reason=f"answered {status}: the API does not bill errors",
                                 http_status=status, request_id=request_id)
 
     def lost(self, n: int, *, sent: bool, reason: str) -> None:
-        from workflows.services.budgets import budget_release_once, budget_uncertain_once
-
         key = self._open.pop(n, None)
         if key is None:
             return
         if sent:
-            budget_uncertain_once(key=key, reason=reason)
+            self.ledger.uncertain(key=key, reason=reason)
         else:
-            budget_release_once(key=key, reason=f"never reached the provider: {reason}")
+            self.ledger.release(key=key, reason=f"never reached the provider: {reason}")
 
     def charge(self, response: ModelResponse) -> Decimal:
         """Charge the request that brought ``response``; returns its cost."""
@@ -300,17 +361,16 @@ class LedgerMeter:
             self.lost(n, sent=True, reason=f"no usable answer ({type(error).__name__})")
 
     def _settle(self, *, usage: Usage, request_id: str) -> None:
-        from workflows.services.budgets import budget_charge_once
-
         n = self._ok[0] if self._ok is not None else max(self._open, default=0)
         key = self._open.pop(n, None) or self.key(n)
-        budget_charge_once(key=key, cost_usd=cost_usd(self.model, usage), usage=usage_fields(usage),
+        self.ledger.charge(key=key, cost_usd=cost_usd(self.model, usage), usage=usage_fields(usage),
                            request_id=request_id or (self._ok[1] if self._ok else ""))
         for other in list(self._open):  # a provider that reported no outcome for them: unknown
             self.lost(other, sent=True, reason="no outcome reported")
 
 
 USAGE_KEY_HEADER = "x-agentops-usage-key"
+DATABASE_LEDGER: Ledger = DatabaseLedger()
 
 
 class keep_alive:  # noqa: N801 - used as a context manager, like contextlib's

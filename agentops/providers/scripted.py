@@ -3,6 +3,13 @@
 It is a real provider behind the same interface as the anthropic one. Its answers are
 derived from the request alone (a hash of the prompt), so a replayed run gets the same
 answer and tests can rely on it.
+
+A request names its task in the system prompt (``<task>draft_reply</task>``). The shipped kinds'
+tasks are answered here; a kind of one's own declares its offline answers in its package with
+``offline_answer`` (a function of the request, a fixed text or JSON object) or
+``offline_answers_file`` (a JSON file of them), so an offline run of it produces its kind of
+output. A task nobody declared is refused (``Permanent``, naming the task and how to declare it):
+a placeholder sentence must never become a candidate someone approves.
 """
 from __future__ import annotations
 
@@ -10,11 +17,65 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, overload
 
 from agentops.providers.base import ModelResponse, RequestMeter, Usage
+from workflows.errors import Permanent
 
 TASK_MARKER = re.compile(r"<task>(?P<task>[a-z_]+)</task>")
+
+# What a kind's offline answer may be: a text, a JSON object, or a function of the request
+# (``fn(system, messages) -> str | dict``).
+Answer = str | dict[str, Any] | Callable[[str, list[dict[str, Any]]], "str | dict[str, Any]"]
+AnswerFn = Callable[[str, list[dict[str, Any]]], "str | dict[str, Any]"]
+_declared: dict[str, Answer] = {}
+SHIPPED_TASKS = ("plan_tasks", "execute_task", "verify_goal", "replan", "propose_change", "harness_initialize",
+                 "harness_session")
+
+
+@overload
+def offline_answer(task: str) -> Callable[[AnswerFn], AnswerFn]: ...
+@overload
+def offline_answer(task: str, answer: str | dict[str, Any]) -> None: ...
+def offline_answer(task: str, answer: str | dict[str, Any] | None = None) -> Any:
+    """Declare what the scripted provider answers a request whose system prompt has
+    ``<task>TASK</task>``: a text, a JSON object (a forced tool call gets it as the tool's input;
+    otherwise it comes back as JSON text), or, used as a decorator, a function
+    ``fn(system, messages) -> str | dict`` of the request (deterministic: a replayed run must
+    get the same answer). Call it at import of the kind's package, as ``@activity`` is."""
+    if not TASK_MARKER.fullmatch(f"<task>{task}</task>"):
+        raise ValueError(f"offline_answer({task!r}): a task is lower-case letters and underscores, "
+                         "as in <task>draft_reply</task>.")
+    if task in SHIPPED_TASKS:
+        raise ValueError(f"offline_answer({task!r}): {task} is a task of a shipped kind; name yours differently.")
+    if answer is not None:
+        _declared[task] = answer
+        return None
+
+    def declare(fn: AnswerFn) -> AnswerFn:
+        _declared[task] = fn
+        return fn
+
+    return declare
+
+
+def offline_answers_file(path: str | Path) -> None:
+    """Declare the offline answers of a JSON file: ``{"task": "text" or {...}, ...}``
+    (e.g. ``offline_answers_file(Path(__file__).with_name("offline_answers.json"))``)."""
+    try:
+        answers = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"offline_answers_file({str(path)!r}) cannot be read as JSON: {exc}") from None
+    if not isinstance(answers, dict) or not all(isinstance(a, str | dict) for a in answers.values()):
+        raise ValueError(f"offline_answers_file({str(path)!r}) must hold one JSON object of task: text or object.")
+    for task, answer in answers.items():
+        offline_answer(task, answer)
+
+
+def declared_tasks() -> list[str]:
+    """The tasks kinds declared offline answers for."""
+    return sorted(_declared)
 
 
 class ScriptedProvider:
@@ -30,13 +91,15 @@ class ScriptedProvider:
         on_delta: Callable[[dict[str, str]], None] | None = None,
     ) -> ModelResponse:
         """An answer computed in-process: one "request", always answered (all at once, so it
-        sends no deltas)."""
+        sends no deltas); a task nobody declared an answer for is refused before anything is
+        metered."""
+        task = match_task(system)
+        if task not in SHIPPED_TASKS and task not in _declared:
+            raise unknown_task(task)
         if meter is not None:
             meter.sending(0)
             meter.answered(0, status=200, request_id="")
         prompt = "\n".join(str(m.get("content", "")) for m in messages)
-        match = TASK_MARKER.search(system)
-        task = match.group("task") if match else "chat"
         if task == "execute_task" and tools:
             return self._execute_turn(prompt, messages, system)
         if task in ("harness_initialize", "harness_session") and tools:
@@ -44,10 +107,17 @@ class ScriptedProvider:
             from agentops.agents.harness.script import scripted_turn
 
             return scripted_turn(system=system, messages=messages)
-        answer = getattr(self, f"_answer_{task}", self._answer_chat)(prompt)
+        answer = self._answer(task, system, messages, prompt)
         if tool_choice and tool_choice.get("type") == "tool":
             # A forced tool call: the structured answer comes back as the tool's input, as from Claude.
-            call = {"id": f"toolu_scripted_{task}", "name": tool_choice["name"], "input": json.loads(answer)}
+            try:
+                data = json.loads(answer)
+            except json.JSONDecodeError:
+                data = None
+            if not isinstance(data, dict):
+                raise Permanent(f"The offline answer declared for task {task!r} is not a JSON object, and the call "
+                                f"forces the tool {tool_choice['name']!r}: declare a dict (the tool's input).")
+            call = {"id": f"toolu_scripted_{task}", "name": tool_choice["name"], "input": data}
             return ModelResponse(text="", stop_reason="tool_use", tool_calls=[call],
                                  usage=_usage(system, prompt, answer))
         return ModelResponse(text=answer, stop_reason="end_turn", usage=_usage(system, prompt, answer))
@@ -107,8 +177,16 @@ class ScriptedProvider:
         tasks = [{"title": f"Retry {title}"[:200], "instructions": "Try again, more simply."} for title in retry]
         return json.dumps({"tasks": tasks or [{"title": "Finish the goal", "instructions": "Close the gaps left."}]})
 
-    def _answer_chat(self, prompt: str) -> str:
-        return "I am the offline scripted provider; set ANTHROPIC_API_KEY for a real model."
+    def _answer(self, task: str, system: str, messages: list[dict[str, Any]], prompt: str) -> str:
+        """The text of the answer to ``task``: a shipped kind's, else the one a kind declared."""
+        shipped = getattr(self, f"_answer_{task}", None)
+        if shipped is not None:
+            return str(shipped(prompt))
+        declared = _declared.get(task)
+        if declared is None:  # a shipped task asked for in a shape it is not answered in (no tools)
+            raise unknown_task(task)
+        value = declared(system, messages) if callable(declared) else declared
+        return value if isinstance(value, str) else json.dumps(value)
 
     def _answer_propose_change(self, prompt: str) -> str:
         """Propose a small, reviewable change: a release note describing the goal."""
@@ -121,6 +199,23 @@ class ScriptedProvider:
             "files": {f"release-notes/{slug}-{digest}.md": f"# {goal[:200]}\n\nPrepared by agentops.\n"},
         }
         return json.dumps(proposal)
+
+
+def unknown_task(task: str) -> Permanent:
+    """The refusal of a request for a task no kind declared an offline answer for."""
+    known = ", ".join(declared_tasks()) or "none"
+    asked = (f"has no answer for task {task!r}" if task else
+             "was asked without a <task>NAME</task> marker in the system prompt")
+    return Permanent(
+        f"The offline scripted provider {asked} (tasks kinds declared: {known}). Declare what it answers in your "
+        "kind's package with agentops.providers.scripted.offline_answer(\"TASK\", ...) or offline_answers_file(path) "
+        "(docs/authoring.md, \"Offline answers\"), or set ANTHROPIC_API_KEY for a real model.")
+
+
+def match_task(system: str) -> str:
+    """The task a system prompt names (``<task>NAME</task>``), or ""."""
+    match = TASK_MARKER.search(system)
+    return match.group("task") if match else ""
 
 
 def _usage(system: str, prompt: str, answer: str) -> Usage:

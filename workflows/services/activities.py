@@ -302,8 +302,10 @@ def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseExceptio
     if not updated:
         return _refuse_stale(workflow, claim)
     _attempt_finish(claim, ActivityAttempt.Status.FAILED, message)
+    retry_at = {} if outcome == RunOutcome.FAILED else {
+        "retry_at": (now + timedelta(seconds=delay)).isoformat(), "max_attempts": activity.max_attempts + refund}
     event_record(workflow=workflow, kind=f"activity.{outcome.value}", at=now, operation_id=claim.operation_id,
-                 attempt=claim.attempt, error=message[:500])
+                 attempt=claim.attempt, error=message[:500], **retry_at)
     if outcome == RunOutcome.FAILED and activity.node == COMPENSATION_NODE and (
         workflow.status != Workflow.Status.CANCELLING  # cancellation says so in the workflow's reason
     ):

@@ -8,7 +8,7 @@ from django.db import transaction
 
 from workflows import clock, doorbells, registry
 from workflows.errors import TransitionRefused
-from workflows.models import Activity, Commitment, Timer, Wait, Workflow
+from workflows.models import Activity, Commitment, Event, Timer, Wait, Workflow
 from workflows.services.common import event_record, text_checked, workflow_lock, workflow_save
 from workflows.services.steps import (
     COMPENSATION_NODE,
@@ -24,8 +24,11 @@ from workflows.services.steps import (
 
 
 @transaction.atomic
-def workflow_cancel(*, workflow_id: int, reason: str = "", user: Any = None) -> Result:
+def workflow_cancel(*, workflow_id: int, reason: str = "", user: Any = None, by: str = "") -> Result:
     """Cancel: close waits, void live work, compensate commitments in reverse order, end cancelled.
+
+    Who cancelled is recorded on the ``workflow.cancelling`` and ``workflow.cancelled`` events:
+    ``user``'s name, else ``by`` (a caller without a user names itself, e.g. the shell's login).
 
     The outcome is APPLIED when the workflow ended cancelled in this call, SUSPENDED while
     compensations run. Idempotent: a workflow already cancelling or cancelled returns
@@ -38,7 +41,8 @@ def workflow_cancel(*, workflow_id: int, reason: str = "", user: Any = None) -> 
                          f"Workflow {workflow_id} was already {workflow.status}; nothing changed.")
     if workflow.is_terminal:
         raise TransitionRefused(f"Workflow {workflow_id} is already {workflow.status}; there is nothing to cancel.")
-    outcome = _cancel_locked(workflow, reason or "cancelled by an operator", by=username_of(user), now=clock.now())
+    who = username_of(user) or by.strip()[:150] or "unknown"
+    outcome = _cancel_locked(workflow, reason or f"cancelled by {who}", by=who, now=clock.now())
     if workflow.status == Workflow.Status.CANCELLED:
         return Result.of(workflow, outcome, f"Workflow {workflow_id} is cancelled.")
     return Result.of(workflow, outcome, f"Workflow {workflow_id} is cancelling: its work in flight was stopped, and "
@@ -59,7 +63,8 @@ def workflow_deadline_enforce_if_due(*, workflow_id: int) -> bool:
         return False
     if workflow.status == Workflow.Status.CANCELLING:
         return False
-    _cancel_locked(workflow, f"time limit reached at {workflow.deadline:%Y-%m-%d %H:%M:%S} UTC", by="", now=now)
+    _cancel_locked(workflow, f"time limit reached at {workflow.deadline:%Y-%m-%d %H:%M:%S} UTC", by="time limit",
+                   now=now)
     return True
 
 
@@ -90,7 +95,9 @@ def advance_cancellation(workflow: Workflow) -> Outcome:
             return Outcome.SUSPENDED
         commitment_close_compensated(workflow, commitment, now=now)
     workflow.finish_cancel(at=now)
-    event_record(workflow=workflow, kind="workflow.cancelled", at=now)
+    asked = Event.objects.filter(workflow=workflow, kind="workflow.cancelling").order_by("-seq").values_list(
+        "data", flat=True).first() or {}
+    event_record(workflow=workflow, kind="workflow.cancelled", at=now, by=asked.get("by", ""))
     workflow_save(workflow, "status", at=now)
     trace_finished_on_commit(workflow)
     return Outcome.APPLIED

@@ -111,8 +111,9 @@ def handler_failures_clear(workflow: Workflow, mark: AdvanceMark, *, now: dateti
     """After a successful advance: forget earlier failures, and the reason they wrote."""
     if not workflow.handler_failures and workflow.advance_retry_at is None:
         return
-    event_record(workflow=workflow, kind="workflow.handler_recovered", at=now, node=workflow.current_node,
-                 failures=workflow.handler_failures)
+    if not workflow.is_terminal:  # a workflow that ended (a cancel finished) did not recover: its end says so
+        event_record(workflow=workflow, kind="workflow.handler_recovered", at=now, node=workflow.current_node,
+                     failures=workflow.handler_failures)
     workflow.handler_failures, workflow.advance_retry_at = 0, None
     fields = ["handler_failures", "advance_retry_at"]
     if mark.status == Workflow.Status.RUNNING and workflow.reason == mark.reason:

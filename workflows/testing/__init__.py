@@ -7,7 +7,9 @@
 - ``replay(definition, history)``: run a recorded history against a definition and name the
   first place where it no longer replays (a changed step, a step no longer asked for).
 - ``ActivityEnvironment``: run an activity with a fake lease that records heartbeats,
-  checkpoints and notes, and can be cancelled (the heartbeat then raises ``LeaseLost``).
+  checkpoints and notes, and can be cancelled (the heartbeat then raises ``LeaseLost``); with
+  ``model=FakeModel([...])`` its model calls (``metered_complete``) are answered by the fake and
+  metered in a ``FakeLedger`` (``workflows.testing.model``): no database, no provider.
 
 The same engine code runs here as on a worker (``workflows.engine.step``); only the storage
 is a dictionary. Process-level behaviour (leases running out, retries, doorbells) needs the
@@ -26,11 +28,13 @@ from workflows.activity_context import ActivityContext
 from workflows.errors import NonDeterminismError
 from workflows.leases import Claim, LeaseLost
 from workflows.registry import ActivityType
+from workflows.testing.model import FakeLedger, FakeModel, Reply, Throttle, cut_off
 
 Step = engine.Step  # one recorded step of a run's history, as ``WorkflowRun.history`` lists them
 
 __all__ = [
-    "ActivityEnvironment", "Divergence", "FakeLease", "LeaseLost", "WorkflowRun", "deployed", "registered", "replay",
+    "ActivityEnvironment", "Divergence", "FakeLease", "FakeLedger", "FakeModel", "LeaseLost", "Reply", "Throttle",
+    "WorkflowRun", "cut_off", "deployed", "registered", "replay",
 ]
 
 I = TypeVar("I")  # noqa: E741
@@ -115,7 +119,9 @@ class ActivityEnvironment:
 
     ``resume`` is the checkpoint an earlier attempt saved; ``previous_attempt_lost`` makes the
     activity's ``reconcile`` run first, as after a crash. ``idempotency_key`` is what
-    ``ctx.idempotency_key`` gives (empty: the operation id).
+    ``ctx.idempotency_key`` gives (empty: the operation id). ``model`` answers the activity's
+    model calls (``agentops.budgets.metered_complete``), metered in ``ledger``; without a model,
+    a model call reaches the configured provider and the database ledger, as on a worker.
     """
 
     workflow_id: int = 1
@@ -126,6 +132,8 @@ class ActivityEnvironment:
     previous_attempt_lost: bool = False
     definition_version: int = 1
     lease: FakeLease = field(default_factory=FakeLease)
+    model: FakeModel | None = None
+    ledger: FakeLedger = field(default_factory=FakeLedger)
 
     def run(self, activity: ActivityType[I, O], input: I) -> O:
         claim = Claim(
@@ -135,10 +143,22 @@ class ActivityEnvironment:
             definition_version=self.definition_version, idempotency_key=self.idempotency_key,
         )
         ctx = ActivityContext(claim=claim, lease=self.lease)
-        found = activity.reconcile_json(ctx, claim.input) if self.previous_attempt_lost else None
-        result = found if found is not None else activity.execute(ctx, claim.input)
+        with self._model_calls():
+            found = activity.reconcile_json(ctx, claim.input) if self.previous_attempt_lost else None
+            result = found if found is not None else activity.execute(ctx, claim.input)
         output: O = activity.decode_output(json.loads(json.dumps(result)))
         return output
+
+
+    @contextmanager
+    def _model_calls(self) -> Iterator[None]:
+        if self.model is None:
+            yield
+            return
+        from agentops.budgets import answered_by
+
+        with answered_by(self.model, self.ledger):
+            yield
 
 
 class WorkflowRun:

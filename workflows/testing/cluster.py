@@ -174,8 +174,12 @@ def point_celery_app_at(url: str) -> None:
 
     app.conf["broker_url"] = url  # what `app.conf.broker_url = url` does (the stubs call it read-only)
     assert app.conf.broker_write_url == url, f"Celery would still publish to {app.conf.broker_write_url}"
-    if "data_folder_in" in (app.conf.broker_transport_options or {}):
-        app.conf.broker_transport_options = {"visibility_timeout": 3600}
+    if not url.startswith("filesystem://"):
+        # A shell without CELERY_BROKER_URL configured the filesystem broker: its transport class
+        # and folders would stay in force for the new URL (every publish then fails, "data_in").
+        app.conf["broker_transport"] = None
+        if "data_folder_in" in (app.conf.broker_transport_options or {}):
+            app.conf.broker_transport_options = {"visibility_timeout": 3600}
     # Drop the references only: kombu's global pool registry hands the same pool out again for
     # the same URL, so closing it here would break the next test's publishes.
     app._pool = None  # type: ignore[attr-defined]
@@ -189,8 +193,11 @@ def publishing_to(url: str) -> Iterator[None]:
     """This process publishes its doorbells to ``url`` for the block, then to the broker it had."""
     from django.conf import settings
 
+    from agentops.celery import app
+
     names = ("CELERY_BROKER_URL", "CELERY_BROKER_WRITE_URL")
     saved = {name: os.environ.pop(name, None) for name in names}
+    transport = (app.conf.broker_transport, app.conf.broker_transport_options)
     os.environ["CELERY_BROKER_URL"] = url
     point_celery_app_at(url)
     try:
@@ -199,6 +206,7 @@ def publishing_to(url: str) -> Iterator[None]:
         os.environ.pop("CELERY_BROKER_URL", None)
         os.environ.update({name: value for name, value in saved.items() if value is not None})
         point_celery_app_at(saved["CELERY_BROKER_URL"] or settings.CELERY_BROKER_URL)
+        app.conf["broker_transport"], app.conf.broker_transport_options = transport
 
 
 # --- One process ---

@@ -6,6 +6,7 @@ request was refused (stale candidate, wrong role, expired wait, workflow in the 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import sys
 from datetime import date
@@ -16,13 +17,14 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from workflows import histories, replay, selectors, services
+from workflows import histories, replay, selectors, services, skeleton
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
 from workflows.management import webhook_verb
 from workflows.models import Schedule, Signal, Workflow
-from workflows.services import schedules, tokens
+from workflows.services import roles, schedules, tokens
 from workflows.services.workflows import SIGNAL_AUTO_KEY_PREFIX, SIGNAL_WEBHOOK_KEY_PREFIX
 
 EXIT_BAD_INPUT = 2
@@ -102,7 +104,8 @@ class Command(BaseCommand):
         cancel = verb("cancel", "Cancel a workflow; its commitments are compensated first.")
         cancel.add_argument("id", type=int)
         cancel.add_argument("--reason", default="")
-        cancel.add_argument("--user", help="username of who cancelled")
+        cancel.add_argument("--user", help="username of who cancelled (default: this shell's login, recorded as "
+                                           "shell:LOGIN)")
 
         budget = verb("budget", "Set a workflow's budget (audited); a workflow paused for budget resumes.")
         budget.add_argument("id", type=int)
@@ -147,6 +150,17 @@ class Command(BaseCommand):
         sched.add_argument("--user", help="add: whose launches they are; trigger: who asked")
 
         webhook_verb.add_parser(verb("webhook", webhook_verb.HELP))
+
+        role = verb("role", "Approver roles (the groups approval waits name): `role add ROLE --user NAME`, "
+                            "`role remove ROLE --user NAME`, `role list [ROLE]`.")
+        role.add_argument("action", choices=("add", "remove", "list"))
+        role.add_argument("role", nargs="?", help="the role, e.g. release-approvers")
+        role.add_argument("--user", action="append", default=[], help="add/remove: a username (repeatable)")
+
+        new_kind = verb("new-kind", "Write the project of a new agent kind (a pip-installable package with a "
+                                    "passing test) into --dir/NAME (docs/authoring.md).")
+        new_kind.add_argument("name", help="the kind, e.g. followup")
+        new_kind.add_argument("--dir", default=".", help="the folder to write it in (default: the current one)")
 
         usage = verb("usage", "The usage ledger's requests whose outcome is unknown: `usage uncertain [--workflow ID]` "
                               "lists them; `usage settle --file REPORT.jsonl` charges or releases them from the "
@@ -203,9 +217,12 @@ class Command(BaseCommand):
         if options["json"]:
             self._emit(options, rows, "")
             return
+        retrying = selectors.workflows_retrying([row["id"] for row in rows])
         table = Table("id", "kind", "status", "node", "intent", "goal", "updated")
         for row in rows:
-            table.add_row(str(row["id"]), row["kind"], row["status"], row["current_node"],
+            status = f"{row['status']} (retrying)" if row["id"] in retrying and row["status"] == "running" else \
+                row["status"]
+            table.add_row(str(row["id"]), row["kind"], status, row["current_node"],
                           f"v{row['intent_version']}", row["goal"][:50], row["updated_at"][:19])
         self.console.print(table if rows else "No workflows yet. Launch one with `manage.py agent launch`.")
 
@@ -253,7 +270,8 @@ class Command(BaseCommand):
 
     def _cancel(self, options: dict[str, Any]) -> None:
         result = services.workflow_cancel(
-            workflow_id=options["id"], reason=options["reason"], user=user_or_none(options["user"])
+            workflow_id=options["id"], reason=options["reason"], user=user_or_none(options["user"]),
+            by=f"shell:{shell_login()}",
         )
         self._emit(options, result.to_json(), result.message)
 
@@ -347,6 +365,40 @@ class Command(BaseCommand):
 
     def _webhook(self, options: dict[str, Any]) -> None:
         webhook_verb.run(self, options)
+
+    def _role(self, options: dict[str, Any]) -> None:
+        action, role, usernames = options["action"], (options["role"] or "").strip(), options["user"]
+        if action == "list":
+            if usernames:
+                raise InvalidInput("`role list` takes no --user; it lists every role, or the members of ROLE.")
+            rows = selectors.roles(name=role)
+            if role and not rows:
+                raise NotFound(f"No role named {role!r}; create it with `agent role add {role} --user NAME`.")
+            if options["json"]:
+                self._emit(options, rows, "")
+                return
+            table = Table("role", "members", "open approvals")
+            for row in rows:
+                table.add_row(row["role"], ", ".join(row["members"]) or "(none)", str(row["open_approvals"]))
+            self.console.print(table if rows else "No roles yet; `agent role add ROLE --user NAME` makes one.")
+            return
+        if not role or not usernames:
+            raise InvalidInput(f"`role {action}` needs ROLE and at least one --user NAME.")
+        change = roles.role_member_add if action == "add" else roles.role_member_remove
+        results = [(name, change(role=role, user=user_by_name(name))) for name in usernames]
+        done = "added to" if action == "add" else "removed from"
+        self._emit(options, {"role": role, "users": {name: outcome.value for name, outcome in results}}, "\n".join(
+            f"{name} {done} {role}." if outcome == services.Outcome.APPLIED else
+            f"{name} was {'already' if action == 'add' else 'not'} a member of {role}; nothing changed."
+            for name, outcome in results))
+
+    def _new_kind(self, options: dict[str, Any]) -> None:
+        root = skeleton.write_skeleton(options["name"], Path(options["dir"]))
+        module = options["name"].replace("-", "_")
+        self._emit(options, {"kind": options["name"], "path": str(root)},
+                   f"Wrote the {options['name']} kind to {root}. Next:\n"
+                   f"  cd {root} && pip install -e . && python -m pytest   # the kit's tests, no database\n"
+                   f"  edit {module}/definition.py and {module}/activities.py (docs/authoring.md)")
 
     def _usage(self, options: dict[str, Any]) -> None:
         if options["action"] == "uncertain":
@@ -542,6 +594,29 @@ def workflow_by_id(workflow_id: int) -> Workflow:
             from None
 
 
+CANDIDATE_LINES = 60
+
+
+def candidate_text(candidate: Any) -> str:
+    """A candidate as indented JSON for the terminal; past CANDIDATE_LINES lines, cut with a pointer
+    to the whole (``agent show --json``)."""
+    lines = json.dumps(candidate, indent=2, sort_keys=True, default=str, ensure_ascii=False).splitlines()
+    shown = [f"    {line}" for line in lines[:CANDIDATE_LINES]]
+    if len(lines) > CANDIDATE_LINES:
+        shown.append(f"    … {len(lines) - CANDIDATE_LINES} more lines: `agent show ID --json` prints it whole")
+    return escape("\n".join(shown))
+
+
+def shell_login() -> str:
+    """Who runs this command, as the operating system names them (recorded when no --user is given)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name for this uid (a container's)
+        import os
+
+        return f"uid {os.getuid()}"
+
+
 def extra_table(name: str, value: Any) -> Any:
     """A kind's extra key as a table: one row per item of a list of objects, else one row."""
     items = value if isinstance(value, list) else [value]
@@ -565,6 +640,10 @@ def render_detail(detail: dict[str, Any]) -> Any:
         head += f"\nPaused: {detail['pause_cause']}"
     if detail["reason"]:
         head += f"\nReason: {detail['reason']}"
+    for r in detail.get("retrying", []):
+        head += (f"\nRetrying: {r['name']} ({r['operation_id']}) failed attempt {r['attempts']} of "
+                 f"{r['max_attempts']}; next try at {(r['next_attempt_at'] or '')[:19].replace('T', ' ')} UTC: "
+                 f"{escape(r['error'][:200])}")
     if detail.get("handler_failures"):
         retry = detail.get("advance_retry_at")
         head += (f"\nHandler failures: {detail['handler_failures']} in a row"
@@ -590,7 +669,9 @@ def render_detail(detail: dict[str, Any]) -> Any:
             line += (f"\n  role: {w['required_role']}   expires: {w['expires_at']}"
                      f"\n  candidate hash: {w['candidate_hash']}")
             if w["status"] == "open":
-                line += (f"\n  decide: manage.py agent approve {w['id']} --user NAME "
+                line += (f"\n  state versions: {json.dumps(w.get('state_versions', {}), sort_keys=True)}"
+                         f"\n  candidate (what the hash is of):\n{candidate_text(w.get('candidate'))}"
+                         f"\n  decide: manage.py agent approve {w['id']} --user NAME "
                          f"--candidate-hash {w['candidate_hash']}")
             elif w["decision"]:
                 line += f"\n  {w['decision']} by {w['decided_by']}"
