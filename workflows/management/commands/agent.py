@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rich.console import Console
 from rich.table import Table
 
-from workflows import histories, replay, selectors, services
+from workflows import histories, registry, replay, selectors, services
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
 from workflows.models import Signal, Workflow
 from workflows.services import tokens
@@ -40,6 +40,9 @@ class Command(BaseCommand):
             return sub
 
         launch = verb("launch", "Launch an agent; prints its workflow id.")
+        # Each kind's parameters as it declares them (WorkflowDefinition.launch_params), line by line.
+        launch.formatter_class = argparse.RawDescriptionHelpFormatter
+        launch.epilog = registry.launch_params_help()
         launch.add_argument("kind", help="workflow kind, e.g. release")
         launch.add_argument("--goal", required=True, help="what the agent should achieve")
         launch.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="launch parameter")
