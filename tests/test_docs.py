@@ -19,7 +19,7 @@ from django.core.management import call_command
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-@pytest.mark.parametrize("model", ["Workflow", "Wait", "Commitment"])
+@pytest.mark.parametrize("model", ["Workflow", "Wait", "Commitment", "Activity", "ActivityAttempt"])
 def test_state_machine_graphs_in_the_docs_match_the_transitions(model: str) -> None:
     """docs/state-machines.md shows every transition the model declares (line order aside)."""
     out = StringIO()
@@ -162,3 +162,14 @@ def test_the_commands_on_the_authoring_page_exist_and_list_every_shipped_kind(se
     for listed in re.findall(r"AGENTOPS_AGENT_MODULES=(\S+)", AUTHORING.read_text()):
         shipped = ["agentops.agents.release", "agentops.agents.autonomous", "agentops.agents.harness"]
         assert set(shipped) <= set(listed.strip("`").split(",")), f"a module list drops a shipped kind: {listed}"
+
+
+@pytest.mark.parametrize("model", ["Activity", "ActivityAttempt"])
+def test_the_lifecycle_tables_in_the_docs_match_the_transitions(model: str) -> None:
+    """docs/state-machines.md lists each declared transition of the lifecycle's models, as declared."""
+    from workflows.services.lifecycle import docs_section
+
+    page = (DOCS / "state-machines.md").read_text()
+    assert f"## {model}\n\n```dot\n" in page
+    section = page.split(f"## {model}\n\n```dot\n", 1)[1].split("```\n", 1)[1].split("\n## ", 1)[0]
+    assert section == docs_section(model), "run `make docs`"

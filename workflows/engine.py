@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from workflows import codec
 from workflows.errors import InvalidDecision, InvalidInput, NonDeterminismError, Permanent
+from workflows.params import LaunchParams, params_validated
 from workflows.presentation import EMPTY_QUERY, AdminPanel, CandidateView, candidate_as_json
 
 S = TypeVar("S", bound=Mapping[str, Any])
@@ -364,6 +365,10 @@ class WorkflowDefinition:
     # Release policy applied when the launch gives none: "revalidate", "pin" or "fail"
     # (docs/authoring.md, "Release changes").
     default_release_policy: ClassVar[str] = "revalidate"
+    # The launch parameters, declared once (workflows.params): the types, ranges, defaults and
+    # descriptions that validate a launch, print `agent launch --help` and give the JSON schema.
+    # None: the kind takes no parameters.
+    launch_params: ClassVar[type[LaunchParams] | None] = None
 
     _handlers: ClassVar[dict[str, str]] = {}
 
@@ -382,11 +387,16 @@ class WorkflowDefinition:
         cls.nodes = tuple(handlers)
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Check launch parameters; raise InvalidInput with a field-level message. Everything a
-        later node stores from them must be checked here, so bad input fails at launch."""
-        if params:
-            raise InvalidInput(f"Workflow kind {self.kind!r} takes no parameters; got {sorted(params)}.")
-        return params
+        """Check launch parameters against ``launch_params`` (types, ranges, defaults) and return
+        them with the defaults filled in; raise InvalidInput with a field-level message. A kind
+        adds what a type cannot say (a path that must be a git repository) by overriding this and
+        calling it first. Everything a later node stores from them must be checked here, so bad
+        input fails at launch."""
+        if self.launch_params is None:
+            if params:
+                raise InvalidInput(f"Workflow kind {self.kind!r} takes no parameters; got {sorted(params)}.")
+            return params
+        return params_validated(self.kind, self.launch_params, params)
 
     # Presentation hooks: read-only, never called while advancing (see workflows.presentation).
 

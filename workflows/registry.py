@@ -21,6 +21,7 @@ from workflows import codec
 from workflows.activity_context import ActivityContext
 from workflows.engine import WorkflowDefinition
 from workflows.errors import InvalidInput
+from workflows.params import params_help
 
 I = TypeVar("I")  # noqa: E741  (the input type of an activity)
 O = TypeVar("O")  # noqa: E741  (its result type)
@@ -153,11 +154,20 @@ class ActivityType(Generic[I, O]):
         return found
 
     def encode_input(self, value: Any) -> Any:
-        """The JSON of an input a handler passes; refuses a value of another type than declared."""
+        """The JSON of an input a handler passes; refuses a value of another type than declared
+        (TypeError), or one whose fields do not fit their types (InvalidInput): both are bugs of
+        the definition, which its failure boundary records before anything is scheduled."""
         tp = self.input_type
         if isinstance(tp, type) and dataclasses.is_dataclass(tp) and not isinstance(value, tp):
             raise TypeError(f"Activity {self.name!r} takes a {tp.__name__}; the handler passed "
                             f"{type(value).__name__}.")
+        codec.check(value, what=f"The input of activity {self.name}")
+        return codec.to_json(value)
+
+    def encode_output(self, value: Any) -> Any:
+        """The JSON of a result the activity returned; InvalidInput (the attempt fails, not
+        retried) for a dataclass whose fields do not fit their types."""
+        codec.check(value, what=f"The result of activity {self.name}")
         return codec.to_json(value)
 
     def decode_input(self, data: Any) -> Any:
@@ -169,14 +179,14 @@ class ActivityType(Generic[I, O]):
 
     def execute(self, ctx: ActivityContext, input_json: Any) -> Any:
         """Run the activity on its recorded input; the result as JSON."""
-        return codec.to_json(self.fn(ctx, self.decode_input(input_json)))
+        return self.encode_output(self.fn(ctx, self.decode_input(input_json)))
 
     def reconcile_json(self, ctx: ActivityContext, input_json: Any) -> Any:
         """Ask the outside world whether a lost attempt took effect: its result as JSON, or None."""
         if self.reconcile is None:
             return None
         found = self.reconcile(ctx, self.decode_input(input_json))
-        return None if found is None else codec.to_json(found)
+        return None if found is None else self.encode_output(found)
 
 
 _definitions: dict[str, type[WorkflowDefinition]] = {}
@@ -239,6 +249,22 @@ def definition_kinds() -> list[str]:
 
 def definitions() -> list[type[WorkflowDefinition]]:
     return [_definitions[kind] for kind in sorted(_definitions)]
+
+
+def launch_params_schema(kind: str) -> dict[str, Any] | None:
+    """The JSON schema of a kind's launch parameters (``WorkflowDefinition.launch_params``), for
+    an interface to show (an OpenAPI document, a form); None for a kind that takes none."""
+    model = definition(kind).launch_params
+    return None if model is None else model.model_json_schema()
+
+
+def launch_params_help() -> str:
+    """The launch parameters of every registered kind, for ``agent launch --help``."""
+    blocks = []
+    for cls in definitions():
+        lines = params_help(cls.launch_params) if cls.launch_params is not None else ["(no parameters)"]
+        blocks.append("\n".join([f"{cls.kind}:", *(f"  --param {line}" for line in lines)]))
+    return "launch parameters by kind:\n" + "\n".join(blocks)
 
 
 def activity_types() -> list[ActivityType[Any, Any]]:

@@ -3,10 +3,20 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from pydantic import Field
+
 from examples.reminder.activities import ReminderInput, send_reminder
 from workflows.engine import Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
+from workflows.params import LaunchParams
 from workflows.registry import register_definition
+
+
+class ReminderParams(LaunchParams):
+    invoice: str = Field(min_length=1, max_length=40, description="the invoice to collect, e.g. INV-7")
+    email: str = Field(max_length=200, description="the one address the reminders go to")
+    max_reminders: int = Field(3, ge=1, le=10, description="reminders sent before the workflow fails")
+    days_between: float = Field(7.0, gt=0, le=60, description="days to wait for payment after each reminder")
 
 
 class State(TypedDict, total=False):
@@ -19,25 +29,15 @@ class Reminder(WorkflowDefinition):
     version = 1
     start_node = "REMIND"
     revalidate_node = "REMIND"
+    launch_params = ReminderParams
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Everything a later node stores or sends is checked here, so bad input fails at launch."""
-        unknown = sorted(set(params) - {"invoice", "email", "max_reminders", "days_between"})
-        if unknown:
-            raise InvalidInput(f"Unknown parameter(s) {', '.join(unknown)} for kind 'reminder'.")
-        invoice, email = str(params.get("invoice", "")).strip(), str(params.get("email", "")).strip()
-        if not 0 < len(invoice) <= 40:
-            raise InvalidInput("Parameter invoice is required, at most 40 characters: --param invoice=INV-7.")
-        if "@" not in email or len(email) > 200 or "\n" in email:
+        """The declared types and ranges first; then what a type cannot say. Everything a later
+        node stores or sends is checked here, so bad input fails at launch."""
+        typed = super().validate_params(params)
+        if "@" not in typed["email"] or "\n" in typed["email"]:
             raise InvalidInput("Parameter email must be one address: --param email=ap@example.com.")
-        try:
-            reminders = int(params.get("max_reminders", 3))
-            days = float(params.get("days_between", 7))
-        except (TypeError, ValueError):
-            raise InvalidInput("Parameters max_reminders and days_between must be numbers.") from None
-        if not 1 <= reminders <= 10 or not 0 < days <= 60:
-            raise InvalidInput("max_reminders must be 1–10 and days_between above 0 and at most 60.")
-        return {"invoice": invoice, "email": email, "max_reminders": reminders, "days_between": days}
+        return typed
 
     @node("REMIND")
     def remind(self, ctx: NodeContext[State]) -> Decision:

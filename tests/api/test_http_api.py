@@ -146,7 +146,7 @@ def test_bad_input_gets_400_and_writes_nothing(http: Http, requester_token: str,
         (json.dumps({"kind": "nope", "goal": "g"}).encode(), "nope"),
         (json.dumps({"kind": "release", "goal": "g", "params": release_params(git_repo), "priority": 11}).encode(),
          "priority: Input should be less than or equal to 10"),
-        (json.dumps({"kind": "release", "goal": "g", "params": {"repo": "/nowhere"}}).encode(),
+        (json.dumps({"kind": "release", "goal": "g", "params": {"repo": "/nowhere", "test_command": "true"}}).encode(),
          "is not a git repository"),
     ]
     for raw, expected in cases:

@@ -59,12 +59,17 @@ def test_thirty_seconds_of_overload_leave_the_workflow_running_and_it_completes(
     workflow = Workflow.objects.get(pk=workflow.pk)
     assert workflow.status == "completed", workflow.reason
     planning = Activity.objects.get(workflow=workflow, name="plan_tasks")
-    throttled = ActivityAttempt.objects.filter(activity=planning, error__startswith="Throttled:").count()
+    throttled = ActivityAttempt.objects.filter(activity=planning, throttled=True).count()
+    assert throttled == ActivityAttempt.objects.filter(activity=planning, error__startswith="Throttled:").count()
+    given_back = ActivityAttempt.objects.filter(activity=planning, throttled=True, refunded=True)
+    assert given_back.count() == throttled
+    recorded = sorted(given_back.values_list("retry_after_seconds", flat=True))
     print(f"\n{throttled} throttled planning attempts over {sum(waits[:throttled]):.1f} s of waits: "
           + ", ".join(f"{w:.1f}" for w in waits[:throttled]))
     assert throttled >= 5, "more throttled attempts than the activity's 4 attempts allow"
     assert planning.max_attempts == 4 + throttled, "every throttled attempt was given back"
     assert all(0 < w <= 8.0 for w in waits[:throttled]), "the backoff is capped"
+    assert recorded == pytest.approx(sorted(waits[:throttled]), abs=0.01), "each attempt records the window it opened"
     assert waits[0] <= 1.0 and max(waits[:throttled]) > 4.0, "the backoff grows from its start"
     first_answer = next(r for r in claude.requests if r.status == 200)
     assert first_answer.at >= started.timestamp() + 30
@@ -89,6 +94,8 @@ def test_a_429s_retry_after_is_the_window_and_gives_the_attempt_back(
     assert waits[:6] == [45.0] * 6, "the server's retry-after is honoured exactly"
     planning = Activity.objects.get(workflow=workflow, name="plan_tasks")
     assert (planning.attempt, planning.max_attempts) == (7, 10)
+    assert list(planning.attempts.values_list("throttled", "refunded", "retry_after_seconds")) == [
+        (True, True, 45.0)] * 6 + [(False, False, None)]
 
 
 def test_a_server_error_still_uses_up_attempts(claude: FakeAnthropicAPI, workspaces: Path,
@@ -102,6 +109,9 @@ def test_a_server_error_still_uses_up_attempts(claude: FakeAnthropicAPI, workspa
 
     planning = Activity.objects.get(workflow=workflow, name="plan_tasks")
     assert (planning.status, planning.attempt, planning.max_attempts) == ("failed", 4, 4)
+    assert not planning.attempts.filter(throttled=True).exists()
+    assert not planning.attempts.filter(refunded=True).exists()
+    assert list(planning.attempts.values_list("retry_after_seconds", flat=True))[-1] is None, "no retry followed"
     assert Workflow.objects.get(pk=workflow.pk).status == "failed"
 
 
@@ -140,7 +150,7 @@ def test_sustained_overload_moves_the_calls_to_the_fallback_model(
         assert {r.body["model"] for r in answered} == {MODEL}
         assert answered[0].at >= started.timestamp() + overload, "the pinned workflow waited the overload out"
         assert changes == []
-        throttled = ActivityAttempt.objects.filter(activity__workflow=workflow, error__startswith="Throttled:")
+        throttled = ActivityAttempt.objects.filter(activity__workflow=workflow, throttled=True)
         assert throttled.count() >= settings.AGENTOPS_FALLBACK_AFTER_THROTTLES
         return
     assert [r.status for r in claude.requests[:3]] == [529, 529, 529]

@@ -101,7 +101,8 @@ def test_malformed_plans_from_the_model_are_refused(plan, message):
 
 
 def test_bad_parameters_are_refused():
-    with pytest.raises(InvalidInput, match=r"max_rounds=-1 must be between 0 \(no cap"):
+    with pytest.raises(InvalidInput, match=r"max_rounds=-1 must be between 0 and 1000000: adaptation rounds at most; "
+                                           r"0: no cap"):
         services.workflow_launch(kind="autonomous", goal="g", params={"max_rounds": "-1"})
     with pytest.raises(InvalidInput, match="max_rounds=1000001 must be between"):
         services.workflow_launch(kind="autonomous", goal="g", params={"max_rounds": "1000001"})

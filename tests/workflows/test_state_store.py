@@ -148,7 +148,7 @@ def test_autonomous_rounds_are_not_capped_at_20():
     """A launch may ask for 200 rounds, or none (0: the time limit and the budget bound the run)."""
     assert Autonomous().validate_params({"max_rounds": "200"}) == {"max_rounds": 200}
     assert Autonomous().validate_params({"max_rounds": "0"}) == {"max_rounds": 0}
-    with pytest.raises(InvalidInput, match="between 0 .* and 1,000,000"):
+    with pytest.raises(InvalidInput, match="between 0 and 1000000"):
         Autonomous().validate_params({"max_rounds": "-1"})
 
 

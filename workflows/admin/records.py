@@ -14,7 +14,8 @@ class AttemptInline(admin.TabularInline):
     model = ActivityAttempt
     extra = 0
     can_delete = False
-    fields = ("number", "status", "worker", "task_id", "started_at", "finished_at", "error")
+    fields = ("number", "status", "throttled", "refunded", "retry_after_seconds", "worker", "task_id", "started_at",
+              "finished_at", "error")
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:

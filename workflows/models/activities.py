@@ -2,20 +2,28 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.db import models
 from django.db.models import Q
-from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+from django_fsm import ConcurrentTransitionMixin, FSMField, FSMModelMixin, transition
 
 from workflows.models.workflow import Workflow
 
+# An attempt keeps this much of its error's text.
+ERROR_CHARS = 2000
+STALE_ERROR = "lease was taken over, or its work voided, before the result was recorded"
 
-class Activity(models.Model):
+
+class Activity(FSMModelMixin, models.Model):
     """One unit of work with a stable operation identity; attempts are disposable.
 
-    Status changes are conditional UPDATEs on (status, attempt, lease_token) rather than
-    FSM transitions on a loaded instance: a claim must hold where row locks are absent
-    (SQLite) and against a zombie attempt that still holds an old copy of the row.
+    The transitions below are the whole lifecycle (docs/state-machines.md). The lifecycle
+    service (``workflows.services.lifecycle``) issues each as a conditional UPDATE on the
+    declared source states (and, for a running attempt's, on (attempt, lease_token)) rather than
+    on a loaded instance: a claim must hold where row locks are absent (SQLite) and against a
+    zombie attempt that still holds an old copy of the row. So a transition's method only sets
+    fields, from its arguments: the service runs it to learn what the UPDATE writes.
     """
 
     class Status(models.TextChoices):
@@ -41,7 +49,7 @@ class Activity(models.Model):
     node_visit = models.PositiveIntegerField(help_text="Node visit that scheduled it.")
     intent_version = models.PositiveIntegerField(help_text="Intent version it was scheduled under.")
     input = models.JSONField(default=dict, blank=True, help_text="JSON input, fixed at scheduling.")
-    status = models.CharField(max_length=12, choices=Status.choices, default=Status.SCHEDULED)
+    status = FSMField(max_length=12, choices=Status.choices, default=Status.SCHEDULED, protected=True)
     attempt = models.PositiveIntegerField(default=0, help_text="Number of the latest attempt (a fencing token).")
     max_attempts = models.PositiveIntegerField(default=5, help_text="Attempts allowed by the retry policy.")
     lease_token = models.CharField(max_length=32, blank=True, help_text="Token of the attempt holding the lease.")
@@ -62,6 +70,9 @@ class Activity(models.Model):
     error = models.TextField(blank=True, help_text="Last error message.")
     created_at = models.DateTimeField()
     completed_at = models.DateTimeField(null=True, blank=True)
+
+    # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.
+    objects: models.Manager[Activity] = models.Manager()
 
     class Meta:
         verbose_name_plural = "activities"
@@ -84,9 +95,46 @@ class Activity(models.Model):
         """The idempotency key this activity sends out (``ActivityContext.idempotency_key``)."""
         return self.idempotency_key or self.operation_id
 
+    @transition(field=status, source=Status.SCHEDULED, target=Status.RUNNING)
+    def claim(self, *, attempt: int, lease_token: str, lease_expires_at: datetime, at: datetime) -> None:
+        """A worker starts attempt ``attempt`` under a new lease (a doorbell, or the chain of the result before)."""
+        self.attempt, self.lease_token = attempt, lease_token
+        self.lease_expires_at, self.heartbeat_at = lease_expires_at, at
 
-class ActivityAttempt(models.Model):
-    """One try at an activity, on one worker."""
+    @transition(field=status, source=Status.RUNNING, target=Status.SUCCEEDED)
+    def succeed(self, *, result: Any, at: datetime) -> None:
+        """The running attempt's result is recorded, once; its working state is dropped."""
+        self.result, self.error, self.completed_at = result, "", at
+        self.lease_expires_at, self.checkpoint = None, None
+
+    @transition(field=status, source=Status.RUNNING, target=Status.SCHEDULED)
+    def retry(self, *, error: str, next_attempt_at: datetime, max_attempts: int,
+              dispatched_at: datetime | None) -> None:
+        """The running attempt failed, or its lease ran out, with attempts left (or given back: throttled,
+        deferred or paused for budget): a retry window opens at ``next_attempt_at``."""
+        self.error, self.next_attempt_at, self.max_attempts = error, next_attempt_at, max_attempts
+        self.dispatched_at, self.lease_expires_at = dispatched_at, None
+
+    @transition(field=status, source=Status.RUNNING, target=Status.FAILED)
+    def fail(self, *, error: str, at: datetime) -> None:
+        """The running attempt failed, or its lease ran out, with no attempt left or a permanent error."""
+        self.error, self.completed_at, self.lease_expires_at = error, at, None
+
+    @transition(field=status, source=[Status.SCHEDULED, Status.RUNNING], target=Status.CANCELLED)
+    def void(self, *, reason: str, at: datetime) -> None:
+        """Its work is no longer wanted: cancel, a new goal, its node visit left, the workflow ended.
+        A running attempt finds out at its next fenced call and records nothing."""
+        self.error, self.completed_at, self.lease_expires_at = reason, at, None
+
+    @transition(field=status, source=Status.FAILED, target=Status.SCHEDULED)
+    def reopen(self, *, max_attempts: int, at: datetime) -> None:
+        """A failed compensation gets a fresh set of attempts (``agent resume``)."""
+        self.max_attempts, self.next_attempt_at, self.dispatched_at, self.completed_at = max_attempts, at, at, None
+
+
+class ActivityAttempt(FSMModelMixin, models.Model):
+    """One try at an activity, on one worker. Created running (``lifecycle.attempt_start``); its
+    transitions are issued like the activity's, by ``workflows.services.lifecycle``."""
 
     class Status(models.TextChoices):
         RUNNING = "running"
@@ -101,10 +149,26 @@ class ActivityAttempt(models.Model):
     lease_token = models.CharField(max_length=32)
     worker = models.CharField(max_length=200, blank=True, help_text="Celery worker hostname and pid.")
     task_id = models.CharField(max_length=64, blank=True, help_text="Celery task id of the doorbell that ran it.")
-    status = models.CharField(max_length=12, choices=Status.choices, default=Status.RUNNING)
+    status = FSMField(max_length=12, choices=Status.choices, default=Status.RUNNING, protected=True)
     error = models.TextField(blank=True)
+    throttled = models.BooleanField(
+        default=False, help_text="The provider refused the call for capacity (429/529, errors.Throttled). A run of "
+                                 "these moves a workflow with a fallback model to it.",
+    )
+    refunded = models.BooleanField(
+        default=False, help_text="Given back to the retry policy: a wait for the provider's capacity or for money "
+                                 "(throttled, budget deferred or exhausted), not a failed try; the activity's "
+                                 "max_attempts grew by one.",
+    )
+    retry_after_seconds = models.FloatField(
+        null=True, blank=True, help_text="The retry window this failure opened: the wait the provider or the budget "
+                                         "named, else the backoff. Empty when no retry followed.",
+    )
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.
+    objects: models.Manager[ActivityAttempt] = models.Manager()
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["activity", "number"], name="uniq_attempt_number")]
@@ -112,6 +176,33 @@ class ActivityAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of {self.activity_id} ({self.status})"
+
+    @transition(field=status, source=Status.RUNNING, target=Status.SUCCEEDED)
+    def succeed(self, *, at: datetime) -> None:
+        """Its result was recorded."""
+        self.error, self.finished_at = "", at
+
+    @transition(field=status, source=Status.RUNNING, target=Status.FAILED)
+    def fail(self, *, error: str, at: datetime, throttled: bool = False, refunded: bool = False,
+             retry_after_seconds: float | None = None) -> None:
+        """It raised: the activity retries (``retry_after_seconds``), pauses for budget or fails."""
+        self.error, self.finished_at = error[:ERROR_CHARS], at
+        self.throttled, self.refunded, self.retry_after_seconds = throttled, refunded, retry_after_seconds
+
+    @transition(field=status, source=Status.RUNNING, target=Status.LOST)
+    def lose(self, *, error: str, at: datetime) -> None:
+        """Its lease ran out before a result was recorded (the lease sweep)."""
+        self.error, self.finished_at = error[:ERROR_CHARS], at
+
+    @transition(field=status, source=[Status.RUNNING, Status.LOST], target=Status.STALE)
+    def discard(self, *, at: datetime) -> None:
+        """It finished after its lease was taken over or its work voided: what it sent back is dropped."""
+        self.error, self.finished_at = STALE_ERROR, at
+
+    @transition(field=status, source=Status.RUNNING, target=Status.CANCELLED)
+    def cancel(self, *, reason: str, at: datetime) -> None:
+        """Its activity was voided while it ran."""
+        self.error, self.finished_at = reason[:ERROR_CHARS], at
 
 
 class Commitment(ConcurrentTransitionMixin, models.Model):

@@ -1,12 +1,9 @@
 """Running activity attempts: claim under a lease, execute, record the result exactly once."""
 from __future__ import annotations
 
-import enum
 import logging
-import random
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,9 +14,10 @@ from django.db import transaction
 from agentops import telemetry
 from workflows import clock, doorbells, faults, registry, statestore
 from workflows.activity_context import ActivityContext
-from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Permanent, Refused, Throttled
+from workflows.errors import InvalidInput, Refused
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
+from workflows.services import lifecycle
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import (
     event_record,
@@ -31,30 +29,12 @@ from workflows.services.common import (
     workflow_lock,
     workflow_save,
 )
+from workflows.services.lifecycle import RunOutcome
 from workflows.services.progress import progress_record_once, progress_validate
-from workflows.services.steps import (
-    COMPENSATION_NODE,
-    ChainSlot,
-    attempt_start,
-    commitment_compensated_by,
-    lease_expiry,
-    throttled_streak,
-)
+from workflows.services.steps import COMPENSATION_NODE, ChainSlot, commitment_compensated_by
 from workflows.services.workflows import advance_locked
-from workflows.sql import row_exists, row_update
 
 logger = logging.getLogger("agentops.activities")
-
-
-class RunOutcome(enum.StrEnum):
-    RECORDED = "recorded"
-    RETRY_SCHEDULED = "retry_scheduled"
-    FAILED = "failed"
-    DEFERRED = "deferred"
-    THROTTLED = "throttled"
-    PAUSED = "paused"
-    SKIPPED = "skipped"
-    STALE = "stale"
 
 
 # Set by the worker at start (agentops/celery.py): on a threads pool, I/O-bound activities chain
@@ -160,13 +140,7 @@ def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -
     # compensations still run: they undo effects and spend no budget.
     paused = workflow.status == Workflow.Status.PAUSED and activity.node != COMPENSATION_NODE
     previous = activity.attempt
-    activity.attempt, activity.lease_token = previous + 1, uuid.uuid4().hex
-    claimed = not paused and Activity.objects.filter(
-        pk=activity_id, status=Activity.Status.SCHEDULED, attempt=previous, next_attempt_at__lte=now
-    ).update(
-        status=Activity.Status.RUNNING, attempt=activity.attempt, lease_token=activity.lease_token,
-        lease_expires_at=lease_expiry(spec, now), heartbeat_at=now,
-    )
+    claimed = not paused and lifecycle.activity_claim_if_due(activity, spec=spec, now=now)
     if not claimed:
         current = Activity.objects.values_list("status", flat=True).get(pk=activity_id)
         event_record(workflow=workflow, kind="activity.doorbell_ignored", at=now, operation_id=activity.operation_id,
@@ -175,39 +149,12 @@ def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -
     previous_lost = previous > 0 and activity.attempts.filter(
         number=previous, status=ActivityAttempt.Status.LOST
     ).exists()
-    return attempt_start(workflow, activity, worker=worker, task_id=task_id, now=now, previous_lost=previous_lost)
-
-
-def _fence(claim: Claim) -> dict[str, Any]:
-    """The activity row, only while this claim still holds the lease: the conditions of every
-    write of a running attempt (heartbeat, fence, checkpoint, note, its outcome), which are SQL
-    (``workflows.sql``)."""
-    return {"id": claim.activity_id, "status": Activity.Status.RUNNING.value, "attempt": claim.attempt,
-            "lease_token": claim.lease_token}
-
-
-def _fenced_update(claim: Claim, values: dict[str, Any]) -> bool:
-    """Update the activity row the claim holds; True when it still held it."""
-    return bool(row_update(Activity, values, _fence(claim)))
-
-
-def _fenced_exists(claim: Claim) -> bool:
-    """Whether the claim still holds the activity row."""
-    return row_exists(Activity, _fence(claim))
-
-
-def _attempt_finish(claim: Claim, status: str, error: str = "") -> None:
-    row_update(ActivityAttempt, {"status": status, "error": error[:2000], "finished_at": clock.now()},
-               {"activity": claim.activity_id, "number": claim.attempt})
+    return lifecycle.attempt_start(workflow, activity, worker=worker, task_id=task_id, now=now,
+                                   previous_lost=previous_lost)
 
 
 def _refuse_stale(workflow: Workflow, claim: Claim) -> RunOutcome:
-    # An attempt already closed as cancelled (its work voided) keeps that status; a lost one came back.
-    ActivityAttempt.objects.filter(
-        activity_id=claim.activity_id, number=claim.attempt,
-        status__in=(ActivityAttempt.Status.RUNNING, ActivityAttempt.Status.LOST),
-    ).update(status=ActivityAttempt.Status.STALE, error="lease was taken over, or its work voided, before the "
-             "result was recorded", finished_at=clock.now())
+    lifecycle.attempt_discard(claim, now=clock.now())
     event_record(workflow=workflow, kind="activity.stale_result_discarded", at=clock.now(),
                  operation_id=claim.operation_id, attempt=claim.attempt)
     logger.warning("activity.stale_writer_rejected", extra={"operation_id": claim.operation_id})
@@ -238,10 +185,8 @@ def activity_result_record_if_current(
             progress_validate(result)
         except Refused as exc:
             return _record_failure_locked(workflow, claim, exc, retryable=False)
-    if not _fenced_update(claim, {"status": Activity.Status.SUCCEEDED, "result": stored.value, "error": "",
-                                  "completed_at": now, "lease_expires_at": None, "checkpoint": None}):
+    if not lifecycle.activity_succeed_if_current(claim, result=stored.value, now=now):
         return _refuse_stale(workflow, claim)
-    _attempt_finish(claim, ActivityAttempt.Status.SUCCEEDED)
     statestore.blobs_store(workflow.pk, stored.blobs, node_visit=workflow.node_visit, now=now)
     if spec.commitment:
         Commitment.objects.get_or_create(
@@ -264,68 +209,34 @@ def activity_result_record_if_current(
 
 @transaction.atomic
 def activity_failure_record_if_current(*, claim: Claim, error: BaseException) -> RunOutcome:
-    """Open a retry window or fail the activity, by its retry policy; fenced like a result."""
+    """Open a retry window, pause for budget or fail the activity, as ``lifecycle.failure_judge``
+    decides; fenced like a result."""
     workflow = workflow_lock(claim.workflow_id)
-    spec = registry.activity_type(claim.name)
-    retryable = not isinstance(error, (Permanent, Refused, *spec.retry.non_retryable))
-    return _record_failure_locked(workflow, claim, error, retryable=retryable)
+    return _record_failure_locked(workflow, claim, error, retryable=lifecycle.failure_retryable(claim, error))
 
 
 def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseException, *, retryable: bool) -> RunOutcome:
     now = clock.now()
-    spec = registry.activity_type(claim.name)
-    message = f"{type(error).__name__}: {error}"
-    activity = Activity.objects.get(pk=claim.activity_id)
-    if isinstance(error, BudgetExhausted):
-        if not _fenced_exists(claim):
-            return _refuse_stale(workflow, claim)
-        _attempt_finish(claim, ActivityAttempt.Status.FAILED, message)
-        pause_for_budget_locked(workflow, activity, error, now=now)
-        return RunOutcome.PAUSED
-    elif retryable and (claim.attempt < activity.max_attempts or isinstance(error, (BudgetDeferred, Throttled))):
-        # The wait the provider or the budget named, else the backoff of throttling or of the retry policy.
-        delay = getattr(error, "retry_after_seconds", None) or (
-            throttle_backoff_seconds(claim) if isinstance(error, Throttled) else spec.retry.delay_after(claim.attempt))
-        # A budget deferral is a wait for money, and throttling a wait for the provider's
-        # capacity, not failed tries: both give their attempt back.
-        refund = 1 if isinstance(error, (BudgetDeferred, Throttled)) else 0
-        updated = _fenced_update(claim, {
-            "status": Activity.Status.SCHEDULED, "error": message, "next_attempt_at": now + timedelta(seconds=delay),
-            "dispatched_at": None, "lease_expires_at": None, "max_attempts": activity.max_attempts + refund,
-        })
-        outcome = (RunOutcome.THROTTLED if isinstance(error, Throttled)
-                   else RunOutcome.DEFERRED if refund else RunOutcome.RETRY_SCHEDULED)
-    else:
-        updated = _fenced_update(claim, {"status": Activity.Status.FAILED, "error": message, "completed_at": now,
-                                         "lease_expires_at": None})
-        outcome = RunOutcome.FAILED
-    if not updated:
+    max_attempts, node = Activity.objects.values_list("max_attempts", "node").get(pk=claim.activity_id)
+    verdict = lifecycle.failure_judge(claim, error, retryable=retryable, max_attempts=max_attempts)
+    if not lifecycle.failure_apply_if_current(claim, verdict, max_attempts=max_attempts, now=now):
         return _refuse_stale(workflow, claim)
-    _attempt_finish(claim, ActivityAttempt.Status.FAILED, message)
-    retry_at = {} if outcome == RunOutcome.FAILED else {
-        "retry_at": (now + timedelta(seconds=delay)).isoformat(), "max_attempts": activity.max_attempts + refund}
-    event_record(workflow=workflow, kind=f"activity.{outcome.value}", at=now, operation_id=claim.operation_id,
-                 attempt=claim.attempt, error=message[:500], **retry_at)
-    if outcome == RunOutcome.FAILED and activity.node == COMPENSATION_NODE and (
-        workflow.status != Workflow.Status.CANCELLING  # cancellation says so in the workflow's reason
-    ):
-        # An effect nothing undoes: the admin and `agent show` list the active commitment, and
-        # `manage.py agent resume` tries the compensation again.
-        event_record(workflow=workflow, kind="compensation.failed", at=now, operation_id=claim.operation_id)
-    if outcome == RunOutcome.FAILED:
+    if verdict.outcome == RunOutcome.PAUSED:
+        pause_for_budget_locked(workflow, error, now=now)
+        return RunOutcome.PAUSED
+    retry_at = {} if verdict.retry_after_seconds is None else {
+        "retry_at": (now + timedelta(seconds=verdict.retry_after_seconds)).isoformat(),
+        "max_attempts": max_attempts + verdict.refunded}
+    event_record(workflow=workflow, kind=f"activity.{verdict.outcome.value}", at=now, operation_id=claim.operation_id,
+                 attempt=claim.attempt, error=verdict.message[:500], **retry_at)
+    if verdict.outcome == RunOutcome.FAILED:
+        if node == COMPENSATION_NODE and workflow.status != Workflow.Status.CANCELLING:
+            # An effect nothing undoes: the admin and `agent show` list the active commitment, and
+            # `manage.py agent resume` tries the compensation again. (Cancellation says so in the
+            # workflow's reason.)
+            event_record(workflow=workflow, kind="compensation.failed", at=now, operation_id=claim.operation_id)
         advance_locked(workflow)
-    return outcome
-
-
-def throttle_backoff_seconds(claim: Claim) -> float:
-    """The wait after a throttled attempt whose provider named none: exponential in the number of
-    throttled attempts in a row (this one included), from AGENTOPS_THROTTLE_BACKOFF_SECONDS up to
-    AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS, with "equal jitter" (half fixed, half random) so the
-    workflows an overload stopped together do not all come back in the same second."""
-    streak = throttled_streak(claim.activity_id, before=claim.attempt)
-    ceiling = min(settings.AGENTOPS_THROTTLE_BACKOFF_SECONDS * 2 ** streak,
-                  settings.AGENTOPS_THROTTLE_BACKOFF_MAX_SECONDS)
-    return float(ceiling / 2 + random.uniform(0, ceiling / 2))
+    return verdict.outcome
 
 
 def activity_heartbeat_if_current(*, claim: Claim, detail: str = "") -> bool:
@@ -333,7 +244,7 @@ def activity_heartbeat_if_current(*, claim: Claim, detail: str = "") -> bool:
 
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token).
     """
-    return _lease_extend_if_current(claim, now=clock.now(), detail=detail)
+    return lifecycle.lease_extend_if_current(claim, now=clock.now(), detail=detail)
 
 
 def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detail: str = "",
@@ -356,7 +267,8 @@ def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detai
               ("activity.checkpointed", now, _attempt_data(claim, {"detail": detail[:200]}))]
     with transaction.atomic():
         first_seq = event_seq_take(claim.workflow_id, len(events))
-        if not _lease_extend_if_current(claim, now=now, detail=detail, checkpoint=state, checkpointed_at=now):
+        if not lifecycle.lease_extend_if_current(claim, now=now, detail=detail, checkpoint=state,
+                                                 checkpointed_at=now):
             transaction.set_rollback(True)
             return False
         events_insert(claim.workflow_id, first_seq, events)
@@ -370,15 +282,6 @@ def _attempt_data(claim: Claim, data: dict[str, Any]) -> dict[str, Any]:
 def _checked_notes(claim: Claim, notes: Sequence[tuple[str, dict[str, Any]]], *,
                    at: datetime) -> list[tuple[str, datetime, dict[str, Any]]]:
     return [(kind, at, _attempt_data(claim, json_checked(data, what=f"The {kind} note"))) for kind, data in notes]
-
-
-def _lease_extend_if_current(claim: Claim, *, now: datetime, detail: str, **fields: Any) -> bool:
-    """Extend a running attempt's lease, writing ``fields`` too; False when it is fenced off:
-    taken over, or its work voided (cancel, a new goal, its node left, the workflow ended), since
-    voiding sets the activity's own row cancelled. The conditional UPDATE waits for a voiding
-    transaction that holds the row and then sees its outcome, so no check races it."""
-    return _fenced_update(claim, {"heartbeat_at": now, "heartbeat_detail": detail[:200],
-                                  "lease_expires_at": lease_expiry(registry.activity_type(claim.name), now), **fields})
 
 
 def activity_lease_expire_if_due(*, activity_id: int) -> bool:
@@ -395,21 +298,9 @@ def activity_lease_expire_if_due(*, activity_id: int) -> bool:
         activity = Activity.objects.get(pk=activity_id)
         if activity.status != Activity.Status.RUNNING or activity.lease_expires_at is None:
             return False  # already reaped by another sweep, or finished meanwhile
-        fenced = Activity.objects.filter(
-            pk=activity_id, status=Activity.Status.RUNNING, attempt=activity.attempt,
-            lease_token=activity.lease_token, lease_expires_at__lt=now,
-        )
-        error = f"attempt {activity.attempt} lost: lease expired at {activity.lease_expires_at:%H:%M:%S}"
-        if activity.attempt < activity.max_attempts:
-            status = Activity.Status.SCHEDULED
-        else:
-            status = Activity.Status.FAILED
-        if not fenced.update(status=status, error=error, next_attempt_at=now, dispatched_at=now,
-                             lease_expires_at=None):
+        status = lifecycle.activity_lease_expire(activity, now=now)
+        if status is None:
             return False
-        activity.attempts.filter(number=activity.attempt).update(
-            status=ActivityAttempt.Status.LOST, error=error, finished_at=now
-        )
         event_record(workflow=workflow, kind="activity.lease_expired", at=now, operation_id=activity.operation_id,
                      attempt=activity.attempt, next=status)
         if status == Activity.Status.SCHEDULED:
@@ -427,7 +318,7 @@ def activity_note_if_current(*, claim: Claim, kind: str, data: dict[str, Any]) -
     events = _checked_notes(claim, [(kind, data)], at=clock.now())
     with transaction.atomic():
         first_seq = event_seq_take(claim.workflow_id, len(events))
-        if not _fenced_exists(claim):
+        if not lifecycle.fence_holds(claim):
             transaction.set_rollback(True)
             return False
         events_insert(claim.workflow_id, first_seq, events)
@@ -445,7 +336,7 @@ def workflow_release_adopt_if_current(*, claim: Claim, release: dict[str, Any], 
     """
     with transaction.atomic():
         workflow = workflow_lock(claim.workflow_id)
-        if not _fenced_exists(claim):
+        if not lifecycle.fence_holds(claim):
             return False
         now = clock.now()
         new = release_ensure(release, at=now)

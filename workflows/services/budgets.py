@@ -16,7 +16,7 @@ from django.db.models import Exists, OuterRef
 from agentops.providers.base import Usage
 from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
-from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
+from workflows.models import ActivityAttempt, UsageEntry, Workflow
 from workflows.selectors import spent_usd
 from workflows.services.common import amount_checked, event_record, workflow_lock, workflow_not_found, workflow_save
 from workflows.services.steps import BUDGET_PAUSE_PREFIX, wake_locked
@@ -238,12 +238,9 @@ def _str(value: Decimal | None) -> str | None:
     return None if value is None else str(value)
 
 
-def pause_for_budget_locked(workflow: Workflow, activity: Activity, error: BudgetExhausted, *, now: datetime) -> None:
-    """Park the activity (its attempt is given back) and pause the workflow for a person."""
-    Activity.objects.filter(pk=activity.pk).update(
-        status=Activity.Status.SCHEDULED, max_attempts=activity.max_attempts + 1, next_attempt_at=now,
-        dispatched_at=now, lease_expires_at=None, error=str(error),
-    )
+def pause_for_budget_locked(workflow: Workflow, error: BaseException, *, now: datetime) -> None:
+    """Pause the workflow for a person: an attempt found the total budget spent (the lifecycle
+    parked its activity and gave the attempt back)."""
     if workflow.status in (Workflow.Status.RUNNING, Workflow.Status.WAITING):
         workflow.pause(at=now, reason=str(error), cause=Workflow.PauseCause.BUDGET)
         event_record(workflow=workflow, kind="workflow.paused", at=now, reason=str(error),

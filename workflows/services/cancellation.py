@@ -10,6 +10,7 @@ from workflows import clock, doorbells, registry
 from workflows.errors import TransitionRefused
 from workflows.models import Activity, Commitment, Event, Timer, Wait, Workflow
 from workflows.services.common import event_record, text_checked, workflow_lock, workflow_save
+from workflows.services.lifecycle import activity_reopen
 from workflows.services.steps import (
     COMPENSATION_NODE,
     Outcome,
@@ -119,10 +120,8 @@ def compensations_retry(workflow: Workflow, *, now: datetime) -> int:
     retried = 0
     for compensation in workflow.activities.filter(node=COMPENSATION_NODE, status=Activity.Status.FAILED):
         budget = registry.activity_type(compensation.name).retry.max_attempts
-        Activity.objects.filter(pk=compensation.pk, status=Activity.Status.FAILED).update(
-            status=Activity.Status.SCHEDULED, max_attempts=compensation.attempt + budget, next_attempt_at=now,
-            dispatched_at=now, completed_at=None,
-        )
+        if not activity_reopen(compensation, max_attempts=compensation.attempt + budget, now=now):
+            continue
         event_record(workflow=workflow, kind="compensation.retried", at=now, operation_id=compensation.operation_id)
         doorbells.activity_run(activity_id=compensation.pk, name=compensation.name)
         retried += 1

@@ -3,23 +3,22 @@ from __future__ import annotations
 
 import enum
 import functools
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
 from agentops import telemetry
 from workflows import doorbells, engine, registry, statestore
-from workflows.errors import InvalidInput, Throttled
+from workflows.errors import InvalidInput
 from workflows.leases import Claim
-from workflows.models import Activity, ActivityAttempt, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
+from workflows.models import Activity, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
 from workflows.notifications import NOTIFY_ACTIVITY, OPENED, REMINDER, NotifyInput
+from workflows.services import lifecycle
 from workflows.services.common import (
     event_record,
     json_checked,
@@ -27,7 +26,7 @@ from workflows.services.common import (
     workflow_save,
 )
 from workflows.services.installation import idempotency_key_for
-from workflows.sql import row_insert, rows_insert
+from workflows.services.lifecycle import LIVE
 
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
@@ -38,7 +37,6 @@ BUDGET_PAUSE_PREFIX = "Budget exhausted"
 STAGNATION_PAUSE_PREFIX = "Stagnating:"
 # Compensation activities are recorded under this pseudo-node; no handler replays them.
 COMPENSATION_NODE = "CANCEL"
-LIVE = (Activity.Status.SCHEDULED, Activity.Status.RUNNING)
 
 
 class Outcome(enum.StrEnum):
@@ -124,14 +122,11 @@ def activity_schedule(
         operation_id=command.operation_id, idempotency_key=idempotency_key_for(command.operation_id),
     )
     slot = chain if chain is not None and chain.claim is None and chain.io_bound == spec.io_bound else None
-    if slot is not None:
-        activity.status, activity.attempt, activity.heartbeat_at = Activity.Status.RUNNING, 1, now
-        activity.lease_token, activity.lease_expires_at = uuid.uuid4().hex, lease_expiry(spec, now)
-    row_insert(activity)
+    lifecycle.activity_insert(activity, spec=spec, now=now, claimed=slot is not None)
     event_record(workflow=workflow, kind="activity.scheduled", at=now, operation_id=activity.operation_id,
                  name=activity.name)
     if slot is not None:
-        slot.claim = attempt_start(workflow, activity, worker=slot.worker, task_id=slot.task_id, now=now)
+        slot.claim = lifecycle.attempt_start(workflow, activity, worker=slot.worker, task_id=slot.task_id, now=now)
     else:
         doorbells.activity_run(activity_id=activity.pk, name=activity.name)
     return activity
@@ -160,42 +155,6 @@ def approval_notify_ensure(workflow: Workflow, wait: Wait, *, purpose: str, now:
         NOTIFY_ACTIVITY).encode_input(NotifyInput(wait_id=wait.pk, purpose=purpose)))
     return activity_schedule(workflow=workflow, command=command, now=now, node=NOTIFY_NODE,
                              node_visit=NOTIFY_VISIT), True
-
-
-def lease_expiry(spec: registry.ActivityType[Any, Any], now: datetime) -> datetime:
-    return now + timedelta(seconds=spec.lease_seconds or settings.AGENTOPS_LEASE_SECONDS)
-
-
-def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_id: str, now: datetime,
-                  previous_lost: bool = False) -> Claim:
-    """Record the attempt an activity row was just claimed for (status running, ``attempt``,
-    ``lease_token`` already written) and the fencing token its result must present."""
-    rows_insert(ActivityAttempt, [{"activity": activity.pk, "number": activity.attempt,
-                                   "lease_token": activity.lease_token, "worker": worker, "task_id": task_id,
-                                   "started_at": now}])
-    event_record(workflow=workflow, kind="activity.started", at=now, operation_id=activity.operation_id,
-                 attempt=activity.attempt, worker=worker)
-    return Claim(
-        activity_id=activity.pk, workflow_id=workflow.pk, operation_id=activity.operation_id,
-        idempotency_key=activity.sent_key, name=activity.name,
-        attempt=activity.attempt, lease_token=activity.lease_token, input=activity.input,
-        previous_attempt_lost=previous_lost, checkpoint=activity.checkpoint,
-        definition_version=workflow.definition_version, release=workflow.release.spec(),
-        release_policy=workflow.release_policy, release_provisional=workflow.release_provisional,
-        fallback_model=workflow.fallback_model,
-        # Only a workflow with a fallback needs the streak: one query less on the hot path.
-        throttled_in_a_row=throttled_streak(activity.pk, before=activity.attempt) if workflow.fallback_model else 0,
-    )
-
-
-THROTTLED_PREFIX = f"{Throttled.__name__}: "
-
-
-def throttled_streak(activity_id: int, *, before: int) -> int:
-    """How many attempts of the activity right before attempt ``before`` were throttled (429/529)."""
-    earlier = ActivityAttempt.objects.filter(activity_id=activity_id, number__lt=before).order_by(
-        "-number").values_list("error", flat=True)[:16]
-    return next((i for i, error in enumerate(earlier) if not error.startswith(THROTTLED_PREFIX)), len(earlier))
 
 
 # The text fields of ``OpenWait`` that are stored in columns of that name on ``Wait``.
@@ -336,12 +295,7 @@ def live_work_void(workflow: Workflow, *, now: datetime, reason: str, visit: int
     if not rows:
         return []
     pks = [pk for pk, _, _ in rows]
-    Activity.objects.filter(pk__in=pks, status__in=LIVE).update(
-        status=Activity.Status.CANCELLED, error=reason, completed_at=now, lease_expires_at=None,
-    )
-    ActivityAttempt.objects.filter(activity_id__in=pks, status=ActivityAttempt.Status.RUNNING).update(
-        status=ActivityAttempt.Status.CANCELLED, error=reason, finished_at=now,
-    )
+    lifecycle.activities_void(pks, reason=reason, now=now)
     for _, operation_id, status in rows:
         event_record(workflow=workflow, kind="activity.voided", at=now, operation_id=operation_id, was=status,
                      reason=reason)

@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
+from pydantic import Field
+
 from agentops.agents.autonomous.activities import (
     PlanInput,
     ReplanInput,
@@ -17,13 +19,18 @@ from agentops.agents.autonomous.activities import (
     verify_goal,
 )
 from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
-from workflows.errors import InvalidInput
+from workflows.params import LaunchParams
 from workflows.presentation import EMPTY_QUERY, AdminPanel
 from workflows.registry import register_definition
 
 DEFAULT_ROUNDS = 3
 # A round cap a launch may set; the run is bounded by its time limit (max_hours) and budget. 0: no cap.
 MAX_ROUNDS = 1_000_000
+
+
+class AutonomousParams(LaunchParams):
+    max_rounds: int = Field(DEFAULT_ROUNDS, ge=0, le=MAX_ROUNDS, description=(
+        "adaptation rounds at most; 0: no cap (the time limit and the budget bound the run)"))
 
 
 class State(TypedDict, total=False):
@@ -62,19 +69,7 @@ class Autonomous(WorkflowDefinition):
     revalidate_node = "PLANNING"
     adapt_node = "ADAPTATION"
     default_max_hours = 72.0
-
-    def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(params) - {"max_rounds"})
-        if unknown:
-            raise InvalidInput(f"Unknown parameter(s) {', '.join(unknown)} for kind 'autonomous'; allowed: max_rounds.")
-        try:
-            rounds = int(params.get("max_rounds", DEFAULT_ROUNDS))
-        except (TypeError, ValueError):
-            raise InvalidInput("Parameter max_rounds must be a whole number.") from None
-        if not 0 <= rounds <= MAX_ROUNDS:
-            raise InvalidInput(f"Parameter max_rounds={rounds} must be between 0 (no cap: the time limit and the "
-                               f"budget bound the run) and {MAX_ROUNDS:,}.")
-        return {"max_rounds": rounds}
+    launch_params = AutonomousParams
 
     @node("PLANNING")
     def planning(self, ctx: Ctx) -> Decision:

@@ -5,6 +5,8 @@ import os
 from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
+from pydantic import Field
+
 from agentops.agents.harness import breakers
 from agentops.agents.harness.activities import (
     AdoptInput,
@@ -39,32 +41,40 @@ from workflows import statestore
 from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
 from workflows.models import Wait
+from workflows.params import LaunchParams
 from workflows.presentation import EMPTY_QUERY, AdminPanel, CandidateView
 from workflows.registry import register_definition
 
-# name: (default, low, high, type)
-NUMBERS: dict[str, tuple[float, float, float, type]] = {
-    "max_sessions": (40, 1, 1000, int),
-    "max_attempts": (3, 1, 50, int),
-    "feature_budget_usd": (0.0, 0, 100_000, float),
-    "session_max_turns": (40, 1, 200, int),
-    "session_max_tokens": (400_000, 1000, 10_000_000, int),
-    "session_max_seconds": (1800.0, 5, 86_400, float),
-    "command_timeout_seconds": (120, 1, 600, int),
-    "command_idle_seconds": (30, 1, 600, int),
-    "repeat_limit": (3, 2, 50, int),
-    "same_error_limit": (3, 2, 50, int),
-    "same_diff_limit": (3, 2, 50, int),
-    "stagnation_sessions": (8, 2, 1000, int),
-    "check_timeout_seconds": (60.0, 1, 600, float),
-    "approval_expiry_hours": (72.0, 0.01, 8760, float),
+ISOLATION_LEVELS = ("bwrap", "none")
+
+
+class HarnessParams(LaunchParams):
+    """The harness's launch parameters: the workspace, who approves, the isolation, the budgets
+    and the loop breakers' thresholds (docs/harness.md)."""
+
+    workspace: str = Field("", description="absolute path: a new directory, an empty one or a git repository "
+                                           "(default: one under AGENTOPS_HARNESS_WORKSPACES)")
+    approver_role: str = Field("harness-approvers", description="the Django group that approves the feature list")
+    isolation: str = Field("bwrap", description="bwrap (commands under bubblewrap, network off) or none")
+    max_sessions: int = Field(40, ge=1, le=1000, description="coding sessions at most")
+    max_attempts: int = Field(3, ge=1, le=50, description="sessions per feature before it is blocked")
+    feature_budget_usd: float = Field(0.0, ge=0, le=100_000, description="model spend per feature; 0: no limit")
+    session_max_turns: int = Field(40, ge=1, le=200, description="model turns per session")
+    session_max_tokens: int = Field(400_000, ge=1000, le=10_000_000, description="tokens per session")
+    session_max_seconds: float = Field(1800.0, ge=5, le=86_400, description="seconds per session")
+    command_timeout_seconds: int = Field(120, ge=1, le=600, description="seconds a command may run")
+    command_idle_seconds: int = Field(30, ge=1, le=600, description="seconds a command may print nothing")
+    repeat_limit: int = Field(3, ge=2, le=50, description="the same tool call in a row ends the session")
+    same_error_limit: int = Field(3, ge=2, le=50, description="sessions failing alike block the feature")
+    same_diff_limit: int = Field(3, ge=2, le=50, description="sessions leaving the same diff block the feature")
+    stagnation_sessions: int = Field(8, ge=2, le=1000, description="sessions without a new pass pause the run")
+    check_timeout_seconds: float = Field(60.0, ge=1, le=600, description="seconds a feature's check may run")
+    approval_expiry_hours: float = Field(72.0, ge=0.01, le=8760, description="hours the approval stays open")
     # Regression after an accepted pass (docs/harness.md, "Regression"): at most this many other
     # passing checks, in rotation (0: all of them every time), and all of them every Nth pass (0: never).
-    "regression_max_checks": (10, 0, 500, int),
-    "regression_full_every": (10, 0, 1000, int),
-}
-ISOLATION_LEVELS = ("bwrap", "none")
-PARAMS = ("workspace", "approver_role", "isolation", *NUMBERS)
+    regression_max_checks: int = Field(10, ge=0, le=500, description="other passing checks re-run after a pass; "
+                                                                      "0: all")
+    regression_full_every: int = Field(10, ge=0, le=1000, description="every Nth pass re-runs all; 0: never")
 REPAIR = "REPAIR"  # the lease of a "repair main" session
 REPAIR_FEATURE: Feature = {"id": REPAIR, "description": "Repair main: the smoke check (init.sh, checks/smoke.sh) "
                            "fails on the last recorded commit", "steps": ["make sh checks/smoke.sh pass again"],
@@ -116,17 +126,6 @@ class State(TypedDict, total=False):
 
 
 Ctx = NodeContext[State]
-
-
-def _number(params: dict[str, Any], name: str) -> Any:
-    default, low, high, kind = NUMBERS[name]
-    try:
-        value = kind(params.get(name, default))
-    except (TypeError, ValueError):
-        raise InvalidInput(f"Parameter {name} must be a number: --param {name}={kind(default)}.") from None
-    if not low <= value <= high:
-        raise InvalidInput(f"Parameter {name}={value} must be between {low:g} and {high:g}.")
-    return value
 
 
 def _with(features: list[Feature], fid: str, **changes: Any) -> list[Feature]:
@@ -203,15 +202,13 @@ class Harness(WorkflowDefinition):
     version = 2
     start_node = "INITIALIZE"
     revalidate_node = "INITIALIZE"
+    launch_params = HarnessParams
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """The workspace (absolute; absent, an empty directory or a git repository), the isolation
         required, the budgets and the loop breakers' thresholds."""
-        unknown = sorted(set(params) - set(PARAMS))
-        if unknown:
-            raise InvalidInput(f"Unknown parameter(s) {', '.join(unknown)} for kind 'harness'; allowed: "
-                               f"{', '.join(PARAMS)}.")
-        workspace = str(params.get("workspace", "")).strip()
+        typed = super().validate_params(params)
+        workspace = typed["workspace"]
         if workspace:
             if not os.path.isabs(workspace) or len(workspace) > 500:
                 raise InvalidInput(f"Parameter workspace={workspace!r} must be an absolute path (at most 500 "
@@ -221,16 +218,15 @@ class Harness(WorkflowDefinition):
                                                   or os.path.isdir(os.path.join(workspace, ".git")))):
                 raise InvalidInput(f"Parameter workspace={workspace!r} exists and is neither an empty directory nor "
                                    "a git repository; pass a new path.")
-        role = str(params.get("approver_role", "harness-approvers")).strip() or "harness-approvers"
+        role = typed["approver_role"] or "harness-approvers"
         if len(role) > (Wait._meta.get_field("required_role").max_length or 0):
             raise InvalidInput(f"Parameter approver_role={role[:40]!r}… is too long for a group name.")
-        isolation = str(params.get("isolation", "bwrap")).strip()
+        isolation = typed["isolation"]
         if isolation not in ISOLATION_LEVELS:
             raise InvalidInput(f"Parameter isolation={isolation[:40]!r} must be bwrap (commands run under bubblewrap, "
                                "network off; the workflow pauses where that is unavailable) or none (explicitly "
                                "allow running without isolation).")
-        return {"workspace": workspace, "approver_role": role, "isolation": isolation,
-                **{name: _number(params, name) for name in NUMBERS}}
+        return {**typed, "workspace": workspace, "approver_role": role, "isolation": isolation}
 
     def _limits(self, ctx: Ctx) -> Limits:
         p = ctx.params

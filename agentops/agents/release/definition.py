@@ -7,6 +7,8 @@ import os
 import shlex
 from typing import Any, TypedDict
 
+from pydantic import Field
+
 from agentops.agents.release.activities import (
     DeployInput,
     Deployment,
@@ -27,6 +29,7 @@ from agentops.agents.release.activities import (
 from workflows.engine import Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
 from workflows.models import Wait
+from workflows.params import LaunchParams
 from workflows.presentation import CandidateView, candidate_as_json
 from workflows.registry import register_definition
 
@@ -37,6 +40,14 @@ DEFAULT_EXPIRY_HOURS = 24.0
 def candidate_hash(candidate: dict[str, Any]) -> str:
     """SHA-256 over the canonical JSON of the candidate (proposal, repository HEAD, release)."""
     return hashlib.sha256(json.dumps(candidate, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class ReleaseParams(LaunchParams):
+    repo: str = Field(description="path of the git repository to change and deploy")
+    test_command: str = Field(description="the command that runs its tests, e.g. 'make test'")
+    approver_role: str = Field(DEFAULT_ROLE, description="the Django group whose members approve the change")
+    approval_expiry_hours: float = Field(DEFAULT_EXPIRY_HOURS, gt=0, le=24 * 365,
+                                         description="hours an approval stays open")
 
 
 class State(TypedDict, total=False):
@@ -64,21 +75,18 @@ class Release(WorkflowDefinition):
     version = 1
     start_node = "GATHER_EVIDENCE"
     revalidate_node = "REVALIDATE"
+    launch_params = ReleaseParams
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """Launch-time checks (this runs once in the launch service, never during replay)."""
-        allowed = {"repo", "test_command", "approver_role", "approval_expiry_hours"}
-        unknown = sorted(set(params) - allowed)
-        if unknown:
-            raise InvalidInput(f"Unknown parameter(s) {', '.join(unknown)} for kind 'release'; "
-                               f"allowed: {', '.join(sorted(allowed))}.")
-        repo = str(params.get("repo", "")).strip()
+        typed = super().validate_params(params)
+        repo = typed["repo"]
         if not repo:
             raise InvalidInput("Parameter repo is required: --param repo=/path/to/git/repository.")
         repo = os.path.abspath(repo)
         if not os.path.isdir(os.path.join(repo, ".git")):
             raise InvalidInput(f"Parameter repo={repo!r} is not a git repository (no .git directory).")
-        command = str(params.get("test_command", "")).strip()
+        command = typed["test_command"]
         if not command:
             raise InvalidInput("Parameter test_command is required, e.g. --param test_command='make test'.")
         try:
@@ -86,13 +94,8 @@ class Release(WorkflowDefinition):
                 raise ValueError("empty")
         except ValueError as exc:
             raise InvalidInput(f"Parameter test_command={command!r} cannot be parsed as a command: {exc}.") from None
-        try:
-            hours = float(params.get("approval_expiry_hours", DEFAULT_EXPIRY_HOURS))
-        except (TypeError, ValueError):
-            raise InvalidInput("Parameter approval_expiry_hours must be a number of hours.") from None
-        if not 0 < hours <= 24 * 365:
-            raise InvalidInput(f"Parameter approval_expiry_hours={hours} must be between 0 and 8760.")
-        role = str(params.get("approver_role", DEFAULT_ROLE)).strip() or DEFAULT_ROLE
+        hours = typed["approval_expiry_hours"]
+        role = typed["approver_role"] or DEFAULT_ROLE
         role_limit = Wait._meta.get_field("required_role").max_length or 0
         if len(role) > role_limit:
             raise InvalidInput(f"Parameter approver_role is {len(role)} characters long; the limit is {role_limit} "

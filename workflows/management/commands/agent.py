@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from workflows import histories, replay, selectors, services, skeleton
+from workflows import histories, registry, replay, selectors, services, skeleton
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
 from workflows.management import webhook_verb
 from workflows.models import Schedule, Signal, Workflow
@@ -43,6 +43,9 @@ class Command(BaseCommand):
             return sub
 
         launch = verb("launch", "Launch an agent; prints its workflow id.")
+        # Each kind's parameters as it declares them (WorkflowDefinition.launch_params), line by line.
+        launch.formatter_class = argparse.RawDescriptionHelpFormatter
+        launch.epilog = registry.launch_params_help()
         launch.add_argument("kind", help="workflow kind, e.g. release")
         launch.add_argument("--goal", required=True, help="what the agent should achieve")
         launch.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="launch parameter")
