@@ -5,6 +5,7 @@ an attempt was throttled or given back is a column, not parsed error text.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -186,6 +187,9 @@ def status_writes(source: str) -> list[str]:
             elif name in LIFECYCLE_TABLES or name in ORM_WRITES:
                 status = [k for k in node.keywords if k.arg in ("status", None)]
                 receiver = ast.unparse(func.value) if isinstance(func, ast.Attribute) else name
+                other = re.match(r"(\w+)\.objects\b", receiver)  # a query of another model names its own table
+                if other and other.group(1) not in LIFECYCLE_TABLES:
+                    continue
                 if status and (any(m in receiver for m in mentions) or any(
                         f"{t}.Status" in ast.unparse(k.value) for k in status for t in LIFECYCLE_TABLES)):
                     found.append(text)

@@ -14,7 +14,7 @@ from django_celery_beat.models import PeriodicTask
 
 from workflows import clock, engine, services
 from workflows.errors import InvalidInput
-from workflows.models import Schedule, Workflow
+from workflows.models import Event, Schedule, Workflow
 from workflows.services import schedules
 from workflows.testing import registered
 
@@ -139,6 +139,7 @@ def test_cancel_previous_cancels_the_live_run_then_launches(at):
     at(7200)
     fire(schedule)
     assert Workflow.objects.get(pk=first).status == Workflow.Status.CANCELLED
+    assert Event.objects.get(workflow_id=first, kind="workflow.cancelled").data["by"] == "schedule nightly"
     assert outcomes(schedule) == [("04:00:00", "launched"), ("05:00:00", "launched")]
 
 

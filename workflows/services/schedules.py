@@ -293,7 +293,8 @@ def _handle(schedule: Schedule, at: datetime, *, now: datetime, triggered_by: An
         return _ended(occurrence, ScheduleOccurrence.Outcome.BUFFERED, f"waits for workflow {live.pk} to end")
     if live is not None and schedule.overlap == Schedule.Overlap.CANCEL_PREVIOUS:
         workflow_cancel(workflow_id=live.pk, reason=f"schedule {schedule.name}: the occurrence at "
-                                                    f"{at.isoformat()} replaces it", user=triggered_by)
+                                                    f"{at.isoformat()} replaces it", user=triggered_by,
+                        by=f"schedule {schedule.name}")
     try:
         with transaction.atomic():
             workflow = workflow_launch(kind=schedule.kind, goal=schedule.goal, params=schedule.params,
