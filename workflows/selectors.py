@@ -201,9 +201,10 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
             "required_role": w.required_role, "intent_version": w.intent_version,
             "expires_at": _iso(w.expires_at),
             "decision": w.decision, "decided_by": w.decided_by.username if w.decided_by else None,
-            # What an approver decides on: the candidate the hash is of, while the wait is open.
+            # What an approver decides on: the candidate the hash is of, while the wait is open (else null).
             **({"candidate": w.candidate, "state_versions": w.state_versions}
-               if w.kind == Wait.Kind.APPROVAL and w.status == Wait.Status.OPEN else {}),
+               if w.kind == Wait.Kind.APPROVAL and w.status == Wait.Status.OPEN
+               else {"candidate": None, "state_versions": None}),
         }
         for w in workflow.waits.select_related("decided_by").order_by("pk")
     ]

@@ -228,6 +228,10 @@ def test_the_openapi_document_lists_every_path(http: Http, live_server: Any) -> 
         ("GET", "/api/webhooks"), ("POST", "/api/webhooks"), ("DELETE", "/api/webhooks/{subscription_id}"),
         ("GET", "/api/webhooks/{subscription_id}/deliveries"),
         ("POST", "/api/webhooks/deliveries/{delivery_pk}/redeliver"), ("GET", "/api/workflows/{workflow_id}/costs"),
+        # docs/operators.md, "Schedules"; the kinds and their launch parameters
+        ("GET", "/api/schedules"), ("POST", "/api/schedules"), ("POST", "/api/schedules/{name}/pause"),
+        ("POST", "/api/schedules/{name}/resume"), ("POST", "/api/schedules/{name}/trigger"),
+        ("DELETE", "/api/schedules/{name}"), ("GET", "/api/kinds"),
     }
     for path, item in paths.items():
         for operation in item.values():

@@ -27,7 +27,7 @@ def test_add_list_pause_resume_trigger_and_remove(http, scheduler_token, git_rep
     added = http.post("/schedules", body, token=scheduler_token)
     assert added.status == 201, added.body
     assert (added.body["when"], added.body["created_by"], added.body["launched"]) == ("cron 0 3 * * *", "sam", 0)
-    assert [s["name"] for s in http.get("/schedules", token=scheduler_token).body] == ["nightly"]
+    assert [s["name"] for s in http.get("/schedules", token=scheduler_token).body["items"]] == ["nightly"]
     assert http.post("/schedules/nightly/pause", token=scheduler_token).body["paused"] is True
     assert http.post("/schedules/nightly/resume", token=scheduler_token).body["paused"] is False
     fired = http.post("/schedules/nightly/trigger", token=scheduler_token)

@@ -26,13 +26,13 @@ def test_a_webhook_is_added_listed_redelivered_and_removed_over_http(http: Http)
     assert added.status == 201, added.body
     assert "secret" not in added.body and added.body["event_kinds"] == ["workflow.completed"]
     assert added.body["deliveries"] == {"pending": 0, "delivered": 0, "failed": 0}
-    assert http.get("/webhooks", token=token).body == [added.body]
+    assert http.get("/webhooks", token=token).body == {"items": [added.body]}
 
     sub = WebhookSubscription.objects.get()
     row = WebhookDelivery.objects.create(subscription=sub, delivery_id="whd_9", event_id=1, workflow_id=1, seq=1,
                                          kind="workflow.completed", body="{}", status="failed", attempts=20,
                                          next_attempt_at=clock.now(), created_at=clock.now())
-    [listed] = http.get(f"/webhooks/{sub.pk}/deliveries?status=failed", token=token).body
+    [listed] = http.get(f"/webhooks/{sub.pk}/deliveries?status=failed", token=token).body["items"]
     assert (listed["delivery_id"], listed["status"], listed["attempts"]) == ("whd_9", "failed", 20)
     again = http.post(f"/webhooks/deliveries/{row.pk}/redeliver", token=token)
     assert again.body == {"id": row.pk, "outcome": "applied"}

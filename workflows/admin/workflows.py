@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from workflows import clock, services, statestore
+from workflows import clock, registry, services, statestore
 from workflows.admin.common import ReadOnlyAdmin, add_outcome_message, forbidden, pretty_json, redirect_with_outcome
 from workflows.admin.display import usd, when
 from workflows.admin.inspection import EVENTS_PAGE_PARAM, inspect_workflow
@@ -31,6 +31,7 @@ from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS
 # The permission that lets an operator cancel, resume, re-goal or re-budget a workflow. Generic
 # change forms stay disabled whoever holds it: the services are the only writers.
 OPERATE_PERMISSION = "workflows.change_workflow"
+LAUNCH_PERMISSION = "workflows.add_workflow"
 # The result and the durable state on the workflow page: their first 8,000 characters (a
 # 200-feature harness result is 48 KB of JSON; agent show --json and the checkpoints have them whole).
 JSON_FIELD_CHARS = 8_000
@@ -276,6 +277,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
               for name in ACTIONS),
             path("<int:workflow_id>/checkpoints/<int:checkpoint_id>/", self.admin_site.admin_view(self.checkpoint_view),
                  name="workflows_workflow_checkpoint"),
+            path("launch/", self.admin_site.admin_view(self.launch_view), name="workflows_workflow_launch"),
             path("<int:workflow_id>/events/stream/", self.admin_site.admin_view(self.events_stream_view),
                  name="workflows_workflow_events_stream"),
             *super().get_urls(),
@@ -374,6 +376,58 @@ class WorkflowAdmin(ReadOnlyAdmin):
             "revalidate_node": definition.revalidate_node if (definition := definition_of(workflow)) else "",
         }
         return TemplateResponse(request, "admin/workflows/workflow/action_confirm.html", context)
+
+
+    def launch_view(self, request: HttpRequest) -> HttpResponse:
+        """Launch an agent (``?kind=K``): the goal, and one field per launch parameter the kind
+        declares (``launch_params``: its description, default and range as the help), checked by
+        the same ``workflow_launch`` as `agent launch` and the API; a refusal is shown on the form."""
+        if not request.user.has_perm(LAUNCH_PERMISSION):
+            return forbidden(request, self.admin_site, title="You may not launch workflows",
+                             reason=f"Launching needs the permission {LAUNCH_PERMISSION!r} (“Can add workflow”); "
+                                    "ask an administrator to grant it to you or your group.")
+        kinds = registry.definition_kinds()
+        kind = (request.POST if request.method == "POST" else request.GET).get("kind", "")
+        kind = kind if kind in kinds else (kinds[0] if kinds else "")
+        form_class = launch_form(kind)
+        form = form_class(request.POST if request.method == "POST" else None, initial={"kind": kind})
+        if request.method == "POST" and form.is_valid():
+            params = {name: value for name, value in form.cleaned_data.items()
+                      if name.startswith(PARAM_PREFIX) and value not in ("", None)}
+            try:
+                workflow = services.workflow_launch(
+                    kind=kind, goal=form.cleaned_data["goal"], user=request.user,
+                    params={name.removeprefix(PARAM_PREFIX): value for name, value in params.items()})
+            except Refused as exc:
+                form.add_error(None, str(exc))
+            else:
+                return redirect_with_outcome(reverse("admin:workflows_workflow_change", args=[workflow.pk]),
+                                             f"Launched {kind} workflow {workflow.pk}.", messages.SUCCESS)
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "title": "Launch an agent",
+                   "form": form, "kind": kind, "kinds": kinds, "params_schema": registry.launch_params_schema(kind)
+                   if kind else None}
+        return TemplateResponse(request, "admin/workflows/workflow/launch.html", context)
+
+
+PARAM_PREFIX = "param_"
+
+
+def launch_form(kind: str) -> type[forms.Form]:
+    """The launch form of ``kind``: its goal, and a text field per declared launch parameter
+    (text, as `--param KEY=VALUE` gives it: the kind's declaration reads it), its description and
+    default as the help."""
+    fields: dict[str, forms.Field] = {
+        "kind": forms.CharField(widget=forms.HiddenInput),
+        "goal": forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=MAX_GOAL_CHARS,
+                                help_text="What the agent should achieve."),
+    }
+    model = registry.definition(kind).launch_params if kind else None
+    for name, info in (model.model_fields.items() if model is not None else ()):
+        default = "" if info.is_required() else f" Default: {info.default}."
+        fields[f"{PARAM_PREFIX}{name}"] = forms.CharField(
+            label=name, required=info.is_required(), max_length=10_000,
+            help_text=f"{info.description or ''}{default}".strip())
+    return type("LaunchForm", (forms.Form,), fields)
 
 
 def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: Any) -> tuple[str, int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
-from ninja import Router
+from ninja import Field, Router, Schema
 
 from workflows.api.auth import VIEW_PERMISSIONS, require
 from workflows.api.schemas import ErrorOut
@@ -15,7 +15,16 @@ from workflows.models import Workflow
 router = Router(tags=["workflows"])
 
 
-@router.get("/workflows/{workflow_id}/costs", response={200: dict[str, Any], 401: ErrorOut, 403: ErrorOut,
+class CostsOut(Schema):
+    """Per node, activity and model: `usd` (as text, 6 decimal places), `calls` and token counts."""
+    workflow_id: int
+    spent_usd: str = Field(description="what the budget counts; equals agent show's spent_usd")
+    by_node: list[dict[str, Any]]
+    by_activity: list[dict[str, Any]]
+    by_model: list[dict[str, Any]]
+
+
+@router.get("/workflows/{workflow_id}/costs", response={200: CostsOut, 401: ErrorOut, 403: ErrorOut,
                                                         404: ErrorOut, 409: ErrorOut}, summary="Spend per step")
 def workflow_costs(request: HttpRequest, workflow_id: int) -> dict[str, Any]:
     """Spend (USD, as the budget counts it), calls and tokens per node, per activity and per model, the

@@ -7,7 +7,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from ninja import Header, NinjaAPI, Path, Query, Status
 
-from workflows import selectors, services
+from workflows import registry, selectors, services
 from workflows.api import costs, hooks, paging, streams, webhooks
 from workflows.api.auth import LAUNCH_PERMISSION, OPERATE_PERMISSION, VIEW_PERMISSIONS, JsonParser, TokenAuth, require
 from workflows.api.errors import Forbidden, install_error_handlers
@@ -21,13 +21,16 @@ from workflows.api.schemas import (
     DecisionOut,
     ErrorOut,
     EventPage,
+    KindList,
     LaunchIn,
     LaunchOut,
     OccurrenceOut,
     RejectIn,
     ResultOut,
     ScheduleIn,
+    ScheduleList,
     ScheduleOut,
+    ScheduleRemovedOut,
     SignalIn,
     StatusName,
     SupersedeIn,
@@ -45,6 +48,18 @@ class AgentOpsAPI(NinjaAPI):
     def get_openapi_operation_id(self, operation: Any) -> str:
         # "launch", "wait_approve": the function's name, not ninja's module-qualified default.
         return str(operation.view_func.__name__)
+
+    def get_openapi_schema(self, *, path_prefix: str | None = None, path_params: Any = None) -> Any:
+        """The document, with each kind's launch parameters as a schema of their own
+        (``LaunchParams_<kind>``, from the kind's ``launch_params``: the declaration `agent launch
+        --help` and the admin's launch form read too)."""
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for kind in registry.definition_kinds():
+            declared = registry.launch_params_schema(kind)
+            if declared is not None:
+                components[f"LaunchParams_{kind}"] = {**declared, "title": f"Launch parameters of {kind}"}
+        return schema
 
 
 api = AgentOpsAPI(
@@ -245,14 +260,24 @@ def wait_reject(request: HttpRequest, payload: RejectIn, wait_id: int = WAIT_ID)
     return decision(services.wait_reject(wait_id=wait.pk, user=caller(request), comment=payload.comment))
 
 
+@api.get("/kinds", response={200: KindList, **ERRORS}, summary="List the agent kinds", tags=["workflows"])
+def kind_list(request: HttpRequest) -> Json:
+    """The kinds a launch may name, each with its launch parameters' JSON schema (the kind's
+    declaration; also `LaunchParams_<kind>` in this document's components), or null for a kind that
+    takes none. Needs `workflows.add_workflow` or a view permission."""
+    require(caller(request), (LAUNCH_PERMISSION, *VIEW_PERMISSIONS), to="see the kinds")
+    return {"items": [{"kind": kind, "version": registry.definition(kind).version,
+                       "params_schema": registry.launch_params_schema(kind)} for kind in registry.definition_kinds()]}
+
+
 SCHEDULE_NAME = Path(..., pattern=r"^[A-Za-z0-9_-]{1,80}$", description="the schedule's name", examples=["nightly"])
 
 
-@api.get("/schedules", response={200: list[ScheduleOut], **ERRORS}, summary="List schedules", tags=["schedules"])
-def schedule_list(request: HttpRequest) -> list[Json]:
+@api.get("/schedules", response={200: ScheduleList, **ERRORS}, summary="List schedules", tags=["schedules"])
+def schedule_list(request: HttpRequest) -> Json:
     """`agent schedule list --json`, by name. Needs `workflows.view_schedule`."""
     require(caller(request), ("workflows.view_schedule", "workflows.change_schedule"), to="see schedules")
-    return [selectors.schedule_summary(s) for s in selectors.schedules()[:paging.MAX_PAGE]]
+    return {"items": [selectors.schedule_summary(s) for s in selectors.schedules()[:paging.MAX_PAGE]]}
 
 
 @api.post("/schedules", response={201: ScheduleOut, **ERRORS}, summary="Add a schedule", tags=["schedules"])
@@ -291,7 +316,8 @@ def schedule_trigger(request: HttpRequest, name: str = SCHEDULE_NAME) -> Json:
     return selectors.occurrence_summary(schedules.schedule_trigger(name=name, user=caller(request)))
 
 
-@api.delete("/schedules/{name}", response={200: Json, **ERRORS}, summary="Remove a schedule", tags=["schedules"])
+@api.delete("/schedules/{name}", response={200: ScheduleRemovedOut, **ERRORS}, summary="Remove a schedule",
+            tags=["schedules"])
 def schedule_remove(request: HttpRequest, name: str = SCHEDULE_NAME) -> Json:
     """`agent schedule remove`: the schedule and its beat entry; the workflows it launched go on. Needs
     `workflows.delete_schedule`."""

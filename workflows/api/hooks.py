@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
-from ninja import Field, Router, Status
+from ninja import Field, Router, Schema, Status
 
 from workflows.api.auth import require
 from workflows.api.schemas import Body, ErrorOut
@@ -27,6 +27,46 @@ class WebhookIn(Body):
     launchers: list[str] = Field(default_factory=list, description="only workflows these users launched; empty: all")
 
 
+class WebhookOut(Schema):
+    id: int
+    name: str
+    url: str
+    event_kinds: list[str]
+    workflow_kinds: list[str]
+    launchers: list[str]
+    active: bool
+    created_at: str
+    deliveries: dict[str, int] = Field(description="deliveries by status: pending, delivered, failed")
+
+
+class WebhookList(Schema):
+    items: list[WebhookOut]
+
+
+class DeliveryOut(Schema):
+    id: int
+    delivery_id: str
+    subscription_id: int
+    workflow_id: int
+    seq: int
+    kind: str
+    status: str
+    attempts: int
+    next_attempt_at: str | None
+    last_status_code: int | None
+    last_error: str
+    delivered_at: str | None
+
+
+class DeliveryList(Schema):
+    items: list[DeliveryOut] = Field(description="the newest 100, newest first")
+
+
+class OutcomeOut(Schema):
+    id: int
+    outcome: str = Field(description="removed; or for a redelivery applied or already_applied")
+
+
 def subscription_by_id(subscription_id: int) -> WebhookSubscription:
     found = WebhookSubscription.objects.filter(pk=subscription_id).first()
     if found is None:
@@ -34,15 +74,15 @@ def subscription_by_id(subscription_id: int) -> WebhookSubscription:
     return found
 
 
-@router.get("/webhooks", response={200: list[Json], **ERRORS}, summary="List outbound webhooks")
-def webhook_list(request: HttpRequest) -> list[Json]:
+@router.get("/webhooks", response={200: WebhookList, **ERRORS}, summary="List outbound webhooks")
+def webhook_list(request: HttpRequest) -> Json:
     """Each subscription with its counts of deliveries. Needs `workflows.view_webhooksubscription`."""
     require(request.auth, ("workflows.view_webhooksubscription", "workflows.change_webhooksubscription"),  # type: ignore[attr-defined]
             to="see webhooks")
-    return [hooks.subscription_json(s) for s in WebhookSubscription.objects.order_by("pk")]
+    return {"items": [hooks.subscription_json(s) for s in WebhookSubscription.objects.order_by("pk")]}
 
 
-@router.post("/webhooks", response={201: Json, **ERRORS}, summary="Add an outbound webhook")
+@router.post("/webhooks", response={201: WebhookOut, **ERRORS}, summary="Add an outbound webhook")
 def webhook_add(request: HttpRequest, payload: WebhookIn) -> Status[Json]:
     """Told of the matching events recorded from now on. Needs `workflows.add_webhooksubscription`."""
     require(request.auth, "workflows.add_webhooksubscription", to="add webhooks")  # type: ignore[attr-defined]
@@ -52,7 +92,8 @@ def webhook_add(request: HttpRequest, payload: WebhookIn) -> Status[Json]:
     return Status(201, hooks.subscription_json(sub))
 
 
-@router.delete("/webhooks/{subscription_id}", response={200: Json, **ERRORS}, summary="Remove an outbound webhook")
+@router.delete("/webhooks/{subscription_id}", response={200: OutcomeOut, **ERRORS},
+               summary="Remove an outbound webhook")
 def webhook_remove(request: HttpRequest, subscription_id: int) -> Json:
     """With its deliveries (pending ones are never sent). Needs `workflows.delete_webhooksubscription`."""
     require(request.auth, "workflows.delete_webhooksubscription", to="remove webhooks")  # type: ignore[attr-defined]
@@ -60,19 +101,19 @@ def webhook_remove(request: HttpRequest, subscription_id: int) -> Json:
     return {"id": subscription_id, "outcome": "removed"}
 
 
-@router.get("/webhooks/{subscription_id}/deliveries", response={200: list[Json], **ERRORS},
+@router.get("/webhooks/{subscription_id}/deliveries", response={200: DeliveryList, **ERRORS},
             summary="List a webhook's deliveries")
-def webhook_deliveries(request: HttpRequest, subscription_id: int, status: str = "") -> list[Json]:
+def webhook_deliveries(request: HttpRequest, subscription_id: int, status: str = "") -> Json:
     """The newest 100, optionally of one status (pending, delivered, failed)."""
     require(request.auth, ("workflows.view_webhooksubscription", "workflows.change_webhooksubscription"),  # type: ignore[attr-defined]
             to="see webhooks")
     if status and status not in WebhookDelivery.Status.values:
         raise InvalidInput(f"status {status[:30]!r} is not one of {', '.join(WebhookDelivery.Status.values)}.")
     qs = subscription_by_id(subscription_id).deliveries.order_by("-pk")
-    return [hooks.delivery_json(d) for d in (qs.filter(status=status) if status else qs)[:100]]
+    return {"items": [hooks.delivery_json(d) for d in (qs.filter(status=status) if status else qs)[:100]]}
 
 
-@router.post("/webhooks/deliveries/{delivery_pk}/redeliver", response={200: Json, **ERRORS},
+@router.post("/webhooks/deliveries/{delivery_pk}/redeliver", response={200: OutcomeOut, **ERRORS},
              summary="Send a delivery again")
 def webhook_redeliver(request: HttpRequest, delivery_pk: int) -> Json:
     """Same delivery id and body, at once; `already_applied` when it is pending anyway.

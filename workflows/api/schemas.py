@@ -68,7 +68,9 @@ class LaunchIn(Body):
     kind: str = Field(pattern=KIND, description="workflow kind, e.g. release", examples=["release"])
     goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, pattern=FILLED_TEXT,
                       description="what the agent should achieve", examples=["Publish release notes"])
-    params: dict[str, str] = Field(default_factory=dict, description="launch parameters, as `--param KEY=VALUE`",
+    params: dict[str, str] = Field(default_factory=dict, description=(
+        "launch parameters, as `--param KEY=VALUE`: text each kind's declaration reads by type and range "
+        "(its schema: GET /api/kinds, or `LaunchParams_<kind>` in this document's components)"),
                                    examples=[{"repo": "/srv/repo", "test_command": "make test"}])
     max_hours: StrictFloat | StrictInt | None = Field(default=None, gt=0, le=MAX_HOURS,
                                                       description="time limit; past it the workflow is cancelled")
@@ -176,6 +178,8 @@ class WaitOut(Open):
     expires_at: str | None
     decision: str
     decided_by: str | None
+    candidate: Any = Field(description="an open approval's candidate (what candidate_hash is of); else null")
+    state_versions: dict[str, Any] | None = Field(description="an open approval's state versions; else null")
 
 
 class EventOut(Schema):
@@ -200,6 +204,8 @@ class WorkflowDetailOut(WorkflowOut):
     progress: list[dict[str, Any]]
     events: list[EventOut]
     history_archive: dict[str, Any] | None
+    retrying: list[dict[str, Any]] = Field(
+        description="activities in a retry window: name, operation, failed attempt, of how many, next try, error")
 
 
 class WorkflowPage(Schema):
@@ -283,4 +289,24 @@ class ScheduleOut(Schema):
     buffered_at: str | None
     launched: int = Field(ge=0, description="occurrences that launched a workflow")
     last_occurrence: OccurrenceOut | None
+
+
+class KindOut(Schema):
+    kind: str = Field(examples=["release"])
+    version: int = Field(ge=1)
+    params_schema: dict[str, Any] | None = Field(
+        description="JSON schema of its launch parameters (`params` of POST /api/workflows), or null: none")
+
+
+class KindList(Schema):
+    items: list[KindOut]
+
+
+class ScheduleList(Schema):
+    items: list[ScheduleOut] = Field(description="every schedule, by name (at most 200)")
+
+
+class ScheduleRemovedOut(Schema):
+    name: str
+    removed: bool
 
