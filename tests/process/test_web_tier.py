@@ -56,7 +56,9 @@ def web(process_broker: Broker, tmp_path: Path) -> Iterator[Server]:
     env.update(DATABASE_URL=subprocess_database_url(), CELERY_BROKER_URL=process_broker.url, PGAPPNAME=APP_NAME,
                AGENTOPS_WEB_BIND=f"127.0.0.1:{port}", AGENTOPS_WEB_WORKERS=str(WORKERS),
                AGENTOPS_WEB_THREADS=str(THREADS), AGENTOPS_LOG_LEVEL="INFO",
-               AGENTOPS_WEBHOOK_SECRETS="ci=ci-shared-secret-0123456789abcdef0123")
+               AGENTOPS_WEBHOOK_SECRETS="ci=ci-shared-secret-0123456789abcdef0123",
+               # An event stream ends after this long (docs/live.md): schemathesis calls the stream routes too.
+               AGENTOPS_STREAM_MAX_SECONDS="0.5", AGENTOPS_STREAM_POLL_SECONDS="0.1")
     log = tmp_path / "gunicorn.log"
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", "python:agentops.gunicorn"], cwd=REPO_ROOT,

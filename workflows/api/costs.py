@@ -4,15 +4,17 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
-from ninja import Field, Router, Schema
+from ninja import Field, Path, Router, Schema
 
 from workflows.api.auth import VIEW_PERMISSIONS, require
 from workflows.api.schemas import ErrorOut
 from workflows.costs import cost_breakdown
 from workflows.errors import NotFound
 from workflows.models import Workflow
+from workflows.selectors import MAX_ID
 
 router = Router(tags=["workflows"])
+WORKFLOW_ID = Path(..., ge=1, le=MAX_ID, description="the workflow's id", examples=[7])
 
 
 class CostsOut(Schema):
@@ -24,9 +26,9 @@ class CostsOut(Schema):
     by_model: list[dict[str, Any]]
 
 
-@router.get("/workflows/{workflow_id}/costs", response={200: CostsOut, 401: ErrorOut, 403: ErrorOut,
+@router.get("/workflows/{workflow_id}/costs", response={200: CostsOut, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut,
                                                         404: ErrorOut, 409: ErrorOut}, summary="Spend per step")
-def workflow_costs(request: HttpRequest, workflow_id: int) -> dict[str, Any]:
+def workflow_costs(request: HttpRequest, workflow_id: int = WORKFLOW_ID) -> dict[str, Any]:
     """Spend (USD, as the budget counts it), calls and tokens per node, per activity and per model, the
     costliest first; `spent_usd` equals `agent show`'s. Needs `workflows.view_workflow`."""
     require(request.auth, VIEW_PERMISSIONS, to="see workflows")  # type: ignore[attr-defined]

@@ -2,29 +2,38 @@
 services as the admin and `manage.py agent webhook`; a subscription's secret is never shown."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from django.http import HttpRequest
-from ninja import Field, Router, Schema, Status
+from ninja import Field, Path, Query, Router, Schema, Status
 
 from workflows.api.auth import require
 from workflows.api.schemas import Body, ErrorOut
 from workflows.errors import InvalidInput, NotFound
 from workflows.models import WebhookDelivery, WebhookSubscription
+from workflows.selectors import MAX_ID
 from workflows.services import hooks
 
 router = Router(tags=["webhooks"])
+# A name in a filter: printable, 1-150 characters, no surrounding spaces.
+NameText = Annotated[str, Field(pattern=r"^[^\s\x00-\x1f\x7f](?:[^\x00-\x1f\x7f]{0,148}[^\s\x00-\x1f\x7f])?$")]
 Json = dict[str, Any]
 ERRORS: dict[int, Any] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut}
 
 
 class WebhookIn(Body):
-    name: str = Field(description="1-100 letters, digits, '_', '.', '-'; unique")
-    url: str = Field(description="where deliveries are POSTed (http or https)")
-    secret: str = Field(description="the signing secret, 32-200 characters")
-    event_kinds: list[str] = Field(default_factory=list, description="event kinds delivered; empty: all")
-    workflow_kinds: list[str] = Field(default_factory=list, description="only workflows of these kinds; empty: all")
-    launchers: list[str] = Field(default_factory=list, description="only workflows these users launched; empty: all")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", description="1-100 letters, digits, '_', '.', "
+                      "'-', starting with a letter or digit; unique", examples=["ci-notify"])
+    url: str = Field(pattern=r"^https?://[^\s/?#]+[^\s]*$", max_length=1000,
+                     description="where deliveries are POSTed (http or https, with a host)",
+                     examples=["https://ci.example.com/agentops"])
+    secret: str = Field(min_length=32, max_length=200, description="the signing secret, 32-200 characters")
+    event_kinds: list[NameText] = Field(default_factory=list, max_length=100,
+                                        description="event kinds delivered; empty: all")
+    workflow_kinds: list[NameText] = Field(default_factory=list, max_length=100,
+                                           description="only workflows of these kinds; empty: all")
+    launchers: list[NameText] = Field(default_factory=list, max_length=100,
+                                      description="only workflows these users launched; empty: all")
 
 
 class WebhookOut(Schema):
@@ -67,6 +76,11 @@ class OutcomeOut(Schema):
     outcome: str = Field(description="removed; or for a redelivery applied or already_applied")
 
 
+SUBSCRIPTION_ID = Path(..., ge=1, le=MAX_ID, description="the webhook's id")
+DELIVERY_STATUS = Query("", pattern=f"^({'|'.join(WebhookDelivery.Status.values)})?$",
+                        description="only deliveries of this status")
+
+
 def subscription_by_id(subscription_id: int) -> WebhookSubscription:
     found = WebhookSubscription.objects.filter(pk=subscription_id).first()
     if found is None:
@@ -103,7 +117,8 @@ def webhook_remove(request: HttpRequest, subscription_id: int) -> Json:
 
 @router.get("/webhooks/{subscription_id}/deliveries", response={200: DeliveryList, **ERRORS},
             summary="List a webhook's deliveries")
-def webhook_deliveries(request: HttpRequest, subscription_id: int, status: str = "") -> Json:
+def webhook_deliveries(request: HttpRequest, subscription_id: int = SUBSCRIPTION_ID,
+                       status: str = DELIVERY_STATUS) -> Json:
     """The newest 100, optionally of one status (pending, delivered, failed)."""
     require(request.auth, ("workflows.view_webhooksubscription", "workflows.change_webhooksubscription"),  # type: ignore[attr-defined]
             to="see webhooks")

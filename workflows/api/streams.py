@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Header, Router
+from ninja import Header, Path, Query, Router
 
 from agentops import livewire
 from workflows.api.auth import VIEW_PERMISSIONS, require
@@ -31,15 +31,26 @@ from workflows.eventfeed import (
     workflow_is_finished,
 )
 from workflows.models import Workflow
+from workflows.selectors import MAX_ID
 
 router = Router(tags=["streams"])
 # What the OpenAPI document says a stream answers (ninja describes JSON bodies only).
 SSE = {"responses": {200: {"description": "Server-Sent Events (docs/live.md)",
-                           "content": {"text/event-stream": {"schema": {"type": "string"}}}}}}
+                           "content": {"text/event-stream": {"schema": {
+                               "type": "object", "description": "each event's data: a history event "
+                               "(seq, kind, at, data), a model.delta, or the end of the stream (reconnect)"}}}}}}
 
 PAGE = 200
+WORKFLOW_ID = Path(..., ge=1, le=MAX_ID, description="the workflow's id", examples=[7])
+AFTER = Query("", pattern=r"^[0-9]{0,19}$", description="start after this id (as Last-Event-ID)")
+KINDS = Query("", pattern=r"^[a-z0-9_,-]*$", max_length=600, description="only these kinds, comma-separated")
+_STATUS = "|".join(Workflow.Status.values)
+STATUSES = Query("", pattern=rf"^({_STATUS})?(,({_STATUS})?)*$", max_length=200,
+                 description="only workflows in these statuses, comma-separated")
+LAUNCHERS = Query("", pattern=r"^[\w.@+,-]*$", max_length=1500,
+                  description="only workflows these users launched, comma-separated")
 LAST_EVENT_ID = Header(
-    default="", alias="Last-Event-ID",
+    default="", alias="Last-Event-ID", pattern=r"^[0-9]{0,19}$",
     description="the `id:` of the last event you received: the stream resumes right after it (an "
                 "EventSource sends it by itself when it reconnects). Wins over `after`.",
 )
@@ -166,7 +177,7 @@ def listed(raw: str, name: str, allowed: tuple[str, ...] = ()) -> tuple[str, ...
 @router.get("/workflows/{workflow_id}/events/stream", summary="Stream a workflow's events",
             response={200: None, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut},
             openapi_extra=SSE)
-def workflow_events_stream(request: HttpRequest, workflow_id: int, after: str = "",
+def workflow_events_stream(request: HttpRequest, workflow_id: int = WORKFLOW_ID, after: str = AFTER,
                            last_event_id: str = LAST_EVENT_ID) -> StreamingHttpResponse:
     """`text/event-stream` of the workflow's history: each event as `id: <seq>` and `data: <JSON>`
     (workflow_id, seq, kind, at, data), from the first (or after `Last-Event-ID` / `after`), then
@@ -204,8 +215,8 @@ def workflow_stream(workflow_id: int, seq: int) -> StreamingHttpResponse:
 
 @router.get("/events/stream", summary="Stream every workflow's events",
             response={200: None, 400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 409: ErrorOut}, openapi_extra=SSE)
-def events_stream(request: HttpRequest, kind: str = "", status: str = "", launcher: str = "", after: str = "",
-                  last_event_id: str = LAST_EVENT_ID) -> StreamingHttpResponse:
+def events_stream(request: HttpRequest, kind: str = KINDS, status: str = STATUSES, launcher: str = LAUNCHERS,
+                  after: str = AFTER, last_event_id: str = LAST_EVENT_ID) -> StreamingHttpResponse:
     """`text/event-stream` of the events of all workflows, for dashboards: `id:` is the event's global
     number (not its seq), `data:` as the workflow stream's. Filters (comma-separated lists): `kind`
     (workflow kind), `status` (the workflow's status when the event is read), `launcher` (username).
