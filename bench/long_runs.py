@@ -414,12 +414,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             print(f"    {r['run']}: {r['reason']}")
         print("    where the bytes went: " + ", ".join(f"{k} {_mb(v)}" for k, v in sorted(
             r.get("bytes_by_source", {}).items(), key=lambda kv: -kv[1])))
-    harness = {int(r["run"].split()[1]): r for r in rows if r["run"].startswith("harness")}
-    if harness:
-        low, high = min(harness), max(harness)
-        print(f"stored bytes per visit, harness N={high} / N={low}: "
-              f"{harness[high]['bytes_per_visit_mean'] / max(1.0, harness[low]['bytes_per_visit_mean']):.2f}x "
-              f"(target <= 2x)")
+    if ratio := summary(rows).get("harness_bytes_per_visit_ratio"):
+        print(f"stored bytes per visit, harness N={ratio['high']} / N={ratio['low']}: {ratio['ratio']:.2f}x "
+              "(target <= 2x)")
 
 
 def bench_long_runs(bench: Any) -> dict[str, Any]:

@@ -4,17 +4,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
-from ninja import Field, Path, Router, Schema
+from ninja import Field, Router, Schema
 
 from workflows.api.auth import VIEW_PERMISSIONS, require
-from workflows.api.schemas import ErrorOut
+from workflows.api.schemas import WORKFLOW_ID, ErrorOut
 from workflows.costs import cost_breakdown
 from workflows.errors import NotFound
 from workflows.models import Workflow
-from workflows.selectors import MAX_ID
 
 router = Router(tags=["workflows"])
-WORKFLOW_ID = Path(..., ge=1, le=MAX_ID, description="the workflow's id", examples=[7])
 
 
 class CostsOut(Schema):

@@ -14,6 +14,7 @@ from workflows.api.errors import Forbidden, install_error_handlers
 from workflows.api.schemas import (
     KIND,
     SIGNAL_NAME,
+    WORKFLOW_ID,
     ApproveIn,
     BudgetIn,
     BudgetOut,
@@ -83,7 +84,6 @@ api.add_router("", costs.router)
 Json = dict[str, Any]
 # 413: a body over DATA_UPLOAD_MAX_MEMORY_SIZE; 415: a body not sent as application/json (middleware.py).
 ERRORS: dict[int, Any] = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 415, 500, 503)}
-WORKFLOW_ID = Path(..., ge=1, le=selectors.MAX_ID, description="the workflow's id", examples=[7])
 WAIT_ID = Path(..., ge=1, le=selectors.MAX_ID, description="the wait's id", examples=[3])
 STATUS_FILTER = Query(None, description="only this status")
 KIND_FILTER = Query("", pattern=f"^({KIND[1:-1]})?$", max_length=60, description="only this kind")

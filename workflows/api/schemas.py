@@ -9,10 +9,11 @@ import re
 from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from ninja import Field, Schema
+from ninja import Field, Path, Schema
 from pydantic import BeforeValidator, ConfigDict, StrictFloat, StrictInt, WithJsonSchema
 
 from workflows.models import Schedule, ScheduleOccurrence, Wait, Workflow
+from workflows.selectors import MAX_ID
 from workflows.services.steps import MAX_GOAL_CHARS, MAX_HOURS, Outcome
 
 # Text a person wrote: no control characters but tab and line breaks (PostgreSQL cannot store NUL).
@@ -57,6 +58,10 @@ Amount = Annotated[Decimal, BeforeValidator(amount_as_given), WithJsonSchema(AMO
 def amount(description: str) -> Any:
     return Field(default=None, gt=0, lt=10**8, max_digits=12, decimal_places=4, description=description,
                  examples=["12.50"])
+
+
+# A workflow's id in a path: every router's routes take it the same way.
+WORKFLOW_ID = Path(..., ge=1, le=MAX_ID, description="the workflow's id", examples=[7])
 
 
 class Body(Schema):

@@ -16,11 +16,11 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Header, Path, Query, Router
+from ninja import Header, Query, Router
 
 from agentops import livewire
 from workflows.api.auth import VIEW_PERMISSIONS, require
-from workflows.api.schemas import ErrorOut
+from workflows.api.schemas import WORKFLOW_ID, ErrorOut
 from workflows.errors import InvalidInput, NotFound, Refused
 from workflows.eventfeed import (
     EventFilter,
@@ -31,7 +31,6 @@ from workflows.eventfeed import (
     workflow_is_finished,
 )
 from workflows.models import Workflow
-from workflows.selectors import MAX_ID
 
 router = Router(tags=["streams"])
 # What the OpenAPI document says a stream answers (ninja describes JSON bodies only).
@@ -41,7 +40,6 @@ SSE = {"responses": {200: {"description": "Server-Sent Events (docs/live.md)",
                                "(seq, kind, at, data), a model.delta, or the end of the stream (reconnect)"}}}}}}
 
 PAGE = 200
-WORKFLOW_ID = Path(..., ge=1, le=MAX_ID, description="the workflow's id", examples=[7])
 AFTER = Query("", pattern=r"^[0-9]{0,19}$", description="start after this id (as Last-Event-ID)")
 KINDS = Query("", pattern=r"^[a-z0-9_,-]*$", max_length=600, description="only these kinds, comma-separated")
 _STATUS = "|".join(Workflow.Status.values)

@@ -215,7 +215,8 @@ def schedule_trigger(*, name: str, user: Any = None) -> ScheduleOccurrence:
     """An occurrence now, asked by a person (a paused schedule too), under the overlap policy."""
     with transaction.atomic():
         schedule = schedule_named(name, lock=True)
-        return _handle(schedule, clock.now(), now=clock.now(), triggered_by=user)
+        now = clock.now()
+        return _handle(schedule, now, now=now, triggered_by=user)
 
 
 def schedule_fire(*, schedule_id: int) -> int:
