@@ -92,7 +92,8 @@ class TestOneFormat:
             amounts = re.findall(r"[<-]?\$[\d,]+(?:\.\d+)?", text)
             assert amounts and all(re.fullmatch(r"[<-]?\$[\d,]+\.\d{4}", a) for a in amounts), amounts
             assert re.findall(r"\d\.\d+ USD", text) == []
-        assert "<strong>$0.0012</strong> of $2.5000" in page and "$0.0012 of $1.0000 per hour" in page
+        assert '<strong id="ao-live-spent">$0.0012</strong> of $2.5000' in page
+        assert "$0.0012 of $1.0000 per hour" in page
         assert "$2.4988" in page  # remaining
 
 

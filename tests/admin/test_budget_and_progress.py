@@ -92,7 +92,7 @@ class TestCharts:
         assert points(progress) == 3 and '<polyline class="ao-line"' in progress
         assert ">100%</text>" in progress and ": 55% (confidence 70%)</title>" in progress
         spent = Decimal(spend_summary(finished_agent)["spent_usd"]).quantize(Decimal("0.0001"))
-        assert f"<strong>${spent}</strong> of $0.0500" in page  # four decimals, the budget's too
+        assert f'<strong id="ao-live-spent">${spent}</strong> of $0.0500' in page  # four decimals, the budget's too
         assert "simulated spend</span>" in page and "no money was spent" in page
         assert "<strong>100%</strong>" in page and "[done] Record the outcome" in page
         tasks = re.search(r'<div class="ao-section" id="tasks">(.*?)</div>', page, re.S).group(1)

@@ -10,7 +10,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -24,8 +24,8 @@ from workflows.admin.inspection import EVENTS_PAGE_PARAM, inspect_workflow
 from workflows.admin.reasoning import is_budget_paused, reasoning_panel
 from workflows.api import streams
 from workflows.errors import InvalidInput, Refused
-from workflows.models import Checkpoint, Commitment, Intent, Wait, Workflow
-from workflows.selectors import definition_of, spend_summary
+from workflows.models import Checkpoint, Commitment, Intent, ProgressSample, UsageEntry, Wait, Workflow
+from workflows.selectors import definition_of, spend_summary, spent_usd
 from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS
 
 # The permission that lets an operator cancel, resume, re-goal or re-budget a workflow. Generic
@@ -280,6 +280,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
             path("launch/", self.admin_site.admin_view(self.launch_view), name="workflows_workflow_launch"),
             path("<int:workflow_id>/events/stream/", self.admin_site.admin_view(self.events_stream_view),
                  name="workflows_workflow_events_stream"),
+            path("<int:workflow_id>/live/", self.admin_site.admin_view(self.live_view),
+                 name="workflows_workflow_live"),
             *super().get_urls(),
         ]
 
@@ -322,6 +324,21 @@ class WorkflowAdmin(ReadOnlyAdmin):
         except InvalidInput as exc:
             return HttpResponse(str(exc), status=400, content_type="text/plain")
         return streams.workflow_stream(workflow.pk, seq)
+
+    def live_view(self, request: HttpRequest, workflow_id: int) -> HttpResponse:
+        """Where the workflow is, what it spent and its latest progress reading: what the open page
+        reads again when the stream brings an event, so those lines follow without a reload."""
+        if not self.has_view_permission(request):
+            return forbidden(request, self.admin_site, title="Live summary",
+                             reason=f"{request.user.get_username()} may not see workflows.")
+        workflow = get_object_or_404(Workflow, pk=workflow_id)
+        latest = ProgressSample.objects.filter(workflow=workflow).order_by("-created_at", "-pk").first()
+        return JsonResponse({
+            "status": workflow.status, "current_node": workflow.current_node, "node_visit": workflow.node_visit,
+            "reason": workflow.reason, "event_seq": workflow.event_seq,
+            "spent": usd(spent_usd(workflow)), "model_calls": UsageEntry.objects.filter(workflow=workflow).count(),
+            "progress": None if latest is None else {"percent": latest.percent, "at": when(latest.created_at)},
+        })
 
     def checkpoint_view(self, request: HttpRequest, workflow_id: int, checkpoint_id: int) -> HttpResponse:
         """One checkpoint's durable state (the workflow page lists checkpoints without their states)."""
