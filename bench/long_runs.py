@@ -172,22 +172,8 @@ class AdvanceTimer:
             module.advance_locked = self.original  # type: ignore[attr-defined]
 
 
-def drive(workflow_id: int, *, rounds: int = 100_000) -> Any:
-    from datetime import timedelta
-
-    from workflows import clock, services
-    from workflows.models import Activity, Workflow
-
-    for _ in range(rounds):
-        services.workflow_advance_if_runnable(workflow_id=workflow_id)
-        due = Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED)
-        due.update(next_attempt_at=clock.now() - timedelta(seconds=1))
-        ids = list(due.values_list("pk", flat=True))
-        if not ids:
-            break
-        for pk in ids:
-            services.activity_run_if_runnable(activity_id=pk, worker="bench-long-runs")
-    return Workflow.objects.get(pk=workflow_id)
+# A run is driven to its end in this process; backoffs are not waited out.
+DRIVE = {"max_rounds": 100_000, "worker": "bench-long-runs", "retries_now": True}
 
 
 def database_bytes(name: str) -> int:
@@ -335,6 +321,7 @@ def measure(label: str, workflow: Any, timer: AdvanceTimer, db_before: int, db_n
 
 def run_autonomous(rounds: int, db_name: str, scratch: Path) -> dict[str, Any]:
     from workflows import services
+    from workflows.testing.inprocess import drive
 
     _patch_autonomous_model(rounds)
     db_before = database_bytes(db_name)
@@ -343,7 +330,7 @@ def run_autonomous(rounds: int, db_name: str, scratch: Path) -> dict[str, Any]:
     try:
         wf = services.workflow_launch(kind="autonomous", goal=f"Reach round {rounds}",
                                       params={"max_rounds": str(rounds)})
-        workflow = drive(wf.pk)
+        workflow = drive(wf.pk, **DRIVE)
     finally:
         timer.close()
     return measure(f"autonomous {rounds}x{TASKS_PER_ROUND}", workflow, timer, db_before, db_name,
@@ -357,6 +344,7 @@ def run_harness(n: int, db_name: str, scratch: Path) -> dict[str, Any]:
     from agentops.agents.harness import script
     from workflows import services
     from workflows.models import Event, Wait
+    from workflows.testing.inprocess import drive
 
     settings.AGENTOPS_HARNESS_SCHEDULE_FILE = str(harness_schedule(scratch / f"schedule-{n}.json", n))
     script._load.cache_clear()
@@ -371,11 +359,11 @@ def run_harness(n: int, db_name: str, scratch: Path) -> dict[str, Any]:
         wf = services.workflow_launch(kind="harness", goal=f"Build the {n}-feature project", params={
             "workspace": str(scratch / f"ws-{n}"), "isolation": "none", "max_sessions": str(min(1000, 2 * n + 10)),
             "stagnation_sessions": "1000", "check_timeout_seconds": "30"})
-        drive(wf.pk)
+        drive(wf.pk, **DRIVE)
         wait = Wait.objects.filter(workflow_id=wf.pk, kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN).first()
         if wait is not None:
             services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash)
-        workflow = drive(wf.pk)
+        workflow = drive(wf.pk, **DRIVE)
     finally:
         timer.close()
     checks = Event.objects.filter(workflow_id=wf.pk, kind="harness.check_ran")
@@ -472,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
 
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"  # approvers' mail: not printed
 
-    # Nothing else runs these workflows: this process drives them (bench.long_runs.drive).
+    # Nothing else runs these workflows: this process drives them (workflows.testing.inprocess.drive).
     doorbells.activity_run = lambda **kwargs: None  # type: ignore[assignment]
     doorbells.workflow_advance = lambda **kwargs: None  # type: ignore[assignment]
     rows: list[dict[str, Any]] = []

@@ -13,13 +13,14 @@ from django.contrib.auth.models import Group, User
 from django.db import connection
 
 from agentops.deploytarget.server import DeployTargetServer
-from workflows import doorbells, services
+from workflows import doorbells
 from workflows.activity_context import ActivityContext
 from workflows.engine import Complete, Decision, NodeContext, WorkflowDefinition, node
 from workflows.leases import Claim
-from workflows.models import Activity, Wait, Workflow
+from workflows.models import Wait
 from workflows.registry import ActivityType
 from workflows.services.activities import DatabaseLease
+from workflows.testing.inprocess import drive  # noqa: F401 - the tests import it from here
 
 
 def worker_context(claim: Claim) -> ActivityContext:
@@ -118,22 +119,6 @@ def outsider(db: None) -> User:
 
 def release_params(repo: Path, **extra: Any) -> dict[str, Any]:
     return {"repo": str(repo), "test_command": "python3 check.py", **extra}
-
-
-def drive(workflow_id: int, *, max_rounds: int = 50) -> Workflow:
-    """Run due activities in this process, as a worker would, until nothing is runnable.
-
-    Service tests use it instead of a worker; the process tests use real workers.
-    """
-    for _ in range(max_rounds):
-        services.workflow_advance_if_runnable(workflow_id=workflow_id)
-        due = Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED)
-        ids = list(due.values_list("pk", flat=True))
-        if not ids:
-            break
-        for pk in ids:
-            services.activity_run_if_runnable(activity_id=pk, worker="in-process")
-    return Workflow.objects.get(pk=workflow_id)
 
 
 def open_approval(workflow_id: int) -> Wait:
