@@ -431,7 +431,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": max(10.0, 5 * AGENTOPS_BEAT_INTERVAL_SECONDS)},
     }
     for name in ("fire_timers", "redrive_activities", "reap_leases", "redrive_workflows", "enforce_deadlines",
-                 "fire_schedules")
+                 "fire_schedules", "collect_children")
 }
 AGENTOPS_STAGNATION_CHECK_SECONDS = env_int("AGENTOPS_STAGNATION_CHECK_SECONDS", 60)
 CELERY_BEAT_SCHEDULE["check_stagnation"] = {
