@@ -377,7 +377,8 @@ AGENTOPS_HARNESS_SCHEDULE_FILE = env_str("AGENTOPS_HARNESS_SCHEDULE_FILE", "")
 AGENT_KINDS_ENTRY_POINTS = "agentops.kinds"
 AGENTOPS_AGENT_MODULES = list(dict.fromkeys([
     *(m.strip() for m in env_str("AGENTOPS_AGENT_MODULES",
-                                 "agentops.agents.release,agentops.agents.autonomous,agentops.agents.harness")
+                                 "agentops.agents.release,agentops.agents.autonomous,agentops.agents.harness,"
+                                 "agentops.agents.reviewer")
       .split(",") if m.strip()),
     *(ep.module for ep in importlib.metadata.entry_points(group=AGENT_KINDS_ENTRY_POINTS)),
 ]))

@@ -4,6 +4,7 @@ target) until it is told to finish. Importing the module registers them (AGENTOP
 on the process tests' workers)."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from agentops.agents.release.activities import DeployInput, deploy
@@ -15,8 +16,13 @@ from workflows.registry import activity, register_definition
 
 @activity("test_child_square")
 def square(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    """n squared, after ``seconds`` of work (heartbeating), so parallel children overlap."""
     if input["n"] < 0:
         raise Permanent(f"no square for {input['n']} here")
+    until = time.monotonic() + input.get("seconds", 0)
+    while time.monotonic() < until:
+        ctx.heartbeat("squaring")
+        time.sleep(0.1)
     return {"n": input["n"], "square": input["n"] ** 2}
 
 
@@ -31,7 +37,8 @@ class FanOut(WorkflowDefinition):
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
         return {"ns": list(params.get("ns", [1, 2])), "child_kind": params.get("child_kind", "test-square"),
-                "budget_usd": params.get("budget_usd"), "deploy_first": bool(params.get("deploy_first", False))}
+                "budget_usd": params.get("budget_usd"), "deploy_first": bool(params.get("deploy_first", False)),
+                "seconds": float(params.get("seconds", 0))}
 
     @node("PREP")
     def prep(self, ctx: NodeContext[Any]) -> Decision:
@@ -41,8 +48,9 @@ class FanOut(WorkflowDefinition):
 
     @node("FAN")
     def fan(self, ctx: NodeContext[Any]) -> Decision:
-        handles = [ctx.child(ctx.params["child_kind"], f"child {n}", {"n": n}, budget_usd=ctx.params["budget_usd"])
-                   for n in ctx.params["ns"]]
+        extra = {"seconds": ctx.params["seconds"]} if ctx.params["seconds"] else {}
+        handles = [ctx.child(ctx.params["child_kind"], f"child {n}", {"n": n, **extra},
+                             budget_usd=ctx.params["budget_usd"]) for n in ctx.params["ns"]]
         outcomes = ctx.wait_children(*handles)
         if not all(o.completed for o in outcomes):
             return Fail("; ".join(f"child {o.workflow_id} {o.status}: {o.reason}" for o in outcomes if not o.completed))
@@ -56,11 +64,11 @@ class Square(WorkflowDefinition):
     revalidate_node = "WORK"
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {"n": int(params["n"])}
+        return {"n": int(params["n"]), "seconds": float(params.get("seconds", 0))}
 
     @node("WORK")
     def work(self, ctx: NodeContext[Any]) -> Decision:
-        return Complete(ctx.activity(square, {"n": ctx.params["n"]}))
+        return Complete(ctx.activity(square, dict(ctx.params)))
 
 
 @register_definition
