@@ -105,4 +105,4 @@ def _tag(text: str, name: str) -> str:
 
 
 _COMMON = {"should", "shows", "which", "there", "their", "after", "before", "every", "other", "these", "those",
-           "where", "while", "about", "prints", "print", "check", "command", "returns"}
+           "where", "while", "about", "prints", "print", "check", "command", "returns", "python"}
