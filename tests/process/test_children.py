@@ -34,7 +34,6 @@ def test_a_parent_whose_two_children_run_in_parallel_completes_with_both_results
     attempts = [ActivityAttempt.objects.get(activity__workflow=k) for k in kids]
     overlap = (min(a.finished_at for a in attempts) - max(a.started_at for a in attempts)).total_seconds()
     assert overlap > 1.0, f"the children's work did not run at the same time (overlap {overlap:.2f} s)"
-    assert {a.worker for a in attempts} == {"wa", "wb"} or overlap > 1.0
     assert Event.objects.filter(workflow_id=parent, kind="child.finished").count() == 2
     assert Event.objects.filter(workflow_id=parent, kind="child.started").count() == 2
     figures("issue 29 two children in parallel", children=len(kids), child_work_seconds=3,

@@ -176,3 +176,33 @@ def test_show_lists_children_and_a_child_its_parent() -> None:
                                                                                 for k in kids]
     assert selectors.workflow_detail(kids[0])["parent"] == {"id": parent.pk, "kind": "test-fanout",
                                                             "operation_id": kids[0].parent_wait.operation_id}
+
+
+def test_a_lost_end_doorbell_is_delivered_by_the_sweep_once() -> None:
+    """A child ended but its parent was never rung: beat's sweep delivers it; running it again does nothing."""
+    from workflows.services.sweeps import children_collect_due
+
+    parent = services.workflow_launch(kind="test-fanout", goal="Square", params={"ns": [2]})
+    drive(parent.pk)
+    (kid,) = children_of(parent.pk)
+    assert drive(kid.pk).status == "completed"  # its doorbell to the parent is "lost": nobody collects
+    assert Workflow.objects.get(pk=parent.pk).status == "waiting"
+    assert children_collect_due() == 1
+    assert children_collect_due() == 0
+    assert children_collect_if_finished(workflow_id=parent.pk) == 0
+    assert Workflow.objects.get(pk=parent.pk).status == "running"  # woken; its advance is rung
+    assert drive(parent.pk).result == {"children": [kid.pk], "results": [{"n": 2, "square": 4}]}
+    assert len(events(parent.pk, "child.finished")) == 1
+
+
+def test_a_child_ends_the_parent_in_its_own_visit_only() -> None:
+    """The end of a child of a visit the parent left is recorded and wakes nothing."""
+    parent = services.workflow_launch(kind="test-fanout", goal="Square", params={"ns": [2]})
+    drive(parent.pk)
+    (kid,) = children_of(parent.pk)
+    services.workflow_supersede(workflow_id=parent.pk, goal="Square again")
+    assert Workflow.objects.get(pk=kid.pk).status == "cancelled"  # nothing to compensate: ended at once
+    children_collect_if_finished(workflow_id=parent.pk)
+    assert events(parent.pk, "child.finished")[0]["status"] == "cancelled"
+    assert len(children_of(parent.pk)) == 1  # the new visit's child starts on the next advance
+    assert drive_tree(parent.pk).status == "completed" and len(children_of(parent.pk)) == 2
