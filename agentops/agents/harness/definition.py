@@ -670,5 +670,6 @@ class Harness(WorkflowDefinition):
             "smoke": {k: smoke.get(k) for k in ("ran", "passed", "exit_code")} if smoke else None,
             "memory": state.get("memory", [])[-breakers.MEMORY_ROWS:],
             "patterns": state.get("patterns", []),
+            "reviews": state.get("reviews", []),
             "proposals": state.get("proposals", []),
         }
