@@ -400,8 +400,15 @@ class NodeContext(Generic[S]):
         """Wait until every child of ``handles`` has ended (durably: the workflow waits, as at a
         wait); their outcomes in the order given. Children run in parallel whatever the order."""
         started = {c.operation_id for c in self.commands if isinstance(c, StartChild)}
+        s = self.snapshot
+        visit = f"wf-{s.workflow_id}/{s.node}.{s.node_visit}/"
         outcomes = []
         for handle in handles:
+            if not handle.operation_id.startswith(visit):
+                raise InvalidDecision(
+                    f"Handler {s.node} waits for child {handle.operation_id}, which another node visit started; a "
+                    "child belongs to the visit that started it (leaving the visit cancelled it). Start and wait for "
+                    "children in the same handler.")
             recorded = None if handle.operation_id in started else self._waits.get(handle.operation_id)
             if recorded is None or recorded.status == "open":
                 raise _SuspendOnChildren

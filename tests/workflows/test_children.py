@@ -206,3 +206,22 @@ def test_a_child_ends_the_parent_in_its_own_visit_only() -> None:
     assert events(parent.pk, "child.finished")[0]["status"] == "cancelled"
     assert len(children_of(parent.pk)) == 1  # the new visit's child starts on the next advance
     assert drive_tree(parent.pk).status == "completed" and len(children_of(parent.pk)) == 2
+
+
+def test_a_handle_of_another_visit_is_refused_as_a_bug_of_the_definition() -> None:
+    from workflows.engine import ChildHandle, Decision, NodeContext, WorkflowDefinition, node
+    from workflows.errors import InvalidDecision
+    from workflows.testing import WorkflowRun
+
+    class Stale(WorkflowDefinition):
+        kind = "test-stale-handle"
+        start_node = "LATER"
+        revalidate_node = "LATER"
+
+        @node("LATER")
+        def later(self, ctx: NodeContext[Any]) -> Decision:
+            ctx.wait_children(ChildHandle(operation_id="wf-1/EARLIER.1/i1/0", kind="test-square"))
+            raise AssertionError("not reached")
+
+    with pytest.raises(InvalidDecision, match="which another node visit started"):
+        WorkflowRun(Stale)
