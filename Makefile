@@ -30,7 +30,7 @@ demo-admin: $(STAMP)
 # guard firing once; it prints the board as it goes, to `completed`.
 demo-harness: $(STAMP)
 	$(BIN)/python manage.py migrate --verbosity 0
-	$(BIN)/python manage.py demo --kind harness
+	$(BIN)/python manage.py demo --kind harness $(if $(REVIEWER),--reviewer)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

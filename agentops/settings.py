@@ -377,7 +377,8 @@ AGENTOPS_HARNESS_SCHEDULE_FILE = env_str("AGENTOPS_HARNESS_SCHEDULE_FILE", "")
 AGENT_KINDS_ENTRY_POINTS = "agentops.kinds"
 AGENTOPS_AGENT_MODULES = list(dict.fromkeys([
     *(m.strip() for m in env_str("AGENTOPS_AGENT_MODULES",
-                                 "agentops.agents.release,agentops.agents.autonomous,agentops.agents.harness")
+                                 "agentops.agents.release,agentops.agents.autonomous,agentops.agents.harness,"
+                                 "agentops.agents.reviewer")
       .split(",") if m.strip()),
     *(ep.module for ep in importlib.metadata.entry_points(group=AGENT_KINDS_ENTRY_POINTS)),
 ]))
@@ -431,7 +432,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": max(10.0, 5 * AGENTOPS_BEAT_INTERVAL_SECONDS)},
     }
     for name in ("fire_timers", "redrive_activities", "reap_leases", "redrive_workflows", "enforce_deadlines",
-                 "fire_schedules")
+                 "fire_schedules", "collect_children")
 }
 AGENTOPS_STAGNATION_CHECK_SECONDS = env_int("AGENTOPS_STAGNATION_CHECK_SECONDS", 60)
 CELERY_BEAT_SCHEDULE["check_stagnation"] = {

@@ -30,6 +30,13 @@ def redrive_workflows() -> int:
     return services.workflows_redrive_idle()
 
 
+@shared_task(name="agentops.beat.collect_children", acks_late=True)
+def collect_children() -> int:
+    from workflows.services import sweeps
+
+    return sweeps.children_collect_due()
+
+
 @shared_task(name="agentops.beat.enforce_deadlines", acks_late=True)
 def enforce_deadlines() -> int:
     from workflows import services

@@ -64,6 +64,8 @@ def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
                         lambda *, activity_id, name: calls.append(("activity", activity_id)))
     monkeypatch.setattr(doorbells, "workflow_advance",
                         lambda *, workflow_id: calls.append(("workflow", workflow_id)))
+    monkeypatch.setattr(doorbells, "children_collect",
+                        lambda *, workflow_id: calls.append(("children", workflow_id)))
     return calls
 
 

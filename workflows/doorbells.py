@@ -53,6 +53,11 @@ def workflow_advance(*, workflow_id: int) -> None:
     _publish_on_commit("agentops.workflow.advance", workflow_id=workflow_id)
 
 
+def children_collect(*, workflow_id: int) -> None:
+    """A child of workflow ``workflow_id`` ended: deliver its end to the parent."""
+    _publish_on_commit("agentops.workflow.children_collect", workflow_id=workflow_id)
+
+
 def webhook_deliver(*, delivery_id: int, attempt: int) -> None:
     """Send attempt ``attempt`` of an outbound webhook delivery, on the I/O queue: a receiver's
     answer is a wait, like an I/O-bound activity's."""

@@ -2,7 +2,8 @@
 
 A node handler is a deterministic function of the workflow's durable state, marked with
 ``@node("NAME")`` on a ``WorkflowDefinition``. It asks for steps through its ``NodeContext``
-(``ctx.activity(ref, input)``, ``ctx.approval``, ``ctx.sleep``, ``ctx.wait_for_event``).
+(``ctx.activity(ref, input)``, ``ctx.approval``, ``ctx.sleep``, ``ctx.wait_for_event``,
+``ctx.child`` and ``ctx.wait_children``).
 A recorded step returns its recorded outcome; a step not yet recorded becomes a command
 for the services to persist, and the handler is suspended until the step's outcome is
 recorded. Nothing here touches the database, Celery or the
@@ -16,6 +17,7 @@ import json
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from functools import cached_property
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -86,14 +88,34 @@ class OpenWait:
     timeout_policy: str = "fail"
 
 
-Command = ScheduleActivity | OpenWait
+@dataclass(frozen=True)
+class StartChild:
+    """Start a child workflow of ``child_kind`` (``ctx.child``); its end is recorded as the child
+    wait ``operation_id``. Starting does not suspend the handler: only ``ctx.wait_children`` does."""
+
+    operation_id: str
+    child_kind: str
+    goal: str
+    params: dict[str, Any]
+    budget_usd: str | None  # a decimal as text; None: what remains of the parent's total budget, if it has one
+
+    kind: ClassVar[str] = "child"
+
+    @property
+    def name(self) -> str:
+        return self.child_kind
+
+
+Command = ScheduleActivity | OpenWait | StartChild
 
 
 @dataclass(frozen=True)
 class Suspended:
-    """The handler needs steps that are not recorded yet; ``commands`` are the new ones."""
+    """The handler needs steps that are not recorded yet; ``commands`` are the new ones.
+    ``on_children``: it stopped at ``ctx.wait_children`` (the workflow waits, as at a wait)."""
 
     commands: tuple[Command, ...]
+    on_children: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +134,7 @@ class RecordedWait:
     decided_by: str
     comment: str
     payload: Any
+    name: str = ""  # an event wait's signal name; a child wait's child kind
 
 
 @dataclass(frozen=True)
@@ -161,6 +184,30 @@ class Step:
         return int(self.operation_id.rsplit("/", 1)[-1])
 
 
+@dataclass(frozen=True)
+class ChildHandle:
+    """A child workflow a handler started (``ctx.child``); pass it to ``ctx.wait_children``."""
+
+    operation_id: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class ChildOutcome:
+    """How a child workflow ended: ``status`` is completed, failed or cancelled; ``result`` is
+    its result when completed, ``reason`` why it failed or was cancelled."""
+
+    workflow_id: int
+    kind: str
+    status: str
+    result: Any = None
+    reason: str = ""
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+
 class ActivityFailed(Exception):
     """Raised inside a handler when a step it asked for failed permanently."""
 
@@ -172,6 +219,10 @@ class ActivityFailed(Exception):
 
 class _Suspend(BaseException):
     """Internal: unwinds a handler that is waiting for a step (BaseException: handlers must not catch it)."""
+
+
+class _SuspendOnChildren(_Suspend):
+    """Internal: the handler waits for children it started (``ctx.wait_children``)."""
 
 
 @dataclass
@@ -319,6 +370,54 @@ class NodeContext(Generic[S]):
     def sleep(self, seconds: float) -> None:
         """Sleep durably: a timer row with its wake time stored, fired by beat."""
         self._wait(OpenWait(operation_id=self._next_operation_id(), kind="timer", expires_in_seconds=seconds))
+
+    def child(self, kind: str, goal: str, params: Mapping[str, Any] | None = None, *,
+              budget_usd: Decimal | str | int | None = None) -> ChildHandle:
+        """Start a child workflow of ``kind`` with ``goal`` and ``params`` (validated as a launch's),
+        once: the step's operation id is the child's identity, so a replay or a redelivered
+        doorbell finds the child it started. Does not wait: ``ctx.wait_children(handle, ...)``
+        does. ``budget_usd`` is reserved from this workflow's total budget for the child's whole
+        run (the child cannot spend more); None gives it what remains of this workflow's total
+        budget (no limit when this workflow has none). A child belongs to the node visit that
+        started it: leaving the visit, a new goal, a cancel or a failure cancels it."""
+        op = self._next_operation_id()
+        recorded = self._waits.get(op)
+        if recorded is None:
+            budget = None if budget_usd is None else str(Decimal(str(budget_usd)))
+            self.commands.append(StartChild(operation_id=op, child_kind=kind, goal=goal,
+                                            params=codec.to_json(dict(params or {})), budget_usd=budget))
+            return ChildHandle(operation_id=op, kind=kind)
+        if recorded.kind != "child" or recorded.name != kind:
+            what = f"a child of kind {recorded.name!r}" if recorded.kind == "child" else f"a {recorded.kind} wait"
+            raise NonDeterminismError(
+                f"Operation {op} was recorded as {what}, the handler now starts a child of kind {kind!r}; "
+                "branch on the definition version instead of changing a running workflow's steps.",
+                operation_id=op,
+            )
+        return ChildHandle(operation_id=op, kind=kind)
+
+    def wait_children(self, *handles: ChildHandle) -> tuple[ChildOutcome, ...]:
+        """Wait until every child of ``handles`` has ended (durably: the workflow waits, as at a
+        wait); their outcomes in the order given. Children run in parallel whatever the order."""
+        started = {c.operation_id for c in self.commands if isinstance(c, StartChild)}
+        s = self.snapshot
+        visit = f"wf-{s.workflow_id}/{s.node}.{s.node_visit}/"
+        outcomes = []
+        for handle in handles:
+            if not handle.operation_id.startswith(visit):
+                raise InvalidDecision(
+                    f"Handler {s.node} waits for child {handle.operation_id}, which another node visit started; a "
+                    "child belongs to the visit that started it (leaving the visit cancelled it). Start and wait for "
+                    "children in the same handler.")
+            recorded = None if handle.operation_id in started else self._waits.get(handle.operation_id)
+            if recorded is None or recorded.status == "open":
+                raise _SuspendOnChildren
+            payload = recorded.payload if isinstance(recorded.payload, dict) else {}
+            outcomes.append(ChildOutcome(
+                workflow_id=int(payload.get("workflow_id") or 0), kind=handle.kind,
+                status=str(payload.get("status") or recorded.status), result=payload.get("result"),
+                reason=str(payload.get("reason") or "")))
+        return tuple(outcomes)
 
 
 TIMEOUT_POLICIES = ("fail", "continue")
@@ -479,7 +578,13 @@ def step(definition: WorkflowDefinition, ctx: NodeContext[Any]) -> Decision | Su
     ctx.state = typed_state(definition, ctx.snapshot.node, ctx.state)
     try:
         decision = handler(ctx)
+    except _SuspendOnChildren:
+        return Suspended(commands=tuple(ctx.commands), on_children=True)
     except _Suspend:
+        return Suspended(commands=tuple(ctx.commands))
+    if any(isinstance(c, StartChild) for c in ctx.commands):
+        # Children it started are recorded before its decision is taken: the next run finds them
+        # started and decides again (leaving the visit then cancels them, as it voids activities).
         return Suspended(commands=tuple(ctx.commands))
     if isinstance(decision, Goto) and decision.node not in definition.nodes:
         raise InvalidDecision(f"Handler {ctx.snapshot.node} sent the workflow to unknown node {decision.node!r}; "

@@ -243,7 +243,8 @@ def _check_visit(definition: engine.WorkflowDefinition, history: History, visit:
         {s.operation_id: engine.RecordedActivity(name=s.name, status=s.status, result=s.result, error=s.error)
          for s in answered if s.kind == "activity"},
         lambda: {s.operation_id: engine.RecordedWait(kind=s.kind, status=s.status, decision=s.decision,
-                                                     decided_by=s.decided_by, comment=s.comment, payload=s.result)
+                                                     decided_by=s.decided_by, comment=s.comment, payload=s.result,
+                                                     name=s.name)
                  for s in answered if s.kind != "activity"},
     )
     try:

@@ -71,9 +71,19 @@ def recorded_waits(workflow: Workflow) -> dict[str, engine.RecordedWait]:
         w.operation_id: engine.RecordedWait(
             kind=w.kind, status=w.status, decision=w.decision,
             decided_by=w.decided_by.username if w.decided_by else "", comment=w.comment, payload=w.payload,
+            name=w.event_name,
         )
         for w in Wait.objects.filter(workflow=workflow, node_visit=workflow.node_visit).select_related("decided_by")
     }
+
+
+def children_live(workflow: Workflow, *, before_intent: int | None = None) -> list[int]:
+    """The ids of the workflow's children that have not ended (started under an intent before
+    ``before_intent``, or any)."""
+    children = Workflow.objects.filter(parent=workflow).exclude(status__in=Workflow.TERMINAL)
+    if before_intent is not None:
+        children = children.filter(parent_wait__intent_version__lt=before_intent)
+    return list(children.order_by("pk").values_list("pk", flat=True))
 
 
 # The largest id PostgreSQL's bigint holds: an id beyond it is refused where it enters, never queried.
@@ -132,7 +142,7 @@ DETAIL_KEYS = frozenset({
     "id", "kind", "status", "current_node", "intent_version", "goal", "release", "fallback_model", "reason",
     "pause_cause", "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params",
     "result", "waits", "activities", "activities_left_out", "commitments", "spend", "progress", "events",
-    "signals_queued", "installation_id", "history_archive", "retrying",
+    "signals_queued", "installation_id", "history_archive", "retrying", "parent", "children",
 })
 
 
@@ -241,9 +251,29 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
         {"seq": e.seq, "kind": e.kind, "at": e.created_at.isoformat(), "data": e.data} for e in reversed(recent)
     ]
     detail["history_archive"] = history_archive(workflow)
+    detail["parent"], detail["children"] = family(workflow)
     definition = definition_of(workflow)
     extras = definition.show_extras(workflow) if definition else {}
     return {**detail, **{key: value for key, value in extras.items() if key not in DETAIL_KEYS}}
+
+
+CHILDREN_SHOWN = 100
+
+
+def family(workflow: Workflow) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The workflow's parent (id, kind, the child's operation id there) or None, and its children
+    (ctx.child), oldest first, at most CHILDREN_SHOWN: id, kind, status, operation id, budget."""
+    parent = None
+    if workflow.parent_id is not None:
+        kind = Workflow.objects.filter(pk=workflow.parent_id).values_list("kind", flat=True).first()
+        op = Wait.objects.filter(pk=workflow.parent_wait_id).values_list("operation_id", flat=True).first()
+        parent = {"id": workflow.parent_id, "kind": kind or "", "operation_id": op or ""}
+    children = [
+        {"id": c.pk, "kind": c.kind, "status": c.status, "operation_id": c.parent_wait.operation_id if c.parent_wait
+         else "", "budget_total_usd": _str(c.budget_total_usd), "reason": c.reason[:300]}
+        for c in Workflow.objects.filter(parent=workflow).select_related("parent_wait").order_by("pk")[:CHILDREN_SHOWN]
+    ]
+    return parent, children
 
 
 def history_archive(workflow: Workflow) -> dict[str, Any] | None:
@@ -260,11 +290,25 @@ MICRO_USD = Decimal("0.000001")
 
 def spent_usd(workflow: Workflow | int) -> Decimal:
     """Charged costs plus the estimates of requests in flight (reserved) or of unknown outcome
-    (uncertain); released entries count nothing. ``workflow``: the workflow or its id."""
+    (uncertain); released entries count nothing. ``workflow``: the workflow or its id. A parent
+    counts its children too (``children_reserved_usd``)."""
     sums = UsageEntry.objects.filter(workflow=workflow).aggregate(
         charged=Sum("cost_usd", filter=Q(status=UsageEntry.Status.CHARGED)),
         held=Sum("reserved_usd", filter=Q(status__in=(UsageEntry.Status.RESERVED, UsageEntry.Status.UNCERTAIN))))
-    return (sums["charged"] or Decimal(0)) + (sums["held"] or Decimal(0))
+    return (sums["charged"] or Decimal(0)) + (sums["held"] or Decimal(0)) + children_reserved_usd(workflow)
+
+
+def children_reserved_usd(workflow: Workflow | int) -> Decimal:
+    """What a workflow's children count against its budget: a child that has not ended its whole
+    budget (reserved from the parent's when it started; its spend, its own children's included,
+    when it has no budget), one that ended what it spent."""
+    total = Decimal(0)
+    for pk, status, budget in Workflow.objects.filter(parent=workflow).values_list(
+            "pk", "status", "budget_total_usd"):
+        spent = spent_usd(pk)
+        live = status not in Workflow.TERMINAL and budget is not None
+        total += max(budget, spent) if live else spent
+    return total
 
 
 def spend_summary(workflow: Workflow) -> dict[str, Any]:

@@ -18,7 +18,7 @@ def test_the_defaults_are_filled_in_at_launch():
         "session_max_seconds": 1800.0, "command_timeout_seconds": 120, "command_idle_seconds": 30,
         "repeat_limit": 3, "same_error_limit": 3, "same_diff_limit": 3, "stagnation_sessions": 8,
         "check_timeout_seconds": 60.0, "approval_expiry_hours": 72.0, "regression_max_checks": 10,
-        "regression_full_every": 10}
+        "regression_full_every": 10, "reviewer": False, "reviewer_budget_usd": 0.5}
 
 
 @pytest.mark.parametrize(("params", "message"), [

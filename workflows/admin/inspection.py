@@ -155,6 +155,7 @@ def inspect_workflow(workflow: Workflow, *, now: datetime, events_page: str = ""
         "waits": waits,
         "timers": list(workflow.timers.order_by("fire_at", "pk")),
         "commitments": commitments,
+        "family": _family(workflow),
         "checkpoints": [{"checkpoint": c, "url": reverse("admin:workflows_workflow_checkpoint",
                                                          args=[workflow.pk, c.pk])}
                         for c in reversed(checkpoints[-CHECKPOINTS_SHOWN:])],
@@ -169,6 +170,14 @@ def inspect_workflow(workflow: Workflow, *, now: datetime, events_page: str = ""
             "checkpoint": _help(Checkpoint), "event": _help(Event), "release": _help(BehavioralRelease),
         },
     }
+
+
+def _family(workflow: Workflow) -> dict[str, Any]:
+    """The workflow's place in its tree: its parent and its children (``selectors.family``), linked."""
+    parent, children = selectors.family(workflow)
+    url = lambda pk: reverse("admin:workflows_workflow_change", args=[pk])  # noqa: E731
+    return {"parent": {**parent, "url": url(parent["id"])} if parent else None,
+            "children": [{**c, "url": url(c["id"])} for c in children]}
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,21 @@ class EventOut(Schema):
     data: dict[str, Any]
 
 
+class ParentOut(Schema):
+    id: int = Field(examples=[7])
+    kind: str = Field(examples=["harness"])
+    operation_id: str = Field(description="the child's operation id in its parent", examples=["wf-7/WORK.3/i1/1"])
+
+
+class ChildOut(Schema):
+    id: int = Field(examples=[8])
+    kind: str = Field(examples=["reviewer"])
+    status: StatusName = Field(examples=["running"])
+    operation_id: str = Field(description="its operation id in this workflow", examples=["wf-7/WORK.3/i1/1"])
+    budget_total_usd: str | None = Field(description="its budget, reserved from this workflow's; null: none")
+    reason: str = Field(description="why it failed or was cancelled (cut at 300 characters)")
+
+
 class WorkflowDetailOut(WorkflowOut):
     """``agent show --json``: the summary with waits (and their candidate hashes), activities, spend, events…"""
     params: dict[str, Any]
@@ -211,6 +226,8 @@ class WorkflowDetailOut(WorkflowOut):
     history_archive: dict[str, Any] | None
     retrying: list[dict[str, Any]] = Field(
         description="activities in a retry window: name, operation, failed attempt, of how many, next try, error")
+    parent: ParentOut | None = Field(description="the workflow that started this one (ctx.child); else null")
+    children: list[ChildOut] = Field(description="the child workflows it started, oldest first (at most 100)")
 
 
 class WorkflowPage(Schema):

@@ -19,6 +19,7 @@ class Wait(ConcurrentTransitionMixin, models.Model):
         APPROVAL = "approval"
         EVENT = "event"
         TIMER = "timer"
+        CHILD = "child", "Child: a child workflow's end (ctx.child)"
 
     class Status(models.TextChoices):
         OPEN = "open"
@@ -44,7 +45,9 @@ class Wait(ConcurrentTransitionMixin, models.Model):
     state_versions = models.JSONField(
         default=dict, blank=True, help_text="State versions the candidate was built on (intent, repository HEAD, …)."
     )
-    event_name = models.CharField(max_length=100, blank=True, help_text="Signal name an event wait is waiting for.")
+    event_name = models.CharField(
+        max_length=100, blank=True,
+        help_text="Signal name an event wait is waiting for; a child wait's child kind.")
     expires_at = models.DateTimeField(null=True, blank=True, help_text="When the wait expires (or a timer fires).")
     timeout_policy = models.CharField(
         max_length=20, default="fail", help_text="What the workflow does when the wait expires: fail or continue."
@@ -55,14 +58,21 @@ class Wait(ConcurrentTransitionMixin, models.Model):
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     comment = models.TextField(blank=True, help_text="Comment given with the decision.")
-    payload = models.JSONField(null=True, blank=True, help_text="Payload of the event that satisfied the wait.")
+    payload = models.JSONField(
+        null=True, blank=True,
+        help_text="Payload of the event that satisfied the wait; a child wait's outcome (workflow_id, status, "
+                  "result, reason).")
     created_at = models.DateTimeField()
 
     # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.
     objects: models.Manager[Wait] = models.Manager()
 
     class Meta:
-        indexes = [models.Index(fields=["workflow", "status"], name="wait_workflow_status_idx")]
+        indexes = [
+            models.Index(fields=["workflow", "status"], name="wait_workflow_status_idx"),
+            # The children sweep looks for open child waits whose child ended (a lost doorbell).
+            models.Index(fields=["created_at"], name="wait_child_open_idx", condition=Q(kind="child", status="open")),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} wait {self.pk} of workflow {self.workflow_id} ({self.status})"

@@ -164,6 +164,16 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         help_text="The archive file its checkpoints and events were moved to (JSON Lines, `agent export-history`'s "
                   "format); `manage.py agent export-history ID` prints it.",
     )
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children",
+        help_text="The workflow that started this one as a child (ctx.child); empty for a workflow launched by a "
+                  "person, a schedule or the API.",
+    )
+    parent_wait = models.ForeignKey(
+        "Wait", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="The parent's child wait this workflow answers (its operation id is the child's identity); "
+                  "unique: starting a child twice starts one (constraint uniq_child_per_wait).",
+    )
     history_archive_claimed_at = models.DateTimeField(
         null=True, blank=True,
         help_text="When a retention run claimed this workflow to archive it; another run takes the claim over "
@@ -174,6 +184,10 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     objects: models.Manager[Workflow] = models.Manager()
 
     class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["parent_wait"], name="uniq_child_per_wait",
+                                    condition=Q(parent_wait__isnull=False)),
+        ]
         indexes = [
             models.Index(
                 fields=["updated_at"], name="wf_running_updated_idx", condition=Q(status__in=["running", "cancelling"])

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db import transaction
 
-from workflows import clock, doorbells, registry
+from workflows import clock, doorbells, registry, selectors
 from workflows.errors import TransitionRefused
 from workflows.models import Activity, Commitment, Event, Timer, Wait, Workflow
 from workflows.services.common import event_record, text_checked, workflow_lock, workflow_save
@@ -18,6 +18,7 @@ from workflows.services.steps import (
     commitment_close_compensated,
     compensation_ensure,
     live_work_void,
+    parent_ring_on_commit,
     trace_finished_on_commit,
     uncertain_commitments_ensure,
     username_of,
@@ -72,7 +73,8 @@ def workflow_deadline_enforce_if_due(*, workflow_id: int) -> bool:
 def _cancel_locked(workflow: Workflow, reason: str, *, by: str, now: datetime) -> Outcome:
     workflow.request_cancel(at=now, reason=reason)
     workflow_save(workflow, "status", "reason", at=now)
-    for wait in workflow.waits.filter(status=Wait.Status.OPEN):
+    # A child wait stays open until its child has ended: it records that end, and the cancel waits for it.
+    for wait in workflow.waits.filter(status=Wait.Status.OPEN).exclude(kind=Wait.Kind.CHILD):
         wait.cancel(at=now)
         wait.save(update_fields=["status", "decided_at"])
     workflow.timers.filter(status=Timer.Status.PENDING).update(status=Timer.Status.IGNORED, note="workflow cancelled")
@@ -81,12 +83,46 @@ def _cancel_locked(workflow: Workflow, reason: str, *, by: str, now: datetime) -
     # (the deploy protocol's tombstone), so compensating at once is safe.
     live_work_void(workflow, now=now, reason="workflow cancelled")
     event_record(workflow=workflow, kind="workflow.cancelling", at=now, reason=reason, by=by)
+    children_cancel_live(workflow, why=f"was cancelled ({reason[:300]})", by=by, now=now)
     return advance_cancellation(workflow)
 
 
+def children_cancel_live(workflow: Workflow, *, why: str, by: str, now: datetime, visit: int | None = None,
+                         before_intent: int | None = None) -> list[int]:
+    """Cancel the children of ``workflow`` that have not ended, nor begun cancelling (those its node
+    visit ``visit`` started, or those of intents before ``before_intent``, or all), each as
+    ``agent cancel`` would, with the reason "parent workflow N <why>" and ``by`` recorded on the
+    child (``workflow.cancelling``) and a ``child.cancelled`` event on the parent. The caller
+    holds the parent's row lock; each child is locked after it (always parent first, child
+    second: no cycle). Returns the ids cancelled.
+
+    Idempotent: a child already cancelling or ended is left alone.
+    """
+    waits = workflow.waits.filter(kind=Wait.Kind.CHILD, status=Wait.Status.OPEN)
+    if visit is not None:
+        waits = waits.filter(node_visit=visit)
+    if before_intent is not None:
+        waits = waits.filter(intent_version__lt=before_intent)
+    ids = list(Workflow.objects.filter(parent_wait__in=waits.values("pk"), status__in=Workflow.CANCELLABLE)
+               .order_by("pk").values_list("pk", flat=True))
+    cancelled = []
+    for pk in ids:
+        child = workflow_lock(pk)
+        if child.status not in Workflow.CANCELLABLE:
+            continue
+        reason = f"parent workflow {workflow.pk} {why}"
+        _cancel_locked(child, reason, by=f"parent workflow {workflow.pk} ({by})", now=now)
+        event_record(workflow=workflow, kind="child.cancelled", at=now, child=pk, reason=reason, by=by)
+        cancelled.append(pk)
+    return cancelled
+
+
 def advance_cancellation(workflow: Workflow) -> Outcome:
-    """Compensate one commitment at a time, newest first; finish when none is active."""
+    """Once its children have ended (their effects undone first), compensate one commitment at a
+    time, newest first; finish when none is active."""
     now = clock.now()
+    if selectors.children_live(workflow):
+        return Outcome.SUSPENDED  # each child's end rings this workflow again
     uncertain_commitments_ensure(workflow, now=now)
     for commitment in workflow.commitments.filter(status=Commitment.Status.ACTIVE).order_by("-created_at", "-pk"):
         compensation = compensation_ensure(workflow, commitment, now=now)
@@ -101,6 +137,7 @@ def advance_cancellation(workflow: Workflow) -> Outcome:
     event_record(workflow=workflow, kind="workflow.cancelled", at=now, by=asked.get("by", ""))
     workflow_save(workflow, "status", at=now)
     trace_finished_on_commit(workflow)
+    parent_ring_on_commit(workflow)
     return Outcome.APPLIED
 
 

@@ -13,7 +13,7 @@ from django.db import transaction
 from django.db.models import Q
 
 from agentops import telemetry
-from workflows import doorbells, engine, registry, statestore
+from workflows import doorbells, engine, registry, selectors, statestore
 from workflows.errors import InvalidInput
 from workflows.leases import Claim
 from workflows.models import Activity, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
@@ -223,10 +223,14 @@ def wait_check_lengths(workflow: Workflow, command: engine.OpenWait) -> None:
 def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: datetime) -> None:
     """Leave the current node visit for a new visit of ``node``. Work the left visit still has
     in flight (a replan leaves a running task behind) is voided, its possible effects compensated."""
+    from workflows.services.cancellation import children_cancel_live  # it imports this module
+
     previous = workflow.current_node
     left = live_work_void(workflow, now=now, reason=f"node {previous} (visit {workflow.node_visit}) was left",
                           visit=workflow.node_visit)
     commitments_compensate(workflow, left, now=now)
+    children_cancel_live(workflow, why=f"left node {previous} (visit {workflow.node_visit}) that started it",
+                         by="node left", now=now, visit=workflow.node_visit)
     # Only what changed is written: long values once (blobs), the checkpoint as a delta
     # (workflows.statestore); the row keeps the stored form of the whole state.
     last = (Checkpoint.objects.filter(pk=workflow.checkpoint_id).only("state_hash", "chain_bytes").first()
@@ -245,8 +249,12 @@ def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: d
 
 
 def complete_locked(workflow: Workflow, result: Any, *, now: datetime) -> None:
-    """Complete: the active commitments are handed over as the outcome (released)."""
+    """Complete: the active commitments are handed over as the outcome (released); children still
+    running are no longer wanted (cancelled)."""
+    from workflows.services.cancellation import children_cancel_live  # it imports this module
+
     commitments_compensate(workflow, live_work_void(workflow, now=now, reason="workflow completed"), now=now)
+    children_cancel_live(workflow, why="completed without waiting for it", by="workflow completed", now=now)
     for commitment in workflow.commitments.filter(status=Commitment.Status.ACTIVE):
         commitment.release(at=now)
         commitment.save(update_fields=["status", "closed_at"])
@@ -256,18 +264,45 @@ def complete_locked(workflow: Workflow, result: Any, *, now: datetime) -> None:
     event_record(workflow=workflow, kind="workflow.completed", at=now)
     workflow_save(workflow, "status", "result", at=now)
     trace_finished_on_commit(workflow)
+    parent_ring_on_commit(workflow)
 
 
 def fail_locked(workflow: Workflow, reason: str, *, now: datetime) -> None:
-    """Fail: void the work in flight and compensate every active commitment, the uncertain
-    effects of failed or voided attempts included; a failed workflow owns no effect."""
+    """Fail: void the work in flight, cancel the children still running, and compensate every
+    active commitment, the uncertain effects of failed or voided attempts included; a failed
+    workflow owns no effect. While a child is still being cancelled, the compensations wait for
+    it (``children.compensations_after_children``): a child's effects are undone first."""
+    from workflows.services.cancellation import children_cancel_live  # it imports this module
+
     live_work_void(workflow, now=now, reason="workflow failed")
     uncertain_commitments_ensure(workflow, now=now)
     workflow.fail(at=now, reason=reason)
     event_record(workflow=workflow, kind="workflow.failed", at=now, reason=reason)
     workflow_save(workflow, "status", "reason", at=now)
     trace_finished_on_commit(workflow)
-    commitments_compensate(workflow, workflow.commitments.filter(status=Commitment.Status.ACTIVE), now=now)
+    parent_ring_on_commit(workflow)
+    children_cancel_live(workflow, why=f"failed: {reason[:300]}", by="workflow failed", now=now)
+    commitments_compensate_after_children(workflow, workflow.commitments.filter(status=Commitment.Status.ACTIVE),
+                                          now=now)
+
+
+def commitments_compensate_after_children(workflow: Workflow, commitments: Iterable[Commitment], *, now: datetime,
+                                          before_intent: int | None = None) -> None:
+    """Compensate ``commitments`` now, or, while children (of intents before ``before_intent``, or
+    any) are still being cancelled, once they have ended (``compensation.deferred``; the last
+    child's end compensates them: ``children.compensations_after_children``)."""
+    live = selectors.children_live(workflow, before_intent=before_intent)
+    if not live:
+        commitments_compensate(workflow, commitments, now=now)
+        return
+    event_record(workflow=workflow, kind="compensation.deferred", at=now, children=live[:20],
+                 why="a child's effects are undone before its parent's")
+
+
+def parent_ring_on_commit(workflow: Workflow) -> None:
+    """A child that ended tells its parent (``children.children_collect_if_finished``), once committed."""
+    if workflow.parent_id is not None:
+        doorbells.children_collect(workflow_id=workflow.parent_id)
 
 
 def trace_finished_on_commit(workflow: Workflow) -> None:

@@ -12,14 +12,15 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
+from django.db.models import DateTimeField, DurationField, Exists, ExpressionWrapper, F, OuterRef, Q, Value
 from django.db.models.functions import Greatest, Least
 
 from workflows import clock, doorbells
-from workflows.models import Activity, Timer, Workflow
+from workflows.models import Activity, Timer, Wait, Workflow
 from workflows.services.activities import activity_lease_expire_if_due
 from workflows.services.budgets import usage_reservations_settle_orphaned
 from workflows.services.cancellation import workflow_deadline_enforce_if_due
+from workflows.services.children import children_collect_if_finished
 from workflows.services.failures import row_isolated
 from workflows.services.notifications import approval_reminders_schedule_due
 from workflows.services.waits import timer_fire_if_due
@@ -125,6 +126,19 @@ def _workflow_ring_if_idle(pk: int, updated_at: datetime, *, now: datetime) -> b
         return False
     doorbells.workflow_advance(workflow_id=pk)
     return True
+
+
+def children_collect_due() -> int:
+    """Deliver the ends of child workflows to parents whose doorbell was lost: open child waits
+    whose child has ended (index ``wait_child_open_idx``); ``children_collect_if_finished``."""
+    ended = Workflow.objects.filter(parent_wait=OuterRef("pk"), status__in=Workflow.TERMINAL)
+    parents = (Wait.objects.filter(kind=Wait.Kind.CHILD, status=Wait.Status.OPEN).filter(Exists(ended))
+               .order_by("workflow_id").values_list("workflow_id", flat=True).distinct())
+    return sum(
+        row_isolated("collect_children", pk, lambda pk: children_collect_if_finished(workflow_id=pk) > 0,
+                     workflow_id=lambda pk: pk)
+        for pk in list(parents[: _batch()])
+    )
 
 
 def deadlines_enforce() -> int:

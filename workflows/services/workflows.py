@@ -15,7 +15,8 @@ from agentops import telemetry
 from workflows import clock, doorbells, engine, registry, selectors
 from workflows.errors import InvalidInput, NotFound, TransitionRefused
 from workflows.models import ClientRequest, Commitment, Intent, Signal, Wait, Workflow
-from workflows.services.cancellation import advance_cancellation, compensations_retry
+from workflows.services.cancellation import advance_cancellation, children_cancel_live, compensations_retry
+from workflows.services.children import child_start
 from workflows.services.client_requests import client_request_claim_once, idempotency_key_checked
 from workflows.services.common import (
     amount_checked,
@@ -41,7 +42,7 @@ from workflows.services.steps import (
     Outcome,
     Result,
     activity_schedule,
-    commitments_compensate,
+    commitments_compensate_after_children,
     complete_locked,
     enter_node,
     fail_locked,
@@ -101,6 +102,7 @@ def workflow_launch_once(
     budget_hourly_usd: Decimal | None = None,
     stagnation_policy: str = Workflow.StagnationPolicy.RECORD,
     fallback_model: str = "",
+    parent_wait: Wait | None = None,
 ) -> tuple[Workflow, bool]:
     """Launch as ``workflow_launch`` does, once per ``idempotency_key``: (workflow, True) when
     this call launched it; (workflow, False) when the same request with this key launched it
@@ -111,6 +113,9 @@ def workflow_launch_once(
     (``client_request_claim_once``). An empty key launches every time. Raises
     IdempotencyKeyReused when the key named another request, InvalidInput as ``workflow_launch``
     does; both write nothing.
+
+    ``parent_wait`` launches a child workflow (``workflows.services.children.child_start``, in
+    the parent's locked advance): the child of that wait, ending no later than its parent's deadline.
     """
     idempotency_key = idempotency_key_checked(idempotency_key)
     definition = registry.definition(kind)
@@ -158,6 +163,11 @@ def workflow_launch_once(
             stagnation_policy=stagnation_policy, stagnation_window_hours=settings.AGENTOPS_STAGNATION_WINDOW_HOURS,
             fallback_model=fallback_model, created_at=now, updated_at=now,
         )
+        if parent_wait is not None:
+            parent = parent_wait.workflow
+            workflow.parent, workflow.parent_wait = parent, parent_wait
+            if parent.deadline is not None and (workflow.deadline is None or parent.deadline < workflow.deadline):
+                workflow.deadline = parent.deadline
         workflow.start(at=now)
         workflow.save()
         Intent.objects.create(workflow=workflow, version=1, goal=goal, created_by=user, created_at=now)
@@ -165,6 +175,7 @@ def workflow_launch_once(
             event_record(
                 workflow=workflow, kind="workflow.launched", at=now, goal=goal, params=params,
                 release=workflow.release.fingerprint, by=username_of(user),
+                **({"parent": workflow.parent_id, "operation_id": parent_wait.operation_id} if parent_wait else {}),
             )
             # Nobody else sees the new row before the commit: advance it here, no doorbell needed.
             advance_locked(workflow)
@@ -257,8 +268,14 @@ def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
         # failure boundary: recorded, retried with backoff, then paused for a person.
         decision = engine.decide(definition, ctx)
         if isinstance(decision, engine.Suspended):
-            if decision.commands and _apply(workflow, decision.commands[0], now=now, chain=chain):
+            applied = _apply_all(workflow, decision.commands, now=now, chain=chain)
+            if applied is None:
+                return Outcome.APPLIED  # a child's budget did not fit: paused for a person
+            if applied:
                 continue
+            if decision.on_children and workflow.status == Workflow.Status.RUNNING:
+                workflow.park(at=now)
+                workflow_save(workflow, "status", at=now)
             return Outcome.SUSPENDED
         if isinstance(decision, engine.Goto):
             enter_node(workflow, decision.node, decision.updates, now=now)
@@ -284,7 +301,23 @@ def _pause_for_definition(workflow: Workflow, reason: str, *, now: datetime) -> 
     workflow_save(workflow, "status", "reason", at=now)
 
 
-def _apply(workflow: Workflow, command: engine.Command, *, now: datetime, chain: ChainSlot | None) -> bool:
+def _apply_all(workflow: Workflow, commands: tuple[engine.Command, ...], *, now: datetime,
+               chain: ChainSlot | None) -> bool | None:
+    """Persist the new steps of one handler run: the children it started (they do not stop it),
+    then the step it stopped at. True when the handler can run again at once; None when the
+    workflow paused instead (a child's budget did not fit in its own)."""
+    for command in commands:
+        if isinstance(command, engine.StartChild):
+            if not child_start(workflow, command, now=now):
+                return None
+    last = commands[-1] if commands else None
+    if last is None or isinstance(last, engine.StartChild):
+        return bool(commands)
+    return _apply(workflow, last, now=now, chain=chain)
+
+
+def _apply(workflow: Workflow, command: engine.ScheduleActivity | engine.OpenWait, *, now: datetime,
+           chain: ChainSlot | None) -> bool:
     """Persist a new step; True when the handler can run again at once."""
     if isinstance(command, engine.ScheduleActivity):
         # The engine asks only for steps not among those replayed from this node visit.
@@ -429,14 +462,19 @@ def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None, idempot
     Intent.objects.create(workflow=workflow, version=old + 1, goal=goal, created_by=user, created_at=now)
     workflow.intent_version = old + 1
     workflow_save(workflow, "intent_version", at=now)
-    for wait in workflow.waits.filter(status=Wait.Status.OPEN):
+    # A child wait stays open until its child (cancelled below) has ended: it records that end.
+    for wait in workflow.waits.filter(status=Wait.Status.OPEN).exclude(kind=Wait.Kind.CHILD):
         wait.invalidate(at=now)
         wait.save(update_fields=["status", "decided_at"])
         event_record(workflow=workflow, kind="wait.invalidated", at=now, wait_id=wait.pk, reason="intent superseded")
-    # No effect outlives its intent: the old goal's work in flight is voided and every effect
-    # made for it (recorded or uncertain) is compensated while the workflow rebuilds.
+    # No effect outlives its intent: the old goal's work in flight is voided, its children
+    # cancelled, and every effect made for it (recorded or uncertain) is compensated while the
+    # workflow rebuilds: after the children's, once they have ended.
     live_work_void(workflow, now=now, reason=f"intent v{old} superseded")
-    commitments_compensate(workflow, workflow.commitments.filter(status=Commitment.Status.ACTIVE), now=now)
+    children_cancel_live(workflow, why=f"superseded its goal (intent v{old} → v{old + 1})", by=username_of(user)
+                         or "supersede", now=now, before_intent=old + 1)
+    commitments_compensate_after_children(workflow, workflow.commitments.filter(status=Commitment.Status.ACTIVE),
+                                          now=now, before_intent=old + 1)
     event_record(workflow=workflow, kind="intent.superseded", at=now, old=old, new=old + 1, by=username_of(user))
     if workflow.advance_retry_at is not None:
         # Failed advances were failures of the old goal's path: the new one advances now.

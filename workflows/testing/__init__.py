@@ -187,6 +187,7 @@ class WorkflowRun:
         self.history: list[Step] = []
         self.pending: dict[str, engine.ScheduleActivity] = {}
         self.open_waits: dict[str, engine.OpenWait] = {}
+        self.children: dict[str, engine.StartChild] = {}  # started and not ended, by operation id
         self._recorded = {step.operation_id: step for step in recorded or []}
         self.advance()
 
@@ -241,6 +242,19 @@ class WorkflowRun:
         op = self._open_wait("timer")
         self._record(Step(op, self.node, "timer", "", "satisfied"))
 
+    def finish_child(self, kind: str, *, status: str = "completed", result: Any = None, reason: str = "",
+                     workflow_id: int = 0) -> None:
+        """End the oldest running child of ``kind`` (``ctx.child``) with ``status`` (completed,
+        failed or cancelled) and ``result`` or ``reason``, as its workflow would, and advance."""
+        op = next((op for op, c in self.children.items() if c.child_kind == kind), None)
+        if op is None:
+            running = ", ".join(c.child_kind for c in self.children.values()) or "none"
+            raise AssertionError(f"Workflow is at {self.node} ({self.status}) with no running child of kind "
+                                 f"{kind!r}; running children: {running}.")
+        payload = {"workflow_id": workflow_id or 1000 + len(self.history), "status": status,
+                   "result": _stored(codec.to_json(result)) if status == "completed" else None, "reason": reason}
+        self._record(Step(op, self.node, "child", kind, "satisfied", result=payload))
+
     def resume(self) -> None:
         """Resume a workflow its definition paused for a person (``manage.py agent resume``)."""
         if self.status != "paused":
@@ -263,7 +277,7 @@ class WorkflowRun:
             if isinstance(decision, engine.Suspended):
                 if self._apply(decision.commands):
                     continue
-                self.status = "waiting" if self.open_waits and not self.pending else "running"
+                self.status = "waiting" if (self.open_waits or self.children) and not self.pending else "running"
                 return
             if isinstance(decision, engine.Goto):
                 self.state = _stored({**self.state, **decision.updates})
@@ -271,6 +285,7 @@ class WorkflowRun:
                 self.path.append(self.node)
                 self.pending.clear()
                 self.open_waits.clear()
+                self.children.clear()  # leaving the visit cancels the children it started
                 if decision.pause:
                     self.status, self.reason = "paused", decision.pause
                     return
@@ -289,15 +304,19 @@ class WorkflowRun:
             if step is not None:
                 self.history.append(step)
                 return True
-            if isinstance(command, engine.ScheduleActivity):
+            if isinstance(command, engine.StartChild):
+                self.children[command.operation_id] = command
+            elif isinstance(command, engine.ScheduleActivity):
                 self.pending[command.operation_id] = command
             else:
                 self.open_waits[command.operation_id] = command
-        return False
+        # Starting children does not stop the handler: it runs again and finds them started.
+        return bool(commands) and isinstance(commands[-1], engine.StartChild)
 
     def _record(self, step: Step) -> None:
         self.pending.pop(step.operation_id, None)
         self.open_waits.pop(step.operation_id, None)
+        self.children.pop(step.operation_id, None)
         self.history.append(step)
         self.status = "running"
         self.advance()
@@ -319,9 +338,12 @@ class WorkflowRun:
         }
 
     def _visit_waits(self) -> dict[str, engine.RecordedWait]:
-        return {
+        running = {op: engine.RecordedWait(kind="child", status="open", decision="", decided_by="", comment="",
+                                           payload=None, name=c.child_kind) for op, c in self.children.items()}
+        return running | {
             s.operation_id: engine.RecordedWait(kind=s.kind, status=s.status, decision=s.decision,
-                                                decided_by=s.decided_by, comment=s.comment, payload=s.result)
+                                                decided_by=s.decided_by, comment=s.comment, payload=s.result,
+                                                name=s.name)
             for s in self.history if s.kind != "activity" and s.operation_id.startswith(self._visit_prefix())
         }
 

@@ -2,4 +2,5 @@
 
 Importing the package registers its definition and activities (docs/harness.md).
 """
+from agentops.agents import reviewer  # noqa: F401  (the reviewer children of the `reviewer` option)
 from agentops.agents.harness import activities, definition  # noqa: F401

@@ -322,6 +322,7 @@ class SessionInput:
     repair: str = ""  # the red smoke's output when this is a "repair main" session
     budget_note: str = ""  # what is left of the feature's and the workflow's budgets
     patterns: list[str] = field(default_factory=list)  # learnings of earlier sessions (bounded)
+    reviews: list[dict[str, Any]] = field(default_factory=list)  # reviewer children's findings, newest last
 
 
 class SessionResult(TypedDict):
@@ -381,6 +382,10 @@ def briefing(input: SessionInput, wip: Any, *, deadline: str, git_log: str) -> s
     if input.patterns:
         parts.append("<patterns>\n" + "\n".join(f"- {p}" for p in input.patterns[-breakers.PATTERNS:])
                      + "\n</patterns>")
+    for review in input.reviews[-3:]:
+        findings = "\n".join(f"- {str(f)[:300]}" for f in review.get("findings", [])[:10]) or "- no findings"
+        parts.append(f"<review feature=\"{review.get('feature', '')}\" verdict=\"{review.get('verdict', '')}\">"
+                     f"A reviewer read that feature's diff against its steps:\n{findings}\n</review>")
     if git_log:
         parts.append(f"<git_log>{git_log[:2000]}</git_log>")
     rows = [breakers.render_row(r) for r in input.memory[-5:]] or input.progress[-5:]

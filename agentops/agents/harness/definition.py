@@ -75,11 +75,17 @@ class HarnessParams(LaunchParams):
     regression_max_checks: int = Field(10, ge=0, le=500, description="other passing checks re-run after a pass; "
                                                                       "0: all")
     regression_full_every: int = Field(10, ge=0, le=1000, description="every Nth pass re-runs all; 0: never")
+    # A reviewer child after each accepted feature (docs/harness.md, "Reviewer"): it reviews the
+    # feature's diff against its steps with a budget of its own, and the next session reads its findings.
+    reviewer: bool = Field(False, description="a reviewer child workflow reviews each accepted feature's diff")
+    reviewer_budget_usd: float = Field(0.5, gt=0, le=1000, description="each review's budget (USD), reserved "
+                                                                        "from the workflow's")
 REPAIR = "REPAIR"  # the lease of a "repair main" session
 REPAIR_FEATURE: Feature = {"id": REPAIR, "description": "Repair main: the smoke check (init.sh, checks/smoke.sh) "
                            "fails on the last recorded commit", "steps": ["make sh checks/smoke.sh pass again"],
                            "priority": 0, "check": "sh checks/smoke.sh"}
 PROGRESS_LINES = 20
+REVIEWS_KEPT = 3  # reviews kept for the briefings
 
 
 class Lease(TypedDict, total=False):
@@ -123,6 +129,7 @@ class State(TypedDict, total=False):
     paused_for: PausedFor | None
     proposal: Staged | None
     proposals: list[dict[str, Any]]
+    reviews: list[dict[str, Any]]  # the reviewer children's findings, newest last (bounded: REVIEWS_KEPT)
 
 
 Ctx = NodeContext[State]
@@ -370,7 +377,7 @@ class Harness(WorkflowDefinition):
                 board=_board(ctx.state["features"]), last_output=str(evidence.get("output_tail", "")),
                 wip=ctx.state["prepared"]["wip"], progress=ctx.state.get("progress", []), limits=self._limits(ctx),
                 memory=ctx.state.get("memory", [])[-5:], repair=str(smoke.get("output_tail", "")),
-                budget_note=budget, patterns=ctx.state.get("patterns", [])))
+                budget_note=budget, patterns=ctx.state.get("patterns", []), reviews=ctx.state.get("reviews", [])))
         except ActivityFailed as exc:
             line = f"session {lease['session']} {lease['feature']}#{lease['attempt']}: crashed ({exc.error[:200]})"
             return Goto("ASSESS", {"session": None, "progress": _lines(ctx, line)})
@@ -405,8 +412,9 @@ class Harness(WorkflowDefinition):
         else:
             accepted = next(f for f in features if f["id"] == lease["feature"]).get("status") == "passing"
         others = [f for f in features if f.get("status") == "passing" and f["id"] != lease["feature"]]
+        after = "REVIEW_FEATURE" if accepted and ctx.params.get("reviewer") and not lease.get("repair") else "ASSESS"
         if not accepted or not others:
-            return Goto("ASSESS")
+            return Goto(after)
         passes = ctx.state.get("regression_passes", 0)
         chosen, rotation = regression_share(others, passes=passes, rotation=ctx.state.get("regression_rotation", 0),
                                             max_checks=ctx.params.get("regression_max_checks", 0)
@@ -420,7 +428,28 @@ class Harness(WorkflowDefinition):
         updates: dict[str, Any] = {"features": _apply(features, regressed)} if regressed else {}
         if ctx.definition_version >= 2:
             updates |= {"regression_passes": passes + 1, "regression_rotation": rotation}
-        return Goto("ASSESS", updates)
+        return Goto(after, updates)
+
+    @node("REVIEW_FEATURE")
+    def review_feature(self, ctx: Ctx) -> Decision:
+        """A reviewer child reviews the accepted feature's diff (the session's base to its head)
+        against the feature's steps, with a budget of its own reserved from this workflow's; its
+        findings (or why there are none) go into the next sessions' briefings."""
+        lease, session = ctx.state["lease"], ctx.state["session"]
+        assert session is not None  # only an accepted session's pass comes here
+        feature = next(f for f in ctx.state["features"] if f["id"] == lease["feature"])
+        handle = ctx.child("reviewer", f"Review {feature['id']} (session {lease['session']})", {
+            "workspace": ctx.state["workspace"], "base_sha": session["base_sha"], "head": session["head"],
+            "feature": feature["id"], "description": feature["description"][:2000],
+            "steps": [str(s)[:300] for s in feature.get("steps", [])][:50],
+        }, budget_usd=f"{ctx.params['reviewer_budget_usd']:.4f}")
+        (outcome,) = ctx.wait_children(handle)
+        review: dict[str, Any] = {"feature": feature["id"], "session": lease["session"], "child": outcome.workflow_id}
+        if outcome.completed and isinstance(outcome.result, dict):
+            review |= {"verdict": outcome.result.get("verdict", ""), "findings": outcome.result.get("findings", [])}
+        else:
+            review |= {"verdict": "unavailable", "findings": [f"the review {outcome.status}: {outcome.reason[:200]}"]}
+        return Goto("ASSESS", {"reviews": [*ctx.state.get("reviews", []), review][-REVIEWS_KEPT:]})
 
     @node("ASSESS")
     def assess(self, ctx: Ctx) -> Decision:
@@ -641,5 +670,6 @@ class Harness(WorkflowDefinition):
             "smoke": {k: smoke.get(k) for k in ("ran", "passed", "exit_code")} if smoke else None,
             "memory": state.get("memory", [])[-breakers.MEMORY_ROWS:],
             "patterns": state.get("patterns", []),
+            "reviews": state.get("reviews", []),
             "proposals": state.get("proposals", []),
         }

@@ -664,7 +664,17 @@ def render_detail(detail: dict[str, Any]) -> Any:
     for suggestion in spend["suggestions"]:
         head += f"\n  suggestion: {suggestion}"
     head += f"\nInstallation: {detail['installation_id'] or 'none yet'} (the prefix of its idempotency keys)"
+    parent = detail.get("parent")
+    if parent:
+        head += (f"\nParent: workflow {parent['id']} ({parent['kind']}), as its child {parent['operation_id']}: "
+                 f"`agent show {parent['id']}`")
     parts: list[Any] = [head]
+    if detail.get("children"):
+        children = Table("child", "kind", "status", "operation", "budget USD", "reason", title="Children")
+        for c in detail["children"]:
+            children.add_row(str(c["id"]), c["kind"], c["status"], c["operation_id"], c["budget_total_usd"] or "-",
+                             escape(c["reason"][:60]))
+        parts.append(children)
     for w in detail["waits"]:
         line = (f"\n[bold]{w['kind'].capitalize()} wait {w['id']}[/] — {w['status']} (node {w['node']}, "
                 f"intent v{w['intent_version']})")

@@ -43,13 +43,16 @@ class Command(BaseCommand):
         parser.add_argument("--kind", choices=("release", "harness"), default="release",
                             help="release (default), or harness: the todo demo of docs/harness.md, its feature "
                                  "list approved and its pause resumed by the demo approver")
+        parser.add_argument("--reviewer", action="store_true",
+                            help="with --kind harness: launch with reviewer=true, a reviewer child workflow "
+                                 "reviewing each accepted feature (docs/harness.md, \"Reviewer\")")
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.console = console_for(self.stdout)
         var = Path(settings.VAR_DIR)
         (var / "demo").mkdir(parents=True, exist_ok=True)
         if options["kind"] == "harness":
-            self.run_harness(var / "demo", timeout=options["timeout"] or 900.0)
+            self.run_harness(var / "demo", timeout=options["timeout"] or 900.0, reviewer=options["reviewer"])
             return
         repo = demo_repository(var / "demo" / "repo")
         requester, approver = demo_users()
@@ -135,7 +138,7 @@ class Command(BaseCommand):
         for root in roots:
             show(root, 0)
 
-    def run_harness(self, logs: Path, *, timeout: float) -> None:
+    def run_harness(self, logs: Path, *, timeout: float, reviewer: bool = False) -> None:
         """The harness's todo demo (scripted provider): launch, approve the feature list, resume the
         pause its feature budget makes, and print the board's progress to ``completed``."""
         requester, _ = demo_users()
@@ -155,7 +158,8 @@ class Command(BaseCommand):
             self.console.print("The worker's pool process will SIGKILL itself once, in F03's second session: "
                                "watch the next attempt save its half-work to wip/F03/2.")
             workflow = services.workflow_launch(kind="harness", goal="Build the todo CLI of the demo", user=requester,
-                                                params={"workspace": str(workspace), "max_attempts": 2})
+                                                params={"workspace": str(workspace), "max_attempts": 2,
+                                                        **({"reviewer": True} if reviewer else {})})
             started = time.monotonic()
             final = self.follow_harness(workflow.pk, approver, deadline=started + timeout)
         finally:
@@ -164,6 +168,12 @@ class Command(BaseCommand):
             raise CommandError(f"The harness demo ended {final.status}: {final.reason or 'timed out'}. Logs are in "
                                f"{logs}; `manage.py agent show {final.pk}`.")
         checks = Event.objects.filter(workflow_id=final.pk, kind="harness.check_ran").count()
+        reviews = Workflow.objects.filter(parent_id=final.pk, kind="reviewer", status=Workflow.Status.COMPLETED)
+        if reviewer:
+            last = statestore.state_of(final).get("reviews", [])
+            self.console.print(f"{reviews.count()} reviews by reviewer child workflows (`manage.py agent show "
+                               f"{final.pk}` lists them); the last ones' verdicts: "
+                               + "; ".join(f"{r['feature']}: {r.get('verdict')}" for r in last))
         self.console.print(f"[bold green]Workflow {final.pk} completed[/]: "
                            f"{(final.result or {}).get('features_passing')}/{(final.result or {}).get('features')} "
                            f"features passing after {final.state.get('sessions')} sessions and {checks} check runs "
@@ -208,11 +218,12 @@ class Command(BaseCommand):
 # The guards of the harness demo, printed as they fire.
 HARNESS_EVENTS = ("harness.tamper_reverted", "harness.tool_refused", "harness.wip_saved", "harness.loop_breaker",
                   "harness.budget_exhausted", "harness.services_stopped", "harness.isolation_probed",
-                  "workflow.paused", "workflow.woken")
+                  "workflow.paused", "workflow.woken", "child.started", "child.finished")
 
 
 def describe(data: dict[str, Any]) -> str:
-    keys = ("node", "name", "operation_id", "attempt", "by", "reason", "candidate_hash", "feature", "breaker",
+    keys = ("node", "name", "operation_id", "child", "child_kind", "status", "attempt", "by", "reason",
+            "candidate_hash", "feature", "breaker",
             "level", "what", "ref", "paths", "names", "cause", "consequence")
     return " ".join(f"{k}={str(data[k])[:40]}" for k in keys if data.get(k) not in (None, ""))
 
