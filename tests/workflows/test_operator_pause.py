@@ -46,7 +46,8 @@ def test_a_running_activity_finishes_while_paused_and_nothing_after_it_starts_un
     assert services.activity_result_record_if_current(claim=claim, result=result) == RunOutcome.RECORDED
 
     workflow = drive(workflow.pk)
-    assert (workflow.status, workflow.pause_cause, workflow.reason) == ("paused", "operator", "look at the target first")
+    assert (workflow.status, workflow.pause_cause, workflow.reason) == (
+        "paused", "operator", "look at the target first")
     assert Activity.objects.get(pk=activity.pk).status == "succeeded"
     assert not Activity.objects.filter(workflow=workflow, name="verify_deployment").exists(), "nothing new starts"
     [event] = events(workflow.pk, "workflow.paused")
