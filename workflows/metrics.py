@@ -83,7 +83,7 @@ class DatabaseCollector:
         """``agentops_workflows`` by kind and status, and by the launch labels AGENTOPS_METRICS_LABELS
         names (``label_<key>``: "" for a workflow without it; past AGENTOPS_METRICS_LABEL_VALUES_MAX
         values of a key, the less used ones are counted as OTHER_VALUE). Every status is present for
-        each kind and each combination of label values some workflow of that kind carries."""
+        each kind, with no label values and with each combination some workflow of that kind carries."""
         keys = settings.AGENTOPS_METRICS_LABELS
         workflows = GaugeMetricFamily("agentops_workflows", "Workflows by kind and status"
                                       + (" and the labels AGENTOPS_METRICS_LABELS names." if keys else "."),
@@ -96,9 +96,10 @@ class DatabaseCollector:
             shown = tuple(self._shown(row[f"l{i}"], kept[i]) for i in range(len(keys)))
             at = (row["kind"], row["status"], *shown)
             counted[at] = counted.get(at, 0) + row["n"]
-        combinations = {kind: {()} if not keys else set() for kind in kinds}
-        for kind, _, *shown in counted:
-            combinations.setdefault(kind, set()).add(tuple(shown))
+        # Each kind has the series of its workflows without those labels (at 0 too), as it has without keys.
+        combinations: dict[str, set[tuple[str, ...]]] = {kind: {("",) * len(keys)} for kind in kinds}
+        for at in counted:
+            combinations.setdefault(at[0], set()).add(at[2:])
         for kind in kinds:
             for shown in sorted(combinations[kind]):
                 for status in Workflow.Status.values:

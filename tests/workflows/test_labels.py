@@ -151,7 +151,10 @@ def test_metrics_count_workflows_by_the_labels_named_in_the_setting(client, sett
 
     settings.AGENTOPS_METRICS_LABELS = ["team"]
     settings.AGENTOPS_METRICS_LABEL_VALUES_MAX = 2
-    rows = metric_rows(samples(scrape(client).content.decode()))
+    found = samples(scrape(client).content.decode())
+    rows = metric_rows(found)
+    # A kind without workflows keeps its zero series, with the label empty.
+    assert found[("agentops_workflows", (("kind", "release"), ("label_team", ""), ("status", "running")))] == 0
 
     def count(team: str, status: str = "waiting") -> float:
         return rows[(("kind", "labelled"), ("label_team", team), ("status", status))]

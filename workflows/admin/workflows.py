@@ -265,7 +265,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
             return queryset.filter(pk=int(term)), False  # an id names one workflow (the goals are words)
         words = term.split()
         if words and all(LABEL_PAIR.fullmatch(word) for word in words):
-            return selectors.labels_filtered(queryset, [tuple(w.split("=", 1)) for w in words]), False
+            return selectors.labels_filtered(queryset, [(k, v) for k, _, v in (w.partition("=") for w in words)]), False
         return super().get_search_results(request, queryset, search_term)
 
     @admin.display(description="status", ordering="status")
