@@ -77,6 +77,8 @@ def test_pause_asks_for_confirmation_then_pauses_and_resume_goes_on(operator):
     [(level, text)] = messages_of(response)
     assert level == "success" and text.startswith(f"Workflow {workflow.pk} is paused")
     assert Event.objects.get(workflow=workflow, kind="workflow.paused").data["by"] == "olga"
+    attention = client.get(CHANGELIST, {"attention": "operator"}).content.decode()
+    assert listed_ids(attention, [workflow, launch()]) == {workflow.pk}
     again = client.post(action_url(workflow.pk, "pause"), {"reason": ""}, follow=True)
     assert messages_of(again)[0][0] == "warning" and "already paused by an operator" in messages_of(again)[0][1]
 

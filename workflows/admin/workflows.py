@@ -73,19 +73,19 @@ class QuietFilter(admin.SimpleListFilter):
 
 
 class AttentionFilter(admin.SimpleListFilter):
-    """Workflows that beat found stagnating, workflows paused because their budget ran out, and
-    workflows whose advances raise (backing off, or paused for a person)."""
+    """Workflows that beat found stagnating, workflows paused because their budget ran out or by an
+    operator, and workflows whose advances raise (backing off, or paused for a person)."""
 
     title = "needs attention"
     parameter_name = "attention"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [("stagnating", "stagnating (flagged within its window)"), ("budget", "paused for budget"),
-                ("handler_failed", "advancing fails (retrying, or paused)")]
+                ("handler_failed", "advancing fails (retrying, or paused)"), ("operator", "paused by an operator")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
-        if self.value() == "budget":
-            return queryset.filter(status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.BUDGET)
+        if self.value() in ("budget", "operator"):
+            return queryset.filter(status=Workflow.Status.PAUSED, pause_cause=self.value())
         if self.value() == "handler_failed":
             return queryset.filter(
                 Q(status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.HANDLER_FAILED)
