@@ -1,9 +1,13 @@
 """An operator pause (`agent pause`): nothing new starts, running work finishes, resume goes on where it stopped."""
 from __future__ import annotations
 
+import getpass
+import json
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from agentops.agents.release.activities import deploy
 from tests.conftest import drive, open_approval, release_params, run_claimed
@@ -150,3 +154,24 @@ def test_a_supersede_while_paused_keeps_it_paused_until_resume(git_repo, deploy_
     assert (workflow.status, workflow.intent_version) == ("waiting", 2)
     wait = open_approval(workflow.pk)
     assert wait.intent_version == 2
+
+
+def test_the_command_pauses_and_resumes_recording_the_shell_login_and_refuses_with_exit_3(git_repo, requester):
+    workflow = waiting(git_repo, requester)
+    out = StringIO()
+    call_command("agent", "pause", str(workflow.pk), "--reason", "hold on", "--json", stdout=out)
+    assert (json.loads(out.getvalue())["outcome"], json.loads(out.getvalue())["status"]) == ("applied", "paused")
+    assert events(workflow.pk, "workflow.paused")[0]["by"] == f"shell:{getpass.getuser()}"
+    again = StringIO()
+    call_command("agent", "pause", str(workflow.pk), stdout=again)
+    assert "already paused by an operator (hold on); nothing changed" in again.getvalue()
+    shown = StringIO()
+    call_command("agent", "show", str(workflow.pk), stdout=shown)
+    assert "Paused: operator" in shown.getvalue() and "Reason: hold on" in shown.getvalue()
+    call_command("agent", "resume", str(workflow.pk), stdout=StringIO())
+    assert events(workflow.pk, "workflow.resumed")[0]["by"] == f"shell:{getpass.getuser()}"
+    assert Workflow.objects.get(pk=workflow.pk).status == "waiting"
+    services.workflow_cancel(workflow_id=workflow.pk)
+    with pytest.raises(CommandError, match="is cancelled; only a running or waiting workflow") as refused:
+        call_command("agent", "pause", str(workflow.pk), stdout=StringIO())
+    assert refused.value.returncode == 3
