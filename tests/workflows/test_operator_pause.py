@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from agentops.agents.release.activities import deploy
-from tests.conftest import drive, open_approval, release_params, run_claimed
+from tests.conftest import drive, open_approval, release_params, run_at_once, run_claimed
 from tests.workflows.test_cancel_and_commitments import approved, run_until_scheduled
 from workflows import services
 from workflows.errors import TransitionRefused
@@ -175,3 +175,12 @@ def test_the_command_pauses_and_resumes_recording_the_shell_login_and_refuses_wi
     with pytest.raises(CommandError, match="is cancelled; only a running or waiting workflow") as refused:
         call_command("agent", "pause", str(workflow.pk), stdout=StringIO())
     assert refused.value.returncode == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_pauses_at_once_pause_once(git_repo, requester):
+    """The row lock orders them: one APPLIED, one ALREADY_APPLIED, one paused event."""
+    workflow = waiting(git_repo, requester)
+    results = run_at_once(lambda: services.workflow_pause(workflow_id=workflow.pk).outcome)
+    assert sorted(results) == [Outcome.ALREADY_APPLIED, Outcome.APPLIED]
+    assert len(events(workflow.pk, "workflow.paused")) == 1
