@@ -548,6 +548,18 @@ AGENTOPS_WEBHOOK_MAX_BODY_BYTES = 256 * 1024
 # Prometheus metrics at /metrics (docs/operators.md, "Metrics"): scraped with
 # "Authorization: Bearer <this>"; empty turns the endpoint off.
 AGENTOPS_METRICS_TOKEN = env_str("AGENTOPS_METRICS_TOKEN", "")
+# Launch label keys that become Prometheus labels (label_<key>) of agentops_workflows, e.g. "team,env";
+# empty: none. Each key keeps its AGENTOPS_METRICS_LABEL_VALUES_MAX most used values, the rest counted
+# as "_other", so a label with a value per workflow cannot grow the series without bound.
+AGENTOPS_METRICS_LABELS = [key.strip() for key in env_str("AGENTOPS_METRICS_LABELS", "").split(",") if key.strip()]
+if any(not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", key) for key in AGENTOPS_METRICS_LABELS) \
+        or len(AGENTOPS_METRICS_LABELS) > 5 \
+        or len({key.replace("-", "_") for key in AGENTOPS_METRICS_LABELS}) < len(AGENTOPS_METRICS_LABELS):
+    raise ImproperlyConfigured(
+        f"AGENTOPS_METRICS_LABELS={os.environ.get('AGENTOPS_METRICS_LABELS', '')!r} must name at most 5 label keys "
+        "separated by commas, each of lowercase letters, digits, _ and -, starting with a letter (e.g. team,env), "
+        "no two alike once - is read as _.")
+AGENTOPS_METRICS_LABEL_VALUES_MAX = env_int("AGENTOPS_METRICS_LABEL_VALUES_MAX", 20)
 
 # Live event streams (docs/live.md): how often a stream looks for new events (holding no database
 # connection in between), the longest silence before a keep-alive comment, how long one stream runs

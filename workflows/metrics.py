@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, FloatField, Min, Q, Sum
+from django.db.models import Count, DurationField, ExpressionWrapper, F, FloatField, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse
@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from workflows import clock, registry
-from workflows.models import Activity, ActivityAttempt, Event, UsageEntry, Wait, Workflow
+from workflows.models import Activity, ActivityAttempt, Event, UsageEntry, Wait, Workflow, WorkflowLabel
 
 # Upper bounds (seconds) of the latency histograms: an activity attempt (a tool run, a model turn, a
 # test suite: up to the hour) and one model call.
@@ -33,6 +33,8 @@ FINISHED_ATTEMPT = [s for s in ActivityAttempt.Status.values if s != ActivityAtt
 # A model request's ledger row ends charged, released (an error: not billed) or uncertain (no answer
 # seen: counted at its estimate until settled, when it becomes charged or released).
 SETTLED_CALL = [UsageEntry.Status.CHARGED, UsageEntry.Status.RELEASED, UsageEntry.Status.UNCERTAIN]
+# The value of a metrics label for a launch label's less used values (past AGENTOPS_METRICS_LABEL_VALUES_MAX).
+OTHER_VALUE = "_other"
 TOKEN_FIELDS = {"input": "input_tokens", "output": "output_tokens", "cache_read": "cache_read_tokens",
                 "cache_write": "cache_write_tokens"}
 
@@ -50,13 +52,7 @@ class DatabaseCollector:
         now = clock.now()
         kinds = sorted(set(registry.definition_kinds()) | set(Workflow.objects.values_list("kind", flat=True)
                                                               .distinct()))
-        workflows = GaugeMetricFamily("agentops_workflows", "Workflows by kind and status.", labels=["kind", "status"])
-        counted = {(r["kind"], r["status"]): r["n"] for r in Workflow.objects.values("kind", "status").annotate(
-            n=Count("pk"))}
-        for kind in kinds:
-            for status in Workflow.Status.values:
-                workflows.add_metric([kind, status], counted.get((kind, status), 0))
-        yield workflows
+        yield self._workflows(kinds)
 
         failing = Workflow.objects.filter(handler_failures__gt=0).exclude(status__in=Workflow.TERMINAL).count()
         yield GaugeMetricFamily("agentops_workflows_advance_failing",
@@ -82,6 +78,46 @@ class DatabaseCollector:
         yield from self._attempts(names)
         yield from self._model_calls()
         yield from self._waits(now)
+
+    def _workflows(self, kinds: list[str]) -> Metric:
+        """``agentops_workflows`` by kind and status, and by the launch labels AGENTOPS_METRICS_LABELS
+        names (``label_<key>``: "" for a workflow without it; past AGENTOPS_METRICS_LABEL_VALUES_MAX
+        values of a key, the less used ones are counted as OTHER_VALUE). Every status is present for
+        each kind, with no label values and with each combination some workflow of that kind carries."""
+        keys = settings.AGENTOPS_METRICS_LABELS
+        workflows = GaugeMetricFamily("agentops_workflows", "Workflows by kind and status"
+                                      + (" and the labels AGENTOPS_METRICS_LABELS names." if keys else "."),
+                                      labels=["kind", "status", *(f"label_{k.replace('-', '_')}" for k in keys)])
+        values = {f"l{i}": Subquery(WorkflowLabel.objects.filter(workflow=OuterRef("pk"), key=key).values("value")[:1])
+                  for i, key in enumerate(keys)}
+        kept = [self._label_values_kept(key) for key in keys]
+        counted: dict[tuple[str, ...], int] = {}
+        for row in Workflow.objects.annotate(**values).values("kind", "status", *values).annotate(n=Count("pk")):
+            shown = tuple(self._shown(row[f"l{i}"], kept[i]) for i in range(len(keys)))
+            at = (row["kind"], row["status"], *shown)
+            counted[at] = counted.get(at, 0) + row["n"]
+        # Each kind has the series of its workflows without those labels (at 0 too), as it has without keys.
+        combinations: dict[str, set[tuple[str, ...]]] = {kind: {("",) * len(keys)} for kind in kinds}
+        for at in counted:
+            combinations.setdefault(at[0], set()).add(at[2:])
+        for kind in kinds:
+            for shown in sorted(combinations[kind]):
+                for status in Workflow.Status.values:
+                    workflows.add_metric([kind, status, *shown], counted.get((kind, status, *shown), 0))
+        return workflows
+
+    @staticmethod
+    def _label_values_kept(key: str) -> set[str]:
+        """The values of ``key`` reported as themselves: the most used ones."""
+        cap = settings.AGENTOPS_METRICS_LABEL_VALUES_MAX
+        return set(WorkflowLabel.objects.filter(key=key).values("value").annotate(n=Count("pk"))
+                   .order_by("-n", "value").values_list("value", flat=True)[:cap])
+
+    @staticmethod
+    def _shown(value: str | None, kept: set[str]) -> str:
+        if value is None:
+            return ""
+        return value if value in kept else OTHER_VALUE
 
     def _attempts(self, names: list[str]) -> Iterator[Metric]:
         attempts = CounterMetricFamily("agentops_activity_attempts", "Finished activity attempts by name and outcome "

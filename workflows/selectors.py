@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum
 
 from workflows import clock, engine, registry, statestore
 from workflows.errors import InvalidInput
@@ -22,6 +22,7 @@ from workflows.models import (
     UsageEntry,
     Wait,
     Workflow,
+    WorkflowLabel,
 )
 from workflows.sql import rows_select
 
@@ -92,9 +93,12 @@ MAX_LIST_ROWS = 1000  # the most workflows `agent list` prints at once
 MAX_EVENTS = 10_000  # the most recent events `agent show` and GET /api/workflows/ID include
 
 
-def workflow_list(*, status: str = "", kind: str = "", launcher: str = "") -> QuerySet[Workflow]:
-    """Newest first; each filter given narrows it (``launcher``: the username of who launched)."""
-    qs = Workflow.objects.order_by("-pk")
+def workflow_list(*, status: str = "", kind: str = "", launcher: str = "",
+                  labels: Iterable[tuple[str, str]] = ()) -> QuerySet[Workflow]:
+    """Newest first; each filter given narrows it (``launcher``: the username of who launched;
+    ``labels``: every one of these (key, value) labels, index ``workflow_label_kv_idx``). The labels
+    come prefetched (``workflow_summary`` shows them)."""
+    qs = labels_filtered(Workflow.objects.order_by("-pk").prefetch_related("labels"), labels)
     if status:
         qs = qs.filter(status=status)
     if kind:
@@ -127,6 +131,7 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
         "release": {"provider": workflow.release.provider, "model": workflow.release.model,
                     "prompt_version": workflow.release.prompt_version},
         "fallback_model": workflow.fallback_model,
+        "labels": labels_of(workflow),
         "reason": workflow.reason,
         "pause_cause": workflow.pause_cause,
         "handler_failures": workflow.handler_failures,
@@ -137,9 +142,21 @@ def workflow_summary(workflow: Workflow) -> dict[str, Any]:
     }
 
 
+def labels_filtered(qs: QuerySet[Workflow], labels: Iterable[tuple[str, str]]) -> QuerySet[Workflow]:
+    """The workflows of ``qs`` that carry every one of the (key, value) labels (index ``workflow_label_kv_idx``)."""
+    for key, value in labels:
+        qs = qs.filter(Exists(WorkflowLabel.objects.filter(workflow=OuterRef("pk"), key=key, value=value)))
+    return qs
+
+
+def labels_of(workflow: Workflow) -> dict[str, str]:
+    """Its launch labels, key to value, by key (prefetched by ``workflow_list``)."""
+    return {label.key: label.value for label in sorted(workflow.labels.all(), key=lambda label: label.key)}
+
+
 # The keys of ``agent show --json`` that every kind has; a kind's ``show_extras`` adds others.
 DETAIL_KEYS = frozenset({
-    "id", "kind", "status", "current_node", "intent_version", "goal", "release", "fallback_model", "reason",
+    "id", "kind", "status", "current_node", "intent_version", "goal", "release", "fallback_model", "labels", "reason",
     "pause_cause", "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params",
     "result", "waits", "activities", "activities_left_out", "commitments", "spend", "progress", "events",
     "signals_queued", "installation_id", "history_archive", "retrying", "parent", "children",
@@ -392,6 +409,7 @@ def schedule_summary(schedule: Schedule) -> dict[str, Any]:
     last = schedule.occurrences.select_related("triggered_by").order_by("-at").first()
     return {
         "name": schedule.name, "kind": schedule.kind, "goal": schedule.goal, "params": schedule.params,
+        "labels": schedule.labels,
         "cron": schedule.cron, "every_seconds": schedule.every_seconds, "when": schedule.when,
         "overlap": schedule.overlap, "catch_up_seconds": schedule.catch_up_seconds,
         "jitter_seconds": schedule.jitter_seconds, "paused": schedule.paused,

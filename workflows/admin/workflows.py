@@ -1,6 +1,7 @@
 """Workflows: the list with its filters, the inspection page and the operator actions."""
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -9,7 +10,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
@@ -17,15 +18,26 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from workflows import clock, registry, services, statestore
+from workflows import clock, registry, selectors, services, statestore
 from workflows.admin.common import ReadOnlyAdmin, add_outcome_message, forbidden, pretty_json, redirect_with_outcome
 from workflows.admin.display import usd, when
 from workflows.admin.inspection import EVENTS_PAGE_PARAM, inspect_workflow
 from workflows.admin.reasoning import is_budget_paused, reasoning_panel
 from workflows.api import streams
 from workflows.errors import InvalidInput, Refused
-from workflows.models import Checkpoint, Commitment, Intent, ProgressSample, UsageEntry, Wait, Workflow
+from workflows.models import (
+    Activity,
+    Checkpoint,
+    Commitment,
+    Intent,
+    ProgressSample,
+    UsageEntry,
+    Wait,
+    Workflow,
+    WorkflowLabel,
+)
 from workflows.selectors import definition_of, spend_summary, spent_usd
+from workflows.services.labels import LABEL_KEY, LABEL_VALUE, MAX_LABELS, label_pairs_parsed
 from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS
 
 # The permission that lets an operator cancel, resume, re-goal or re-budget a workflow. Generic
@@ -71,19 +83,19 @@ class QuietFilter(admin.SimpleListFilter):
 
 
 class AttentionFilter(admin.SimpleListFilter):
-    """Workflows that beat found stagnating, workflows paused because their budget ran out, and
-    workflows whose advances raise (backing off, or paused for a person)."""
+    """Workflows that beat found stagnating, workflows paused because their budget ran out or by an
+    operator, and workflows whose advances raise (backing off, or paused for a person)."""
 
     title = "needs attention"
     parameter_name = "attention"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [("stagnating", "stagnating (flagged within its window)"), ("budget", "paused for budget"),
-                ("handler_failed", "advancing fails (retrying, or paused)")]
+                ("handler_failed", "advancing fails (retrying, or paused)"), ("operator", "paused by an operator")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
-        if self.value() == "budget":
-            return queryset.filter(status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.BUDGET)
+        if self.value() in ("budget", "operator"):
+            return queryset.filter(status=Workflow.Status.PAUSED, pause_cause=self.value())
         if self.value() == "handler_failed":
             return queryset.filter(
                 Q(status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.HANDLER_FAILED)
@@ -99,6 +111,32 @@ class AttentionFilter(admin.SimpleListFilter):
         recent = [pk for pk, at, hours in flagged if at > now - timedelta(hours=hours)]
         paused = Q(status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.STAGNATION)
         return queryset.filter(Q(pk__in=recent) | paused)
+
+
+LABEL_PAIR = re.compile(f"{LABEL_KEY}={LABEL_VALUE}")
+
+
+class LabelFilter(admin.SimpleListFilter):
+    """Workflows carrying one label (key=value); the choices are the most used labels. The
+    search box takes several (``team=infra env=prod``: all of them)."""
+
+    title = "label"
+    parameter_name = "label"
+    CHOICES = 30
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        common = (WorkflowLabel.objects.values("key", "value").annotate(n=Count("pk"))
+                  .order_by("-n", "key", "value")[: self.CHOICES])
+        return [(f"{row['key']}={row['value']}", f"{row['key']}={row['value']} ({row['n']})") for row in common]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
+        value = self.value() or ""
+        if not value:
+            return queryset
+        if not LABEL_PAIR.fullmatch(value):
+            return queryset.none()  # no workflow carries a label that could not be given
+        key, _, label = value.partition("=")
+        return selectors.labels_filtered(queryset, [(key, label)])
 
 
 class CancelForm(forms.Form):
@@ -119,6 +157,13 @@ class SupersedeForm(forms.Form):
 
 class ResumeForm(forms.Form):
     pass
+
+
+class PauseForm(forms.Form):
+    reason = forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        help_text="Recorded on the workflow and in its history with your name; say why, for whoever resumes it.",
+    )
 
 
 def _positive_usd(value: Decimal) -> None:
@@ -167,6 +212,7 @@ class OperatorAction:
 ACTIONS = {
     "cancel": OperatorAction("cancel", "Cancel workflow", CancelForm,
                              ("created", "running", "waiting", "paused")),
+    "pause": OperatorAction("pause", "Pause workflow", PauseForm, ("running", "waiting")),
     "resume": OperatorAction("resume", "Resume workflow", ResumeForm, ("paused", "running", "cancelling")),
     "supersede": OperatorAction("supersede", "Change the goal", SupersedeForm,
                                 ("created", "running", "waiting", "paused")),
@@ -194,19 +240,21 @@ class WorkflowForm(forms.ModelForm):
 @admin.register(Workflow)
 class WorkflowAdmin(ReadOnlyAdmin):
     form = WorkflowForm
-    list_display = ("id", "kind", "status_badge", "current_node", "goal_short", "waiting_on",
+    list_display = ("id", "kind", "status_badge", "current_node", "goal_short", "waiting_on", "labels_short",
                     "launched_by", "updated")
     list_display_links = ("id", "goal_short")
-    list_filter = ("status", "kind", "current_node", WaitingOnFilter, AttentionFilter, QuietFilter)
+    list_filter = ("status", "kind", "current_node", WaitingOnFilter, AttentionFilter, QuietFilter, LabelFilter)
     list_select_related = ("launched_by",)
     search_fields = ("intents__goal",)
-    search_help_text = "Search by workflow id (a number) or by words of any of its goals."
+    search_help_text = ("Search by workflow id (a number), by labels (key=value, several separated by spaces: all of "
+                        "them) or by words of any of its goals.")
     ordering = ("-pk",)
-    readonly_fields = ("status_badge", "goal_full", "params_pretty", "result_pretty", "state_pretty")
+    readonly_fields = ("status_badge", "goal_full", "params_pretty", "result_pretty", "state_pretty", "labels_short")
     fieldsets = (
         ("Where it is", {"fields": ("status_badge", "current_node", "node_visit", "intent_version", "goal_full",
                                     "reason", "pause_cause", "handler_failures", "advance_retry_at")}),
-        ("What it runs", {"fields": ("kind", "definition_version", "release", "release_policy", "params_pretty")}),
+        ("What it runs", {"fields": ("kind", "definition_version", "release", "release_policy", "params_pretty",
+                                     "labels_short")}),
         ("Who and when", {"fields": ("launched_by", "created_at", "updated_at", "deadline", "history_archived_at",
                                      "history_archive_path")}),
         ("Outcome and durable state", {"fields": ("result_pretty", "state_pretty", "event_seq"),
@@ -217,7 +265,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
         goal = Intent.objects.filter(workflow=OuterRef("pk"), version=OuterRef("intent_version")).values("goal")
         open_waits = Wait.objects.filter(status=Wait.Status.OPEN).order_by("pk")
         return (super().get_queryset(request).annotate(goal=Subquery(goal[:1]))
-                .prefetch_related(Prefetch("waits", queryset=open_waits, to_attr="open_waits")))
+                .prefetch_related(Prefetch("waits", queryset=open_waits, to_attr="open_waits"), "labels"))
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Workflow], search_term: str
@@ -225,6 +273,9 @@ class WorkflowAdmin(ReadOnlyAdmin):
         term = search_term.strip()
         if term.isdigit() and queryset.filter(pk=int(term)).exists():
             return queryset.filter(pk=int(term)), False  # an id names one workflow (the goals are words)
+        words = term.split()
+        if words and all(LABEL_PAIR.fullmatch(word) for word in words):
+            return selectors.labels_filtered(queryset, [(k, v) for k, _, v in (w.partition("=") for w in words)]), False
         return super().get_search_results(request, queryset, search_term)
 
     @admin.display(description="status", ordering="status")
@@ -255,6 +306,15 @@ class WorkflowAdmin(ReadOnlyAdmin):
             (format_html('<a href="{}#wait-{}" title="approval by {}">approval</a>', queue, w.pk, w.required_role)
              if w.kind == Wait.Kind.APPROVAL else f"{w.kind} {w.event_name}".strip(),) for w in waits
         ))
+
+    @admin.display(description="labels")
+    def labels_short(self, workflow: Workflow) -> str:
+        """Its launch labels; each links to the list of workflows that carry it."""
+        changelist = reverse("admin:workflows_workflow_changelist")
+        return format_html_join(", ", '<a href="{}?{}={}">{}={}</a>', (
+            (changelist, LabelFilter.parameter_name, f"{label.key}={label.value}", label.key, label.value)
+            for label in sorted(workflow.labels.all(), key=lambda label: label.key)
+        )) or "—"
 
     @admin.display(description="parameters")
     def params_pretty(self, workflow: Workflow) -> str:
@@ -389,6 +449,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
             "active_commitments": list(workflow.commitments.filter(status=Commitment.Status.ACTIVE)
                                        .select_related("activity").order_by("-created_at", "-pk")),
             "spend": spend_summary(workflow) if action == "budget" else None,
+            "running_activities": list(workflow.activities.filter(status=Activity.Status.RUNNING).order_by("pk"))
+            if action == "pause" else [],
             "budget_paused": is_budget_paused(workflow),
             "revalidate_node": definition.revalidate_node if (definition := definition_of(workflow)) else "",
         }
@@ -414,7 +476,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
             try:
                 workflow = services.workflow_launch(
                     kind=kind, goal=form.cleaned_data["goal"], user=request.user,
-                    params={name.removeprefix(PARAM_PREFIX): value for name, value in params.items()})
+                    params={name.removeprefix(PARAM_PREFIX): value for name, value in params.items()},
+                    labels=label_pairs_parsed(form.cleaned_data["labels"].replace(",", " ").split(), what="label"))
             except Refused as exc:
                 form.add_error(None, str(exc))
             else:
@@ -437,6 +500,11 @@ def launch_form(kind: str) -> type[forms.Form]:
         "kind": forms.CharField(widget=forms.HiddenInput),
         "goal": forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=MAX_GOAL_CHARS,
                                 help_text="What the agent should achieve."),
+        "labels": forms.CharField(
+            required=False, max_length=MAX_LABELS * 193,
+            help_text=f"Labels to find it by: key=value, separated by spaces or commas, at most {MAX_LABELS} (e.g. "
+                      "team=infra env=prod). A key: lowercase letters, digits, _ and -, starting with a letter; a "
+                      "value: letters, digits and . _ - : / @ +."),
     }
     model = registry.definition(kind).launch_params if kind else None
     for name, info in (model.model_fields.items() if model is not None else ()):
@@ -463,6 +531,10 @@ def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: An
         if was_paused and workflow.status == Workflow.Status.RUNNING:
             text += " It was paused for budget and goes on now."
         return text, messages.SUCCESS
+    if action == "pause":
+        result = services.workflow_pause(workflow_id=workflow_id, reason=data["reason"], user=user)
+        return result.message, messages.WARNING if result.outcome == services.Outcome.ALREADY_APPLIED else \
+            messages.SUCCESS
     if action == "resume":
         result = services.workflow_resume(workflow_id=workflow_id, user=user)
         level = {services.Outcome.APPLIED: messages.SUCCESS, services.Outcome.HANDLER_FAILED: messages.ERROR}

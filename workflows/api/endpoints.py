@@ -2,10 +2,11 @@
 `manage.py agent`, and answers with the JSON shape of that verb's ``--json`` (README, "JSON shapes")."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Header, NinjaAPI, Path, Query, Status
+from pydantic import StringConstraints
 
 from workflows import registry, selectors, services
 from workflows.api import costs, hooks, paging, streams, webhooks
@@ -13,6 +14,7 @@ from workflows.api.auth import LAUNCH_PERMISSION, OPERATE_PERMISSION, VIEW_PERMI
 from workflows.api.errors import Forbidden, install_error_handlers
 from workflows.api.schemas import (
     KIND,
+    LABEL_PAIR,
     SIGNAL_NAME,
     WORKFLOW_ID,
     ApproveIn,
@@ -26,6 +28,7 @@ from workflows.api.schemas import (
     LaunchIn,
     LaunchOut,
     OccurrenceOut,
+    PauseIn,
     RejectIn,
     ResultOut,
     ScheduleIn,
@@ -42,6 +45,7 @@ from workflows.api.schemas import (
 from workflows.errors import NotFound
 from workflows.models import Event, Wait, Workflow
 from workflows.services import schedules
+from workflows.services.labels import MAX_LABELS, label_filters_parsed
 from workflows.services.waits import wait_authority_refusal
 
 
@@ -87,6 +91,9 @@ ERRORS: dict[int, Any] = {code: ErrorOut for code in (400, 401, 403, 404, 409, 4
 WAIT_ID = Path(..., ge=1, le=selectors.MAX_ID, description="the wait's id", examples=[3])
 STATUS_FILTER = Query(None, description="only this status")
 KIND_FILTER = Query("", pattern=f"^({KIND[1:-1]})?$", max_length=60, description="only this kind")
+LABEL_FILTER = Query([], max_length=MAX_LABELS, description=(
+    f"only workflows with this label, as key=value (repeatable, at most {MAX_LABELS}: all of them), e.g. "
+    "label=team=infra"))
 LAUNCHER_FILTER = Query("", max_length=150, pattern=r"^[\w.@+-]*$",
                         description="only workflows launched by this username")
 EVENTS_SHOWN = Query(50, ge=0, le=paging.MAX_PAGE, description=f"how many recent events, 0–{paging.MAX_PAGE}; "
@@ -95,6 +102,7 @@ EVENT_KIND_FILTER = Query("", max_length=60, pattern=r"^[A-Za-z0-9_.-]*$",
                           description="only events of this kind, e.g. wait.opened")
 WEBHOOK_SOURCE = Path(..., max_length=40, pattern=r"^[a-z0-9][a-z0-9-]{0,39}$",
                       description="the source, as named in AGENTOPS_WEBHOOK_SECRETS", examples=["ci"])
+LabelPair = Annotated[str, StringConstraints(pattern=LABEL_PAIR, max_length=192)]
 SIGNAL_NAME_PATH = Path(..., pattern=SIGNAL_NAME, description="the signal's name")
 
 
@@ -132,17 +140,19 @@ def launch(request: HttpRequest, payload: LaunchIn, idempotency_key: str = IDEMP
         user=caller(request),
         release_policy=payload.release_policy, max_hours=payload.max_hours, priority=payload.priority,
         budget_total_usd=payload.budget_total_usd, budget_hourly_usd=payload.budget_hourly_usd,
-        stagnation_policy=payload.stagnation_policy, fallback_model=payload.fallback_model,
+        stagnation_policy=payload.stagnation_policy, fallback_model=payload.fallback_model, labels=payload.labels,
     )
     return Status(201 if created else 200, {"id": workflow.pk, "kind": workflow.kind, "status": workflow.status})
 
 
 @api.get("/workflows", response={200: WorkflowPage, **ERRORS}, summary="List workflows", tags=["workflows"])
 def workflow_list(request: HttpRequest, status: StatusName | None = STATUS_FILTER, kind: str = KIND_FILTER,
-                  launcher: str = LAUNCHER_FILTER, cursor: str = paging.CURSOR, limit: int = paging.LIMIT) -> Json:
+                  launcher: str = LAUNCHER_FILTER, label: list[LabelPair] = LABEL_FILTER,
+                  cursor: str = paging.CURSOR, limit: int = paging.LIMIT) -> Json:
     """`agent list --json`, a page at a time: summaries, newest first. Needs `workflows.view_workflow`."""
     require(caller(request), VIEW_PERMISSIONS, to="see workflows")
-    rows = selectors.workflow_list(status=status or "", kind=kind, launcher=launcher).select_related("release")
+    rows = selectors.workflow_list(status=status or "", kind=kind, launcher=launcher,
+                                   labels=label_filters_parsed(label, what="label")).select_related("release")
     return paging.keyset_page(rows, key="pk", cursor=cursor, limit=limit, descending=True,
                               shape=selectors.workflow_summary)
 
@@ -200,6 +210,17 @@ def workflow_cancel(request: HttpRequest, payload: CancelIn, workflow_id: int = 
     """`agent cancel`: stop the work, compensate commitments, then cancelled. Needs `workflows.change_workflow`."""
     require(caller(request), OPERATE_PERMISSION, to="cancel workflows")
     result = services.workflow_cancel(workflow_id=workflow_id, reason=payload.reason, user=caller(request))
+    return result.to_json()
+
+
+@api.post("/workflows/{workflow_id}/pause", response={200: ResultOut, **ERRORS}, summary="Pause a workflow",
+          tags=["workflows"])
+def workflow_pause(request: HttpRequest, payload: PauseIn, workflow_id: int = WORKFLOW_ID) -> Json:
+    """`agent pause`: nothing new starts; running activities finish and their results are recorded; resume goes
+    on from there. Pausing again answers `already_applied`; a workflow paused for another cause, cancelling or
+    finished: 409. Needs `workflows.change_workflow`."""
+    require(caller(request), OPERATE_PERMISSION, to="pause workflows")
+    result = services.workflow_pause(workflow_id=workflow_id, reason=payload.reason, user=caller(request))
     return result.to_json()
 
 
@@ -287,7 +308,8 @@ def schedule_add(request: HttpRequest, payload: ScheduleIn) -> Status[Json]:
     require(caller(request), "workflows.add_schedule", to="add schedules")
     added = schedules.schedule_add(name=payload.name, kind=payload.kind, goal=payload.goal, params=payload.params,
                                    cron=payload.cron, every=payload.every, overlap=payload.overlap,
-                                   catch_up=payload.catch_up, jitter=payload.jitter, user=caller(request))
+                                   catch_up=payload.catch_up, jitter=payload.jitter, user=caller(request),
+                                   labels=payload.labels)
     return Status(201, selectors.schedule_summary(added))
 
 

@@ -10,10 +10,11 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from ninja import Field, Path, Schema
-from pydantic import BeforeValidator, ConfigDict, StrictFloat, StrictInt, WithJsonSchema
+from pydantic import BeforeValidator, ConfigDict, StrictFloat, StrictInt, StringConstraints, WithJsonSchema
 
 from workflows.models import Schedule, ScheduleOccurrence, Wait, Workflow
 from workflows.selectors import MAX_ID
+from workflows.services.labels import LABEL_KEY, LABEL_VALUE, MAX_LABELS
 from workflows.services.steps import MAX_GOAL_CHARS, MAX_HOURS, Outcome
 
 # Text a person wrote: no control characters but tab and line breaks (PostgreSQL cannot store NUL).
@@ -60,6 +61,20 @@ def amount(description: str) -> Any:
                  examples=["12.50"])
 
 
+LabelKey = Annotated[str, StringConstraints(pattern=f"^{LABEL_KEY}$")]
+LabelValue = Annotated[str, StringConstraints(pattern=f"^{LABEL_VALUE}$")]
+# `?label=team=infra`: the filter's one value, as `--label` takes it.
+LABEL_PAIR = f"^{LABEL_KEY}={LABEL_VALUE}$"
+LABELS_DESCRIPTION = (f"labels to find and count it by, at most {MAX_LABELS}: a key of 1–63 lowercase letters, digits, "
+                      "_ and -, starting with a letter; a value of 1–128 letters, digits and . _ - : / @ +")
+
+
+def labels_field() -> Any:
+    # additionalProperties false: a key outside the pattern is refused, as the document then says.
+    return Field(default_factory=dict, max_length=MAX_LABELS, description=LABELS_DESCRIPTION,
+                 examples=[{"team": "infra", "env": "prod"}], json_schema_extra={"additionalProperties": False})
+
+
 # A workflow's id in a path: every router's routes take it the same way.
 WORKFLOW_ID = Path(..., ge=1, le=MAX_ID, description="the workflow's id", examples=[7])
 
@@ -89,6 +104,7 @@ class LaunchIn(Body):
     fallback_model: str = Field(default="", pattern=MODEL_NAME, max_length=120,
                                 description="model to move to on sustained overload; empty: none",
                                 examples=["claude-haiku-4-5"])
+    labels: dict[LabelKey, LabelValue] = labels_field()
 
 
 class ApproveIn(Body):
@@ -117,6 +133,11 @@ class SupersedeIn(Body):
 
 class CancelIn(Body):
     reason: str = Field(default="", max_length=2000, pattern=TEXT)
+
+
+class PauseIn(Body):
+    reason: str = Field(default="", max_length=2000, pattern=TEXT,
+                        description="why, recorded on the workflow and in its history", examples=["investigating"])
 
 
 class BudgetIn(Body):
@@ -163,6 +184,7 @@ class WorkflowOut(Open):
     goal: str
     release: ReleaseOut
     fallback_model: str
+    labels: dict[str, str] = Field(description="its launch labels, key to value")
     reason: str
     pause_cause: str
     handler_failures: int
@@ -242,7 +264,7 @@ class EventPage(Schema):
 
 
 class ResultOut(Schema):
-    """What signal, supersede, cancel, resume and a webhook delivery answer."""
+    """What signal, supersede, cancel, pause, resume and a webhook delivery answer."""
     id: int
     outcome: Literal[tuple(o.value for o in Outcome)] = Field(examples=["applied"])  # type: ignore[valid-type]
     status: StatusName
@@ -273,6 +295,7 @@ class ScheduleIn(Body):
     goal: str = Field(min_length=1, max_length=MAX_GOAL_CHARS, pattern=FILLED_TEXT,
                       description="the goal of each launch", examples=["Check tonight's release"])
     params: dict[str, str] = Field(default_factory=dict, description="launch parameters, as `--param KEY=VALUE`")
+    labels: dict[LabelKey, LabelValue] = labels_field()
     cron: str = Field(default="", max_length=120, pattern=r"^[0-9A-Za-z*/,\- ]*$",
                       description="five-field cron expression in UTC", examples=["0 3 * * *"])
     every: str = Field(default="", max_length=20, pattern=f"({DURATION[1:-1]})?",
@@ -299,6 +322,7 @@ class ScheduleOut(Schema):
     kind: str
     goal: str
     params: dict[str, Any]
+    labels: dict[str, str]
     cron: str
     every_seconds: int | None
     when: str = Field(examples=["every 6h"])

@@ -6,7 +6,7 @@ from workflows.models.ledger import ProgressSample, UsageEntry
 from workflows.models.schedules import Schedule, ScheduleOccurrence
 from workflows.models.tokens import ApiToken
 from workflows.models.waits import Signal, Timer, Wait
-from workflows.models.workflow import BehavioralRelease, Checkpoint, Event, Intent, StateBlob, Workflow
+from workflows.models.workflow import BehavioralRelease, Checkpoint, Event, Intent, StateBlob, Workflow, WorkflowLabel
 
 __all__ = [
     "Activity",
@@ -31,4 +31,5 @@ __all__ = [
     "WebhookDelivery",
     "WebhookSubscription",
     "Workflow",
+    "WorkflowLabel",
 ]

@@ -22,6 +22,8 @@ class Schedule(models.Model):
     kind = models.CharField(max_length=60, help_text="Workflow kind each occurrence launches.")
     goal = models.TextField(help_text="The goal of each launch.")
     params = models.JSONField(default=dict, blank=True, help_text="Launch parameters, as checked by the kind.")
+    labels = models.JSONField(default=dict, blank=True,
+                              help_text="Labels (key to value) each launch carries, as checked at launch.")
     cron = models.CharField(max_length=120, blank=True,
                             help_text="Five-field cron expression in UTC (minute hour day month weekday), or empty.")
     every_seconds = models.PositiveIntegerField(null=True, blank=True,

@@ -67,6 +67,7 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         STAGNATION = "stagnation", "Stagnating"
         HANDLER_FAILED = "handler_failed", "Advancing kept failing (a node handler raised)"
         DEFINITION = "definition", "Its definition asks a person to decide"
+        OPERATOR = "operator", "Paused by an operator (agent pause)"
 
     TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
     CANCELLABLE = (Status.CREATED, Status.RUNNING, Status.WAITING, Status.PAUSED)
@@ -260,6 +261,24 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         self.current_node = node
         self.node_visit += 1
         self.updated_at = at
+
+
+class WorkflowLabel(models.Model):
+    """One ``key=value`` label given at launch, to find and count workflows by (``agent list --label``,
+    ``?label=`` in the API, the admin's filter, ``AGENTOPS_METRICS_LABELS``). A row per label, not a
+    JSON column: an indexed (key, value) lookup on PostgreSQL and on the demo's SQLite alike."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="labels")
+    key = models.CharField(max_length=63, help_text="Lowercase letters, digits, _ and -, starting with a letter.")
+    value = models.CharField(max_length=128, help_text="Letters, digits and . _ - : / @ +, no spaces.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["workflow", "key"], name="uniq_workflow_label_key")]
+        indexes = [models.Index(fields=["key", "value"], name="workflow_label_kv_idx")]
+        ordering = ["workflow", "key"]
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}"
 
 
 class Intent(models.Model):

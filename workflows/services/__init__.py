@@ -23,6 +23,7 @@ from workflows.services.budgets import (
 )
 from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
 from workflows.services.installation import idempotency_key_for, installation_ensure, installation_id
+from workflows.services.pauses import workflow_pause
 from workflows.services.progress import stagnation_check, stagnation_flag_if_due
 from workflows.services.steps import Outcome, Result
 from workflows.services.sweeps import (
@@ -83,6 +84,7 @@ __all__ = [
     "workflow_deadline_enforce_if_due",
     "workflow_launch",
     "workflow_launch_once",
+    "workflow_pause",
     "workflow_resume",
     "workflow_signal",
     "workflow_signal_from_webhook",

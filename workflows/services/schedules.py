@@ -29,6 +29,7 @@ from workflows.models import Schedule, ScheduleOccurrence, Workflow
 from workflows.services.cancellation import workflow_cancel
 from workflows.services.common import json_checked, text_checked
 from workflows.services.failures import row_isolated
+from workflows.services.labels import labels_checked
 from workflows.services.steps import MAX_GOAL_CHARS
 from workflows.services.workflows import workflow_launch
 
@@ -103,11 +104,11 @@ def _next_due(schedule: Schedule) -> datetime:
 
 def schedule_add(*, name: str, kind: str, goal: str, params: dict[str, Any] | None = None, cron: str = "",
                  every: str = "", overlap: str = Schedule.Overlap.SKIP, catch_up: str = "0", jitter: str = "0",
-                 user: Any = None) -> Schedule:
+                 user: Any = None, labels: dict[str, str] | None = None) -> Schedule:
     """Add a schedule and its beat entry (``schedule_checked`` first: a bad value raises
     InvalidInput with nothing written)."""
     schedule = schedule_checked(name=name, kind=kind, goal=goal, params=params, cron=cron, every=every,
-                                overlap=overlap, catch_up=catch_up, jitter=jitter, user=user)
+                                overlap=overlap, catch_up=catch_up, jitter=jitter, user=user, labels=labels)
     with transaction.atomic():
         schedule.save()
         schedule.periodic_task = _beat_entry(schedule)
@@ -117,7 +118,7 @@ def schedule_add(*, name: str, kind: str, goal: str, params: dict[str, Any] | No
 
 def schedule_checked(*, name: str, kind: str, goal: str, params: dict[str, Any] | None = None, cron: str = "",
                      every: str = "", overlap: str = Schedule.Overlap.SKIP, catch_up: str = "0", jitter: str = "0",
-                     user: Any = None) -> Schedule:
+                     user: Any = None, labels: dict[str, str] | None = None) -> Schedule:
     """The schedule these values make, unsaved; every value checked as a launch checks it
     (InvalidInput names the first that is wrong)."""
     if not re.fullmatch(r"[A-Za-z0-9_-]{1,80}", str(name)):
@@ -137,7 +138,8 @@ def schedule_checked(*, name: str, kind: str, goal: str, params: dict[str, Any] 
     if every_seconds is not None and jitter_seconds >= every_seconds:
         raise InvalidInput(f"--jitter ({jitter_seconds} s) must be shorter than --every ({every_seconds} s).")
     now = clock.now().replace(microsecond=0)
-    schedule = Schedule(name=name, kind=kind, goal=goal, params=params, cron=cron_checked(cron) if cron else "",
+    schedule = Schedule(name=name, kind=kind, goal=goal, params=params, labels=labels_checked(labels),
+                        cron=cron_checked(cron) if cron else "",
                         every_seconds=every_seconds, anchor_at=now, overlap=overlap,
                         catch_up_seconds=duration_checked(catch_up, what="--catch-up"),
                         jitter_seconds=jitter_seconds, created_by=user, created_at=now, handled_until=now,
@@ -299,7 +301,7 @@ def _handle(schedule: Schedule, at: datetime, *, now: datetime, triggered_by: An
     try:
         with transaction.atomic():
             workflow = workflow_launch(kind=schedule.kind, goal=schedule.goal, params=schedule.params,
-                                       user=triggered_by or schedule.created_by)
+                                       labels=schedule.labels, user=triggered_by or schedule.created_by)
     except (InvalidInput, Refused) as exc:
         logger.warning("schedule.launch_refused", extra={"schedule": schedule.name, "reason": str(exc)})
         return _ended(occurrence, ScheduleOccurrence.Outcome.FAILED, str(exc))

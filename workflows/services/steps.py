@@ -410,8 +410,17 @@ def commitment_close_compensated(workflow: Workflow, commitment: Commitment, *, 
     event_record(workflow=workflow, kind="commitment.compensated", at=now, commitment_id=commitment.pk)
 
 
-def wake_locked(workflow: Workflow, *, now: datetime, cause: str) -> None:
-    """Resume a waiting or paused workflow and check its behavioral release (per its policy)."""
+def wake_locked(workflow: Workflow, *, now: datetime, cause: str, resume: bool = False) -> None:
+    """Resume a waiting or paused workflow and check its behavioral release (per its policy).
+
+    A workflow an operator paused stays paused unless ``resume`` (``workflow_resume``): what would
+    wake it (a decision, a signal) is recorded on its wait, and the advance after the resume reads it.
+    """
+    if workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.OPERATOR \
+            and not resume:
+        event_record(workflow=workflow, kind="workflow.wake_held", at=now, cause=cause,
+                     why="paused by an operator; it goes on when resumed")
+        return
     workflow.wake(at=now)
     event_record(workflow=workflow, kind="workflow.woken", at=now, cause=cause)
     workflow_save(workflow, "status", at=now)

@@ -14,7 +14,7 @@ from django.db import transaction
 from agentops import telemetry
 from workflows import clock, doorbells, engine, registry, selectors
 from workflows.errors import InvalidInput, NotFound, TransitionRefused
-from workflows.models import ClientRequest, Commitment, Intent, Signal, Wait, Workflow
+from workflows.models import ClientRequest, Commitment, Intent, Signal, Wait, Workflow, WorkflowLabel
 from workflows.services.cancellation import advance_cancellation, children_cancel_live, compensations_retry
 from workflows.services.children import child_start
 from workflows.services.client_requests import client_request_claim_once, idempotency_key_checked
@@ -34,6 +34,8 @@ from workflows.services.failures import (
     handler_failure_record,
     handler_failures_clear,
 )
+from workflows.services.labels import labels_checked
+from workflows.services.pauses import operator_resume_locked
 from workflows.services.steps import (
     MAX_GOAL_CHARS,
     MAX_HOURS,
@@ -70,12 +72,14 @@ def workflow_launch(
     budget_hourly_usd: Decimal | None = None,
     stagnation_policy: str = Workflow.StagnationPolicy.RECORD,
     fallback_model: str = "",
+    labels: dict[str, str] | None = None,
 ) -> Workflow:
     """Create a workflow with intent v1 and advance it in the same transaction (its first
     activity is scheduled, or its first wait opened, when this returns).
 
     ``max_hours`` sets a durable deadline: past it, beat cancels the workflow. ``fallback_model``
     is the model its calls move to on sustained overload (``agentops.providers.provider_for``).
+    ``labels`` (key to value, ``labels_checked``) are stored with it, to filter and count by.
 
     Not idempotent: every call launches a new workflow (``workflow_launch_once`` takes a key).
     Raises InvalidInput for an unknown kind, bad parameters or a bad goal, and then writes nothing.
@@ -84,6 +88,7 @@ def workflow_launch(
         idempotency_key="", kind=kind, goal=goal, params=params, user=user, release_policy=release_policy,
         max_hours=max_hours, priority=priority, budget_total_usd=budget_total_usd,
         budget_hourly_usd=budget_hourly_usd, stagnation_policy=stagnation_policy, fallback_model=fallback_model,
+        labels=labels,
     )
     return workflow
 
@@ -103,6 +108,7 @@ def workflow_launch_once(
     stagnation_policy: str = Workflow.StagnationPolicy.RECORD,
     fallback_model: str = "",
     parent_wait: Wait | None = None,
+    labels: dict[str, str] | None = None,
 ) -> tuple[Workflow, bool]:
     """Launch as ``workflow_launch`` does, once per ``idempotency_key``: (workflow, True) when
     this call launched it; (workflow, False) when the same request with this key launched it
@@ -139,12 +145,15 @@ def workflow_launch_once(
         raise InvalidInput(f"The priority must be a whole number from 0 to 10; got {priority}.")
     budget_total_usd = amount_checked(budget_total_usd, what="The total budget")
     budget_hourly_usd = amount_checked(budget_hourly_usd, what="The hourly budget")
+    labels = labels_checked(labels)
     now = clock.now()
     # What names the request: its values as checked, so 5, 5.0 and "5.00" are one request.
     request = {"kind": kind, "goal": goal, "params": params, "release_policy": release_policy,
                "max_hours": None if max_hours is None else float(max_hours), "priority": priority,
                "budget_total_usd": _amount(budget_total_usd), "budget_hourly_usd": _amount(budget_hourly_usd),
                "stagnation_policy": stagnation_policy, "fallback_model": fallback_model, "user": username_of(user)}
+    if labels:  # only when given: a key reused from before labels existed still names the same request
+        request["labels"] = labels
     with transaction.atomic():
         claimed = None
         if idempotency_key:
@@ -171,10 +180,11 @@ def workflow_launch_once(
         workflow.start(at=now)
         workflow.save()
         Intent.objects.create(workflow=workflow, version=1, goal=goal, created_by=user, created_at=now)
+        WorkflowLabel.objects.bulk_create(WorkflowLabel(workflow=workflow, key=k, value=v) for k, v in labels.items())
         with events_batched(workflow):
             event_record(
                 workflow=workflow, kind="workflow.launched", at=now, goal=goal, params=params,
-                release=workflow.release.fingerprint, by=username_of(user),
+                release=workflow.release.fingerprint, by=username_of(user), **({"labels": labels} if labels else {}),
                 **({"parent": workflow.parent_id, "operation_id": parent_wait.operation_id} if parent_wait else {}),
             )
             # Nobody else sees the new row before the commit: advance it here, no doorbell needed.
@@ -491,10 +501,11 @@ def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None, idempot
 
 
 @transaction.atomic
-def workflow_resume(*, workflow_id: int, user: Any = None) -> Result:
+def workflow_resume(*, workflow_id: int, user: Any = None, by: str = "") -> Result:
     """Resume a paused workflow, retry failed compensations (of a workflow in any state), or
     re-ring a running one whose doorbell may be lost.
 
+    A workflow an operator paused goes on exactly where it stopped (``operator_resume_locked``).
     A workflow paused, or backing off, after failed advances is advanced at once, in this
     call, with a fresh count of failures: HANDLER_FAILED when it fails again (recorded).
     Idempotent: resuming a running workflow only rings its doorbell again; only failed
@@ -503,7 +514,7 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Result:
     """
     workflow = workflow_lock(workflow_id)
     now = clock.now()
-    by = username_of(user) or "an operator"
+    by = username_of(user) or by.strip()[:150] or "an operator"
     if workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.BUDGET:
         raise TransitionRefused(f"Workflow {workflow_id} is paused because its budget ran out; resuming would pause "
                                 f"it again at its next model call. Raise the budget (`manage.py agent budget "
@@ -511,6 +522,8 @@ def workflow_resume(*, workflow_id: int, user: Any = None) -> Result:
                                 f"/api/workflows/{workflow_id}/budget), which resumes it.")
     # A compensation out of attempts leaves an effect nothing undoes, whatever the workflow's state.
     retried = compensations_retry(workflow, now=now)
+    if workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.OPERATOR:
+        return operator_resume_locked(workflow, now=now, by=by)
     if workflow.status == Workflow.Status.PAUSED:
         failed = workflow.pause_cause == Workflow.PauseCause.HANDLER_FAILED
         if workflow.pause_cause == Workflow.PauseCause.DEFINITION:

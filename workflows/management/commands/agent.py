@@ -25,6 +25,7 @@ from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
 from workflows.management import webhook_verb
 from workflows.models import Schedule, Signal, Workflow
 from workflows.services import roles, schedules, tokens
+from workflows.services.labels import MAX_LABELS, label_filters_parsed, label_pairs_parsed
 from workflows.services.workflows import SIGNAL_AUTO_KEY_PREFIX, SIGNAL_WEBHOOK_KEY_PREFIX
 
 EXIT_BAD_INPUT = 2
@@ -64,10 +65,13 @@ class Command(BaseCommand):
                                  "the key with other values is refused")
         launch.add_argument("--fallback-model", default="", metavar="MODEL",
                             help="model to move to on sustained overload (429/529), e.g. claude-haiku-4-5")
+        launch.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help=LABEL_HELP)
 
         lst = verb("list", "List workflows, newest first.")
         lst.add_argument("--status", choices=Workflow.Status.values, help="only this status")
         lst.add_argument("--kind", help="only this kind")
+        lst.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                         help="only workflows with this label (repeatable: all of them)")
         lst.add_argument("--limit", type=int, default=50,
                          help=f"at most this many, 1 to {selectors.MAX_LIST_ROWS:,} (default 50)")
 
@@ -116,6 +120,13 @@ class Command(BaseCommand):
         budget.add_argument("--hourly", type=usd, metavar="USD")
         budget.add_argument("--user", required=True, help="username of who changed the budget")
 
+        pause = verb("pause", "Pause a running or waiting workflow: nothing new starts, running activities finish "
+                              "(docs/operators.md, \"Pausing a workflow\"); `agent resume` goes on.")
+        pause.add_argument("id", type=int)
+        pause.add_argument("--reason", default="", help="why, recorded on the workflow and in its history")
+        pause.add_argument("--user", help="username of who paused (default: this shell's login, recorded as "
+                                          "shell:LOGIN)")
+
         resume = verb("resume", "Resume a paused workflow (or re-ring a running one).")
         resume.add_argument("id", type=int)
         resume.add_argument("--user", help="username of who resumed")
@@ -140,6 +151,8 @@ class Command(BaseCommand):
         sched.add_argument("--kind", help="add: the workflow kind each occurrence launches")
         sched.add_argument("--goal", help="add: the goal of each launch")
         sched.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="add: launch parameter")
+        sched.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                           help="add: a label each launch carries (repeatable)")
         sched.add_argument("--cron", default="", metavar="\"M H DOM MON DOW\"",
                            help="add: when, as a five-field cron expression in UTC")
         sched.add_argument("--every", default="", metavar="DURATION", help="add: or an interval, e.g. 6h, 30m, 1h30m")
@@ -207,6 +220,7 @@ class Command(BaseCommand):
             release_policy=options["release_policy"], max_hours=options["max_hours"], priority=options["priority"],
             budget_total_usd=options["budget_total"], budget_hourly_usd=options["budget_hourly"],
             stagnation_policy=options["stagnation_policy"], fallback_model=options["fallback_model"],
+            labels=label_pairs_parsed(options["label"]),
         )
         what = (f"Launched {workflow.kind} workflow {workflow.pk} on {workflow.release}." if created else
                 f"Workflow {workflow.pk} ({workflow.kind}) was launched before with this idempotency key; "
@@ -215,18 +229,20 @@ class Command(BaseCommand):
                    f"{what}\nFollow it with: manage.py agent show {workflow.pk}")
 
     def _list(self, options: dict[str, Any]) -> None:
-        workflows = selectors.workflow_list(status=options["status"] or "", kind=options["kind"] or "")
+        workflows = selectors.workflow_list(status=options["status"] or "", kind=options["kind"] or "",
+                                            labels=label_filters_parsed(options["label"]))
         rows = [selectors.workflow_summary(w) for w in workflows.select_related("release")[: options["limit"]]]
         if options["json"]:
             self._emit(options, rows, "")
             return
         retrying = selectors.workflows_retrying([row["id"] for row in rows])
-        table = Table("id", "kind", "status", "node", "intent", "goal", "updated")
+        table = Table("id", "kind", "status", "node", "intent", "goal", "labels", "updated")
         for row in rows:
             status = f"{row['status']} (retrying)" if row["id"] in retrying and row["status"] == "running" else \
                 row["status"]
             table.add_row(str(row["id"]), row["kind"], status, row["current_node"],
-                          f"v{row['intent_version']}", row["goal"][:50], row["updated_at"][:19])
+                          f"v{row['intent_version']}", row["goal"][:50], labels_text(row["labels"])[:40],
+                          row["updated_at"][:19])
         self.console.print(table if rows else "No workflows yet. Launch one with `manage.py agent launch`.")
 
     def _show(self, options: dict[str, Any]) -> None:
@@ -288,8 +304,14 @@ class Command(BaseCommand):
                    f"Workflow {workflow.pk} budget: total {spend['budget_total_usd'] or 'unlimited'} USD, "
                    f"hourly {spend['budget_hourly_usd'] or 'unlimited'} USD; it is {workflow.status}.")
 
+    def _pause(self, options: dict[str, Any]) -> None:
+        result = services.workflow_pause(workflow_id=options["id"], reason=options["reason"],
+                                         user=user_or_none(options["user"]), by=f"shell:{shell_login()}")
+        self._emit(options, result.to_json(), result.message)
+
     def _resume(self, options: dict[str, Any]) -> None:
-        result = services.workflow_resume(workflow_id=options["id"], user=user_or_none(options["user"]))
+        result = services.workflow_resume(workflow_id=options["id"], user=user_or_none(options["user"]),
+                                          by=f"shell:{shell_login()}")
         self._emit(options, result.to_json(), result.message)
 
 
@@ -334,7 +356,8 @@ class Command(BaseCommand):
             added = schedules.schedule_add(
                 name=name, kind=options["kind"], goal=options["goal"], params=parse_params(options["param"]),
                 cron=options["cron"], every=options["every"], overlap=options["overlap"],
-                catch_up=options["catch_up"], jitter=options["jitter"], user=user_or_none(options["user"]))
+                catch_up=options["catch_up"], jitter=options["jitter"], user=user_or_none(options["user"]),
+                labels=label_pairs_parsed(options["label"]))
             self._emit(options, selectors.schedule_summary(added),
                        f"Schedule {added.name}: {added.kind}, {added.when}; next at "
                        f"{added.next_due_at:%Y-%m-%d %H:%M:%S} UTC.")
@@ -571,6 +594,14 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
     return params
 
 
+LABEL_HELP = (f"a label to find it by (repeatable, at most {MAX_LABELS}): a key of lowercase letters, digits, _ and - "
+              "starting with a letter; a value of 1–128 letters, digits and . _ - : / @ +")
+
+
+def labels_text(labels: dict[str, str]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in labels.items())
+
+
 def user_by_name(username: str) -> Any:
     """The active user named ``username``; a deactivated account may not act (nor log in to the admin)."""
     user_model = get_user_model()
@@ -639,6 +670,8 @@ def render_detail(detail: dict[str, Any]) -> Any:
             f"{detail['current_node']} (intent v{detail['intent_version']})\nGoal: {detail['goal']}\n"
             f"Release: {detail['release']['provider']} {detail['release']['model']} "
             f"prompt {detail['release']['prompt_version']}")
+    if detail.get("labels"):
+        head += f"\nLabels: {escape(labels_text(detail['labels']))}"
     if detail.get("pause_cause"):
         head += f"\nPaused: {detail['pause_cause']}"
     if detail["reason"]:
