@@ -20,7 +20,7 @@ from agentops.ratelimits.limiter import Admission, Ask, RateLimitInfo, RedisLimi
 from workflows.errors import Throttled
 
 __all__ = ["Admission", "Ask", "GatedMeter", "RateGate", "RateLimitInfo", "RedisLimiter", "configured_limits",
-           "limiter", "scope_of"]
+           "limiter", "redis_errors", "scope_of"]
 
 log = logging.getLogger("agentops.ratelimits")
 
@@ -72,7 +72,8 @@ def concurrency_caps(tenant: str, kind: str) -> tuple[int, int]:
             int(table.get(f"kind:{kind}", table.get("kind:*", 0))))
 
 
-def _redis_errors() -> tuple[type[BaseException], ...]:
+def redis_errors() -> tuple[type[BaseException], ...]:
+    """What an unreachable or failing limiter Redis raises."""
     import redis
 
     return (redis.RedisError, OSError)
@@ -125,7 +126,7 @@ class RateGate:
                 f"and stopped waiting: {exc.reason} (AGENTOPS_RATE_LIMIT_MAX_WAIT_SECONDS). It was not sent; the "
                 "activity will try again.", retry_after_seconds=None, waited_seconds=exc.waited_seconds,
             ) from None
-        except _redis_errors() as exc:
+        except redis_errors() as exc:
             _redis_down(exc, "acquire")
             return self._without_redis(exc)
         self.waited_seconds += admission.waited_seconds
@@ -200,7 +201,7 @@ class RateGate:
         """Settling never fails a call: a lost settle costs at most a slot until it expires."""
         try:
             fn(*args, **kwargs)
-        except _redis_errors() as exc:
+        except redis_errors() as exc:
             _redis_down(exc, fn.__name__)
 
 

@@ -150,3 +150,42 @@ def test_an_attempt_carries_its_workflows_tenant_kind_and_priority(workspaces: P
     assert claim is not None
     assert (claim.tenant, claim.kind, claim.priority) == (f"user:{user.pk}", "autonomous", 9)
     assert Event.objects.filter(workflow=workflow, kind="activity.started").exists()
+
+
+def test_metrics_show_each_limit_its_use_the_waiting_calls_and_the_429s(client: Any, settings: Any, shared: Any,
+                                                                         workspaces: Path) -> None:
+    from decimal import Decimal
+
+    from tests.test_metrics import TOKEN, samples, scrape
+    from workflows.services.budgets import budget_release_once, budget_reserve_ensure
+
+    settings.AGENTOPS_METRICS_TOKEN = TOKEN
+    settings.AGENTOPS_RATE_LIMITS = {SCOPE: {"requests_per_minute": 2}}
+    settings.AGENTOPS_MODEL_CALL_CONCURRENCY = {"tenant:*": 5}
+    limiter = ratelimits.limiter()
+    assert limiter is not None
+    urgent = ratelimits.Ask(scope=SCOPE, tenant="user:7", kind="autonomous", priority=9, input_tokens=100,
+                            output_tokens=10, configured=(2, 0, 0), tenant_cap=5)
+    assert [limiter.try_acquire(urgent, t).admitted for t in ("a", "b", "c")] == [True, True, False]
+    limiter.settle(ratelimits.Admission(ask=urgent, ticket="x", waited_seconds=0, tracked=False),
+                   info=ratelimits.RateLimitInfo(limits={"requests": 600}, remaining={}))
+    workflow = launch(workspaces)
+    budget_reserve_ensure(workflow_id=workflow.pk, key="k429", operation_id="op", provider="anthropic", model=MODEL,
+                          estimate_usd=Decimal("0.01"))
+    budget_release_once(key="k429", reason="answered 429: the API does not bill errors", http_status=429)
+
+    found = samples(scrape(client).content.decode())
+
+    def value(name: str, **labels: str) -> float:
+        return found[(name, tuple(sorted(labels.items())))]
+
+    where = {"provider": "anthropic", "model": MODEL}
+    assert value("agentops_rate_limiter_up") == 1
+    assert value("agentops_model_rate_limited_total", model=MODEL) == 1
+    assert value("agentops_rate_limit_per_minute", **where, dimension="requests", source="configured") == 2
+    assert value("agentops_rate_limit_per_minute", **where, dimension="requests", source="learned") == 600
+    assert value("agentops_rate_limit_per_minute", **where, dimension="requests", source="effective") == 2
+    assert 1 <= value("agentops_rate_limit_used", **where, dimension="requests") <= 2, "2 taken, refilling"
+    assert value("agentops_rate_limit_waiting", **where, tenant="user:7", priority="9") == 1
+    assert value("agentops_model_call_slots", key="tenant:user:7") == 2
+    assert value("agentops_model_call_slots_limit", key="tenant:*") == 5
