@@ -15,7 +15,10 @@ Nothing is configured: the limiter learns the limits from a warm-up's answers, a
   into the drained limit: each tenant's median wait for its share (``rate_wait_ms`` of its
   ``model.called`` events, 0 when it did not wait);
 - **priority**: a priority-9 workflow launched while the fairness run saturates the limit: the
-  wait of each of its calls against the mean gap between successful requests meanwhile.
+  wait of each of its calls against the mean gap between successful requests meanwhile;
+- **without the limiter** (the baseline, last): the limit run again on a full organisation limit,
+  the workers without the shared limiter (``AGENTOPS_RATE_LIMIT_REDIS_URL=""``): each call learns
+  of the limit by a 429 and backs off by its retry-after, as before issue 28.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from typing import Any
 from bench.context import Bench
 from bench.inflight import MODEL, FakeAPI
 from bench.infra import BenchError
+from bench.timers import ensure_beat
 
 IO_THREADS = 200  # each of the two I/O workers: a waiting call holds its thread, as an answer awaited does
 LATENCY_S = 1.0
@@ -35,12 +39,13 @@ MAX_TOKENS = 64
 SETTLE_S = 5.0
 
 
-def _start_workers(bench: Bench, api: FakeAPI) -> None:
+def _start_workers(bench: Bench, api: FakeAPI, *, limiter: bool = True) -> None:
     from django.conf import settings
 
     bench.cluster.stop(bench.cluster.workers())
     env = {"AGENTOPS_MODEL_PROVIDER": "anthropic", "ANTHROPIC_API_KEY": "sk-ant-bench-0000",
-           "ANTHROPIC_BASE_URL": api.url, "AGENTOPS_MODEL": MODEL, "AGENTOPS_DB_POOL_SIZE": "10"}
+           "ANTHROPIC_BASE_URL": api.url, "AGENTOPS_MODEL": MODEL, "AGENTOPS_DB_POOL_SIZE": "10",
+           **({} if limiter else {"AGENTOPS_RATE_LIMIT_REDIS_URL": ""})}
     procs = [bench.cluster.start_worker(f"io{i + 1}", pool="threads", concurrency=IO_THREADS,
                                         queues=(settings.AGENTOPS_IO_QUEUE,), ready=False, extra_env=env)
              for i in range(2)]
@@ -202,9 +207,20 @@ def bench_ratelimits(bench: Bench) -> dict[str, Any]:
         bench.log(f"  median wait large {fairness['median_wait_s']['large']} s, small "
                   f"{fairness['median_wait_s']['small']} s; priority 9 waits {fairness['priority9_waits_s']} s "
                   f"(mean gap {fairness['mean_gap_s']} s)")
+        # The baseline: the same run without the shared limiter (each call learns of the limit by
+        # a 429 and backs off by its retry-after), on a full organisation limit again.
+        bench.log("rate limits: the same agents without the shared limiter (the baseline)")
+        _start_workers(bench, api, limiter=False)
+        ensure_beat(bench)  # the throttled attempts' retry windows are rung by its sweep
+        api.ask(f"limit {rpm} {itpm} 0")
+        without = run_limit(bench, api, agents=sizes.ratelimit_agents, calls=sizes.ratelimit_calls, rpm=rpm,
+                            itpm=itpm)
+        bench.log(f"  429s {without['rate_limited']} of {without['requests']} "
+                  f"({100 * without['rate_limited_share']:.1f} %), {without['use_of_binding_limit']:.2f}x the binding "
+                  f"limit once saturated, {without['seconds']} s in all (with the limiter: {limit['seconds']} s)")
     finally:
         bench.cluster.stop(bench.cluster.workers())
         api.stop()
     targets = {"rate_limited_share": 0.02, "use_of_binding_limit": 0.85, "small_over_large_median": 2.0,
                "priority9_max_over_gap": 2.0}
-    return {"limit": limit, "fairness": fairness, "targets": targets}
+    return {"limit": limit, "fairness": fairness, "without_limiter": without, "targets": targets}

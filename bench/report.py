@@ -209,6 +209,7 @@ def _ratelimits(r: dict[str, Any]) -> list[Row]:
          f"{lim['ok_requests_per_min']:g} ({lim['requests_use']:.2f}x) / {lim['input_tokens_per_min']:,} "
          f"({lim['input_tokens_use']:.2f}x)", f">= {t['use_of_binding_limit']}x the binding one",
          _met(lim["use_of_binding_limit"] >= t["use_of_binding_limit"])),
+        *_without_limiter(r),
         ("9 rate limits", "  attempts by worker process", by_worker, "two share it", _met(len(lim["calls_by_worker"])
                                                                                        >= 2)),
         ("9 rate limits", f"tenants of {fair['large_agents']} and {fair['small_agents']} agents: median wait "
@@ -223,6 +224,15 @@ def _ratelimits(r: dict[str, Any]) -> list[Row]:
          f"{fair['mean_gap_s'] * 1000:.0f} ms)", f"<= {t['priority9_max_over_gap']:g}x",
          _met(fair["priority9_max_over_gap"] <= t["priority9_max_over_gap"])),
     ]
+
+
+def _without_limiter(r: dict[str, Any]) -> list[Row]:
+    w, lim = r.get("without_limiter"), r["limit"]
+    if not w:
+        return []
+    return [("9 rate limits", "  baseline without the shared limiter: 429s; use once saturated; run time",
+             f"{w['rate_limited']} of {w['requests']} ({100 * w['rate_limited_share']:.1f} %); "
+             f"{w['use_of_binding_limit']:.2f}x; {w['seconds']:g} s (with it {lim['seconds']:g} s)", "", "")]
 
 
 SECTIONS = {"throughput": _throughput, "inflight": _inflight, "ablations": _ablations, "growth": _growth,

@@ -165,11 +165,11 @@ class OrganisationLimit:
     is none."""
 
     def __init__(self, *, requests_per_minute: int, input_tokens_per_minute: int, output_tokens_per_minute: int = 0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, full: float = 1.0) -> None:
         self.limits = dict(zip(RATE_DIMENSIONS, (requests_per_minute, input_tokens_per_minute,
                                                  output_tokens_per_minute), strict=True))
         self.clock = clock
-        self.levels = {d: float(v) for d, v in self.limits.items()}
+        self.levels = {d: full * v for d, v in self.limits.items()}  # ``full``: the share each bucket starts with
         self.at = clock()
         self.lowest = dict(self.levels)  # the lowest level each bucket reached
         self.low_since: float | None = None  # when a bucket first fell below a tenth of its capacity
