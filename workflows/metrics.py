@@ -201,20 +201,14 @@ def rate_limit_metrics() -> Iterator[Metric]:
     from agentops import ratelimits
     from agentops.ratelimits.limiter import DIMENSIONS
 
-    limiter = ratelimits.limiter()
-    if limiter is None:
+    now = ratelimits.overview()
+    if now is None:
         return
     up = GaugeMetricFamily("agentops_rate_limiter_up", "1 when the shared rate limiter's Redis answers.")
-    try:
-        scopes = sorted(set(limiter.scopes()) | {s for s in settings.AGENTOPS_RATE_LIMITS if not s.endswith(":*")})
-        states = {scope: limiter.state(scope, ratelimits.configured_limits(scope)) for scope in scopes}
-        slots = limiter.slots()
-    except ratelimits.redis_errors():
-        up.add_metric([], 0)
-        yield up
-        return
-    up.add_metric([], 1)
+    up.add_metric([], 1 if now["up"] else 0)
     yield up
+    if not now["up"]:
+        return
     per_minute = GaugeMetricFamily("agentops_rate_limit_per_minute", "Rate limits per minute by provider, model "
                                    "and dimension; source configured (AGENTOPS_RATE_LIMITS), learned (the answers' "
                                    "headers) or effective (what the limiter holds: the lower, learned times the "
@@ -228,11 +222,10 @@ def rate_limit_metrics() -> Iterator[Metric]:
                                 "waits after a 429's retry-after.", labels=["provider", "model"])
     waiting = GaugeMetricFamily("agentops_rate_limit_waiting", "Model requests waiting for their share, by tenant "
                                 "and priority.", labels=["provider", "model", "tenant", "priority"])
-    for scope, state in states.items():
-        provider, _, model = scope.partition(":")
-        configured = dict(zip(DIMENSIONS, ratelimits.configured_limits(scope), strict=True))
+    for state in now["scopes"]:
+        provider, model = state["provider"], state["model"]
         for dimension in DIMENSIONS:
-            for source, value in (("configured", configured[dimension]),
+            for source, value in (("configured", state["configured"][dimension]),
                                   ("learned", state["learned"].get(dimension, 0)),
                                   ("effective", state["effective"][dimension])):
                 per_minute.add_metric([provider, model, dimension, source], value)
@@ -248,9 +241,9 @@ def rate_limit_metrics() -> Iterator[Metric]:
                              "(tenant:<tenant>, kind:<kind>) with a cap.", labels=["key"])
     caps = GaugeMetricFamily("agentops_model_call_slots_limit", "Each concurrency key's cap "
                              "(AGENTOPS_MODEL_CALL_CONCURRENCY).", labels=["key"])
-    for key, n in sorted(slots.items()):
+    for key, n in sorted(now["slots"].items()):
         held.add_metric([key], n)
-    for key, cap in sorted(settings.AGENTOPS_MODEL_CALL_CONCURRENCY.items()):
+    for key, cap in sorted(now["caps"].items()):
         caps.add_metric([key], cap)
     yield held
     yield caps

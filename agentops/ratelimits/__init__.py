@@ -16,11 +16,11 @@ from typing import Any
 
 from django.conf import settings
 
-from agentops.ratelimits.limiter import Admission, Ask, RateLimitInfo, RedisLimiter, WaitAbandoned
+from agentops.ratelimits.limiter import DIMENSIONS, Admission, Ask, RateLimitInfo, RedisLimiter, WaitAbandoned
 from workflows.errors import Throttled
 
 __all__ = ["Admission", "Ask", "GatedMeter", "RateGate", "RateLimitInfo", "RedisLimiter", "configured_limits",
-           "limiter", "redis_errors", "scope_of"]
+           "limiter", "overview", "redis_errors", "scope_of"]
 
 log = logging.getLogger("agentops.ratelimits")
 
@@ -84,6 +84,30 @@ def _redis_down(exc: BaseException, what: str) -> None:
     _down_until = time.monotonic() + REDIS_DOWN_RECHECK_SECONDS
     log.warning("ratelimits.redis_unreachable", extra={"what": what, "error": f"{type(exc).__name__}: {exc}"[:200],
                                                         "policy": settings.AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN})
+
+
+def overview() -> dict[str, Any] | None:
+    """What the limiter holds now, for /metrics and the admin: None when it is off; ``up`` False
+    when its Redis does not answer; else each scope's limits by source and dimension
+    (``configured``, ``learned``, ``effective``), ``available``, ``blocked_seconds`` and
+    ``waiting`` ({(tenant, priority): n}), and the concurrency ``slots`` held with their ``caps``."""
+    shared = limiter()
+    if shared is None:
+        return None
+    try:
+        names = set(shared.scopes()) | {s for s in settings.AGENTOPS_RATE_LIMITS if not s.endswith(":*")}
+        scopes = []
+        for scope in sorted(names):
+            configured = configured_limits(scope)
+            state = shared.state(scope, configured)
+            provider, _, model = scope.partition(":")
+            scopes.append({"scope": scope, "provider": provider, "model": model,
+                           "configured": dict(zip(DIMENSIONS, configured, strict=True)), **state})
+        slots = shared.slots()
+    except redis_errors() as exc:
+        _redis_down(exc, "overview")
+        return {"up": False, "scopes": [], "slots": {}, "caps": {}}
+    return {"up": True, "scopes": scopes, "slots": slots, "caps": dict(settings.AGENTOPS_MODEL_CALL_CONCURRENCY)}
 
 
 class RateGate:

@@ -189,3 +189,29 @@ def test_metrics_show_each_limit_its_use_the_waiting_calls_and_the_429s(client: 
     assert value("agentops_rate_limit_waiting", **where, tenant="user:7", priority="9") == 1
     assert value("agentops_model_call_slots", key="tenant:user:7") == 2
     assert value("agentops_model_call_slots_limit", key="tenant:*") == 5
+
+
+def test_the_admin_rate_limits_page_shows_limits_waiting_calls_by_launcher_and_slots(
+    admin_client: Any, settings: Any, shared: Any,
+) -> None:
+    settings.AGENTOPS_RATE_LIMITS = {SCOPE: {"requests_per_minute": 1}}
+    settings.AGENTOPS_MODEL_CALL_CONCURRENCY = {"kind:harness": 3}
+    launcher = User.objects.create_user("night-batch")
+    limiter = ratelimits.limiter()
+    assert limiter is not None
+    batch = ratelimits.Ask(scope=SCOPE, tenant=f"user:{launcher.pk}", kind="harness", priority=2, input_tokens=10,
+                           output_tokens=10, configured=(1, 0, 0), kind_cap=3)
+    assert [limiter.try_acquire(batch, t).admitted for t in ("a", "b")] == [True, False]
+
+    page = admin_client.get("/admin/workflows/workflow/rate-limits/").content.decode()
+
+    assert SCOPE in page and "requests / minute" in page
+    assert f"night-batch (user:{launcher.pk})" in page, "a waiting call is shown by its launcher's name"
+    assert "kind:harness" in page
+    listing = admin_client.get("/admin/workflows/workflow/").content.decode()
+    assert "/admin/workflows/workflow/rate-limits/" in listing
+
+
+def test_the_admin_rate_limits_page_says_when_the_limiter_is_off(admin_client: Any) -> None:
+    page = admin_client.get("/admin/workflows/workflow/rate-limits/").content.decode()
+    assert "The shared rate limiter is off" in page
