@@ -10,6 +10,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from celery.schedules import schedule
@@ -340,6 +341,62 @@ if not AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS > 0:
     raise ImproperlyConfigured(
         f"AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS={AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS} must be above 0.")
 AGENTOPS_PROMPT_VERSION = env_str("AGENTOPS_PROMPT_VERSION", "prompts-2")  # 2: structured answers as forced tool calls
+
+def env_json_object(name: str, default: dict[str, Any]) -> dict[str, Any]:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ImproperlyConfigured(f"{name} is not JSON ({exc.msg}); set it to a JSON object.") from None
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object, not {type(value).__name__}.")
+    return value
+
+
+# Shared rate limits, fair shares and priorities for model calls (docs/operators.md, "Rate limits").
+# The limiter's Redis: every worker of every host must use the same one; by default the broker's
+# when it is Redis, else none (the limiter is off: calls go as they come, 429s back off as before).
+_BROKER_IS_REDIS = CELERY_BROKER_URL.startswith(("redis://", "rediss://"))
+AGENTOPS_RATE_LIMIT_REDIS_URL = env_str("AGENTOPS_RATE_LIMIT_REDIS_URL", CELERY_BROKER_URL if _BROKER_IS_REDIS else "")
+# Per-minute limits by "<provider>:<model>" (or "<provider>:*"): requests_per_minute,
+# input_tokens_per_minute, output_tokens_per_minute. The limits the API's answers report
+# (anthropic-ratelimit-* headers) are learned too, times the headroom; the lower of the two holds.
+AGENTOPS_RATE_LIMITS = env_json_object("AGENTOPS_RATE_LIMITS", {})
+for _scope, _limits in AGENTOPS_RATE_LIMITS.items():
+    if not isinstance(_limits, dict) or set(_limits) - {"requests_per_minute", "input_tokens_per_minute",
+                                                         "output_tokens_per_minute"} or not all(
+            isinstance(v, int | float) and v > 0 for v in _limits.values()):
+        raise ImproperlyConfigured(
+            f"AGENTOPS_RATE_LIMITS[{_scope!r}] must be an object of requests_per_minute, input_tokens_per_minute "
+            "and output_tokens_per_minute, each a number above 0.")
+AGENTOPS_RATE_LIMIT_HEADROOM = env_float("AGENTOPS_RATE_LIMIT_HEADROOM", 0.95)
+if not 0 < AGENTOPS_RATE_LIMIT_HEADROOM <= 1:
+    raise ImproperlyConfigured(f"AGENTOPS_RATE_LIMIT_HEADROOM={AGENTOPS_RATE_LIMIT_HEADROOM} must be in (0, 1].")
+# Concurrent model requests by key: "tenant:<tenant>" and "kind:<kind>", "tenant:*" and "kind:*"
+# for every tenant or kind without a key of its own. A tenant is the launcher ("user:<id>", or
+# "system"); see workflows/tenancy.py.
+AGENTOPS_MODEL_CALL_CONCURRENCY = env_json_object("AGENTOPS_MODEL_CALL_CONCURRENCY", {})
+for _key, _cap in AGENTOPS_MODEL_CALL_CONCURRENCY.items():
+    if not str(_key).startswith(("tenant:", "kind:")) or not isinstance(_cap, int) or _cap < 1:
+        raise ImproperlyConfigured(f"AGENTOPS_MODEL_CALL_CONCURRENCY[{_key!r}]: keys are tenant:<tenant> or "
+                                   "kind:<kind> (or tenant:*, kind:*), values whole numbers of at least 1.")
+# When the limiter's Redis cannot be reached: "open" sends the call unlimited (429s back off as
+# before), "closed" does not send it (a throttled attempt: retried later, its attempt given back).
+AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN = env_str("AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN", "open")
+if AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN not in ("open", "closed"):
+    raise ImproperlyConfigured(f"AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN={AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN!r} must be "
+                               "open or closed.")
+# The longest a call waits for its turn in a worker; past it the attempt is throttled (a stored
+# retry window, its attempt given back) and frees its thread.
+AGENTOPS_RATE_LIMIT_MAX_WAIT_SECONDS = env_float("AGENTOPS_RATE_LIMIT_MAX_WAIT_SECONDS", 300.0)
+# A waiting call looks again at least this often even unwoken; a waiter silent for 4 times it is dropped.
+AGENTOPS_RATE_LIMIT_POLL_SECONDS = env_float("AGENTOPS_RATE_LIMIT_POLL_SECONDS", 5.0)
+# A request's concurrency slot expires after this (a dead worker's slots come back then).
+AGENTOPS_RATE_LIMIT_SLOT_SECONDS = env_float("AGENTOPS_RATE_LIMIT_SLOT_SECONDS", 300.0)
+# How long a limit learned from an answer holds without another answer confirming it.
+AGENTOPS_RATE_LIMIT_LEARN_TTL_SECONDS = env_int("AGENTOPS_RATE_LIMIT_LEARN_TTL_SECONDS", 3600)
 AGENTOPS_WORKSPACE_DIR = Path(env_str("AGENTOPS_WORKSPACE_DIR", str(VAR_DIR / "workspaces")))
 # Every command run for a user (the autonomous agent's run_command, the release agent's tests) is
 # sandboxed (agentops/sandbox/): scrubbed environment, own process group, redacted output, and

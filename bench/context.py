@@ -34,13 +34,24 @@ class Sizes:
     # Long runs (8): harness projects of these many scripted features, autonomous runs of these many rounds.
     long_run_features: tuple[int, ...] = (10, 50, 200)
     long_run_rounds: tuple[int, ...] = (20,)
+    # Shared rate limits (9): agents and calls against the fake API's organisation limit; the two
+    # tenants' agents (issue 28's 900 and 10, scaled to 90 and 1 to keep the run to minutes).
+    ratelimit_agents: int = 300
+    ratelimit_calls: int = 3
+    ratelimit_rpm: int = 600
+    ratelimit_itpm: int = 200_000
+    fairness_large: int = 90
+    fairness_small: int = 1
+    fairness_calls: int = 4
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(throughput_workflows=20, warmup_workflows=4, parked=2000, sweep_repeats=10, timers=50,
                    timer_window_s=10.0, recovery_runs=3, growth_concurrency=(5, 20, 50),
                    rss_activities=(100, 500), ablations=False, profile_seconds=3.0, latency_runs=3,
-                   inflight_agents=(10, 100), inflight_tool_turns=1, long_run_features=(10,), long_run_rounds=(3,))
+                   inflight_agents=(10, 100), inflight_tool_turns=1, long_run_features=(10,), long_run_rounds=(3,),
+                   ratelimit_agents=30, ratelimit_calls=5, ratelimit_rpm=120, ratelimit_itpm=40_000,
+                   fairness_large=45, fairness_small=1, fairness_calls=3)
 
     @classmethod
     def full(cls) -> Sizes:

@@ -6,9 +6,14 @@ handling does not compete with the orchestrator's launches for one interpreter. 
 then obeys lines on stdin, answering each with one JSON line:
 
 - ``play LATENCY TOOL_TURNS``: answer from now on with this latency and this many tool calls per task;
+- ``answer LATENCY``: answer every call with a short text after this latency (the rate-limits benchmark);
+- ``limit RPM ITPM OTPM``: enforce an organisation limit like the API's from now on (token buckets of
+  requests, input and output tokens per minute, full at first; 429 with ``retry-after`` past them;
+  ``anthropic-ratelimit-*`` headers on every answer); 0 for a dimension without a limit, ``limit off``;
 - ``reset``: forget the requests so far and restart the peak of calls in flight;
-- ``report``: every request so far (when it came, when its answer left, its usage key), the peak
-  of calls in flight, and requests nothing was scripted for.
+- ``report``: every request so far (when it came, when its answer left, its usage key, its status,
+  the input tokens it was counted for), the peak of calls in flight, when the limit's buckets
+  first fell below a tenth, and requests nothing was scripted for.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import time
 from typing import Any
 
 from tests.fakes import anthropic_api as fake
-from tests.fakes.anthropic_api import Answer, FakeAnthropicAPI
+from tests.fakes.anthropic_api import Answer, FakeAnthropicAPI, OrganisationLimit
 from tests.fakes.claude_agent import TASKS, ClaudeForAutonomous, first_text, structured, task_of, tool_results
 
 
@@ -50,12 +55,18 @@ class LatencyAPI(FakeAnthropicAPI):
             self.peak_in_flight = self.in_flight
             self.requests.clear()
             self.answered_at.clear()
+            if self.limit is not None:
+                self.limit.low_since = None
 
     def report(self) -> dict[str, Any]:
         with self._count_lock:
             calls = [{"key": r.headers.get("x-agentops-usage-key", ""), "at": r.at,
-                      "answered_at": self.answered_at.get(r.request_id)} for r in self.requests]
-            return {"calls": calls, "peak_in_flight": self.peak_in_flight, "unexpected": self.unexpected[:3]}
+                      "answered_at": self.answered_at.get(r.request_id), "status": r.status,
+                      "input_tokens": (r.usage or {}).get("input_tokens", 0)
+                      + (r.usage or {}).get("cache_creation_input_tokens", 0)} for r in self.requests]
+            low_since = self.limit.low_since if self.limit is not None else None
+            return {"calls": calls, "peak_in_flight": self.peak_in_flight, "unexpected": self.unexpected[:3],
+                    "limit_low_since": low_since}
 
 
 class BenchClaude(ClaudeForAutonomous):
@@ -85,6 +96,17 @@ class BenchClaude(ClaudeForAutonomous):
         return fake.tool_use("read_file", {"path": "notes/task.md"}, say="Checking what I wrote.")
 
 
+class ShortAnswers:
+    """Every call answered with a short text after ``latency`` seconds."""
+
+    def __init__(self, api: LatencyAPI, *, latency: float) -> None:
+        self.api, self.latency = api, latency
+
+    def __call__(self, body: dict[str, Any]) -> Answer:
+        self.api.took()
+        return fake.text("Done.", delay_seconds=self.latency)
+
+
 def main() -> int:
     api = LatencyAPI().start()
     print(json.dumps({"url": api.url}), flush=True)
@@ -93,6 +115,14 @@ def main() -> int:
         if command == "play":
             api.responder = BenchClaude(api, latency=float(args[0]), tool_turns=int(args[1]))
             answer: dict[str, Any] = {"ok": True}
+        elif command == "answer":
+            api.responder = ShortAnswers(api, latency=float(args[0]))
+            answer = {"ok": True}
+        elif command == "limit":
+            api.limit = None if args == ["off"] else OrganisationLimit(
+                requests_per_minute=int(args[0]), input_tokens_per_minute=int(args[1]),
+                output_tokens_per_minute=int(args[2]))
+            answer = {"ok": True}
         elif command == "reset":
             api.reset()
             answer = {"ok": True}

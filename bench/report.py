@@ -195,8 +195,49 @@ def _long_runs(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _ratelimits(r: dict[str, Any]) -> list[Row]:
+    """Issue 28's targets: 429s <= 2 % of requests, successful use >= 0.85 x the binding limit,
+    the small tenant's median wait <= 2 x the large one's, priority 9 within 2 x the mean gap."""
+    t, lim, fair = r["targets"], r["limit"], r["fairness"]
+    by_worker = ", ".join(f"{w} {n}" for w, n in sorted(lim["calls_by_worker"].items()))
+    return [
+        ("9 rate limits", f"{lim['agents']} agents x {lim['calls_per_agent']} calls, {lim['limit_rpm']} requests and "
+                          f"{lim['limit_itpm']:,} input tokens a minute: 429s", f"{lim['rate_limited']} of "
+                          f"{lim['requests']} ({100 * lim['rate_limited_share']:.2f} %)",
+         f"<= {100 * t['rate_limited_share']:g} %", _met(lim["rate_limited_share"] <= t["rate_limited_share"])),
+        ("9 rate limits", f"  once saturated ({lim['saturated_window_s']:g} s): requests / input tokens a minute",
+         f"{lim['ok_requests_per_min']:g} ({lim['requests_use']:.2f}x) / {lim['input_tokens_per_min']:,} "
+         f"({lim['input_tokens_use']:.2f}x)", f">= {t['use_of_binding_limit']}x the binding one",
+         _met(lim["use_of_binding_limit"] >= t["use_of_binding_limit"])),
+        *_without_limiter(r),
+        ("9 rate limits", "  attempts by worker process", by_worker, "two share it", _met(len(lim["calls_by_worker"])
+                                                                                       >= 2)),
+        ("9 rate limits", f"tenants of {fair['large_agents']} and {fair['small_agents']} agents: median wait "
+                          "large / small",
+         f"{fair['median_wait_s']['large']:.2f} / {fair['median_wait_s']['small']:.2f} s "
+         f"({fair['small_over_large_median']:.2f}x)", f"small <= {t['small_over_large_median']:g}x",
+         _met(fair["small_over_large_median"] <= t["small_over_large_median"])),
+        ("9 rate limits", "  p99 wait large / small", f"{fair['p99_wait_s']['large']:.2f} / "
+                          f"{fair['p99_wait_s']['small']:.2f} s", "", ""),
+        ("9 rate limits", "priority 9 into the saturated limit: its calls' waits (max / mean gap)",
+         ", ".join(f"{w:.2f}" for w in fair["priority9_waits_s"]) + f" s ({fair['priority9_max_over_gap']:.2f}x of "
+         f"{fair['mean_gap_s'] * 1000:.0f} ms)", f"<= {t['priority9_max_over_gap']:g}x",
+         _met(fair["priority9_max_over_gap"] <= t["priority9_max_over_gap"])),
+    ]
+
+
+def _without_limiter(r: dict[str, Any]) -> list[Row]:
+    w, lim = r.get("without_limiter"), r["limit"]
+    if not w:
+        return []
+    return [("9 rate limits", "  baseline without the shared limiter: 429s; use once saturated; run time",
+             f"{w['rate_limited']} of {w['requests']} ({100 * w['rate_limited_share']:.1f} %); "
+             f"{w['use_of_binding_limit']:.2f}x; {w['seconds']:g} s (with it {lim['seconds']:g} s)", "", "")]
+
+
 SECTIONS = {"throughput": _throughput, "inflight": _inflight, "ablations": _ablations, "growth": _growth,
-            "long_runs": _long_runs, "parked": _parked, "timers": _timers, "recovery": _recovery, "profile": _profile}
+            "long_runs": _long_runs, "ratelimits": _ratelimits, "parked": _parked, "timers": _timers,
+            "recovery": _recovery, "profile": _profile}
 
 
 def table(results: dict[str, Any]) -> str:

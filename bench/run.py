@@ -25,7 +25,8 @@ from typing import Any
 from bench.context import Bench, Sizes
 from bench.infra import REPO_ROOT, Broker, Cluster, Postgres, pytest_running, wait_while_pytest_runs
 
-BENCHMARKS = ("throughput", "parked", "timers", "recovery", "profile", "growth", "inflight", "long_runs")
+BENCHMARKS = ("throughput", "parked", "timers", "recovery", "profile", "growth", "inflight", "long_runs",
+              "ratelimits")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -158,6 +159,9 @@ def _runner(name: str, bench: Bench) -> Callable[[Bench], dict[str, Any]]:
     if name == "long_runs":
         from bench.long_runs import bench_long_runs
         return bench_long_runs
+    if name == "ratelimits":
+        from bench.ratelimits import bench_ratelimits
+        return bench_ratelimits
     from bench.recovery import bench_recovery
     return bench_recovery
 

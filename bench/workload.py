@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from agentops.budgets import MODEL_CALL_LEASE, metered_complete
 from workflows.activity_context import ActivityContext
 from workflows.engine import Complete, Decision, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput
@@ -48,6 +49,16 @@ def heartbeat_sleep(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, An
 @activity(SLEEP_SHORT, retry=RetryPolicy(max_attempts=5), lease_seconds=SLEEP_SHORT_LEASE_SECONDS)
 def heartbeat_sleep_short(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
     return _sleep_first_attempt(ctx, input, SLEEP_SHORT_HEARTBEAT_SECONDS)
+
+
+@activity("bench.model_call", retry=RetryPolicy(max_attempts=5), lease_seconds=MODEL_CALL_LEASE, io_bound=True)
+def model_call(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    """One model call of ``prompt_chars`` characters (the rate-limits benchmark); the operation id
+    in the prompt keeps every prompt its own."""
+    response = metered_complete(ctx, call=0, system="You answer benchmark calls.", max_tokens=int(input["max_tokens"]),
+                                messages=[{"role": "user", "content": f"{ctx.operation_id} " + "x" * int(
+                                    input["prompt_chars"])}])
+    return {"stop_reason": response.stop_reason}
 
 
 BY_NAME = {NOOP: noop, SLEEP: heartbeat_sleep, SLEEP_SHORT: heartbeat_sleep_short}
@@ -114,3 +125,24 @@ class BenchPark(WorkflowDefinition):
             return Complete({"approved": outcome.approved})
         ctx.sleep(ctx.params["seconds"])
         return Complete({"slept": ctx.params["seconds"]})
+
+
+@register_definition
+class BenchModelCalls(WorkflowDefinition):
+    """``calls`` model calls in a row (``bench.model_call``), each of ``prompt_chars`` characters."""
+
+    kind = "bench_model_calls"
+    start_node = "CALLS"
+    revalidate_node = "CALLS"
+
+    def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {"calls": _int_param(params, "calls", 3, 1, 100),
+                "prompt_chars": _int_param(params, "prompt_chars", 1200, 1, 400_000),
+                "max_tokens": _int_param(params, "max_tokens", 64, 1, 64_000)}
+
+    @node("CALLS")
+    def calls(self, ctx: NodeContext) -> Decision:
+        for i in range(ctx.params["calls"]):
+            ctx.activity(model_call, {"i": i, "prompt_chars": ctx.params["prompt_chars"],
+                                      "max_tokens": ctx.params["max_tokens"]})
+        return Complete({"calls": ctx.params["calls"]})

@@ -56,6 +56,13 @@ def one_activity_per_task(settings: Any) -> None:
     settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS = 0
 
 
+@pytest.fixture(autouse=True)
+def no_shared_rate_limiter(settings: Any) -> None:
+    """Service tests call models without the shared rate limiter (its Redis keeps real time and
+    outlives a test); tests/ratelimits turn it on against a Redis DB of their own."""
+    settings.AGENTOPS_RATE_LIMIT_REDIS_URL = ""
+
+
 @pytest.fixture
 def rung(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     """Doorbells rung by the services, recorded instead of published (service tests that commit)."""

@@ -78,6 +78,7 @@ class DatabaseCollector:
         yield from self._attempts(names)
         yield from self._model_calls()
         yield from self._waits(now)
+        yield from self._rate_limits()
 
     def _workflows(self, kinds: list[str]) -> Metric:
         """``agentops_workflows`` by kind and status, and by the launch labels AGENTOPS_METRICS_LABELS
@@ -213,6 +214,75 @@ class DatabaseCollector:
             oldest.add_metric([kind], (now - row["first"]).total_seconds() if row else 0.0)
         yield open_waits
         yield oldest
+
+
+    def _rate_limits(self) -> Iterator[Metric]:
+        """The 429s received (ledger rows, durable) and the shared limiter's state (Redis, now)."""
+        limited = CounterMetricFamily("agentops_model_rate_limited", "Model requests the provider answered 429 "
+                                      "(rate limited), by model; never charged (ledger rows released).",
+                                      labels=["model"])
+        models = set(UsageEntry.objects.values_list("model", flat=True).distinct())
+        counted = dict(UsageEntry.objects.filter(http_status=429).values("model").annotate(n=Count("pk"))
+                       .values_list("model", "n"))
+        for model in sorted(models):
+            limited.add_metric([model], counted.get(model, 0))
+        yield limited
+        yield from rate_limit_metrics()
+
+
+def rate_limit_metrics() -> Iterator[Metric]:
+    """Each scope's limits (configured, learned, effective), what is left of them, the calls waiting
+    by tenant and priority, and the concurrency slots held; ``agentops_rate_limiter_up`` 0 when
+    the limiter's Redis does not answer (and nothing else of it)."""
+    from agentops import ratelimits
+    from agentops.ratelimits.limiter import DIMENSIONS
+
+    now = ratelimits.overview()
+    if now is None:
+        return
+    up = GaugeMetricFamily("agentops_rate_limiter_up", "1 when the shared rate limiter's Redis answers.")
+    up.add_metric([], 1 if now["up"] else 0)
+    yield up
+    if not now["up"]:
+        return
+    per_minute = GaugeMetricFamily("agentops_rate_limit_per_minute", "Rate limits per minute by provider, model "
+                                   "and dimension; source configured (AGENTOPS_RATE_LIMITS), learned (the answers' "
+                                   "headers) or effective (what the limiter holds: the lower, learned times the "
+                                   "headroom); 0 for none.", labels=["provider", "model", "dimension", "source"])
+    available = GaugeMetricFamily("agentops_rate_limit_available", "What is left of each effective limit now (its "
+                                  "token bucket; below 0 after a 429 or a correction).",
+                                  labels=["provider", "model", "dimension"])
+    used = GaugeMetricFamily("agentops_rate_limit_used", "How much of each effective limit's minute is taken "
+                             "(effective minus available).", labels=["provider", "model", "dimension"])
+    blocked = GaugeMetricFamily("agentops_rate_limit_blocked_seconds", "Seconds every call of the scope still "
+                                "waits after a 429's retry-after.", labels=["provider", "model"])
+    waiting = GaugeMetricFamily("agentops_rate_limit_waiting", "Model requests waiting for their share, by tenant "
+                                "and priority.", labels=["provider", "model", "tenant", "priority"])
+    for state in now["scopes"]:
+        provider, model = state["provider"], state["model"]
+        for dimension in DIMENSIONS:
+            for source, value in (("configured", state["configured"][dimension]),
+                                  ("learned", state["learned"].get(dimension, 0)),
+                                  ("effective", state["effective"][dimension])):
+                per_minute.add_metric([provider, model, dimension, source], value)
+            if state["effective"][dimension]:
+                available.add_metric([provider, model, dimension], state["available"][dimension])
+                used.add_metric([provider, model, dimension],
+                                state["effective"][dimension] - state["available"][dimension])
+        blocked.add_metric([provider, model], state["blocked_seconds"])
+        for (tenant, priority), n in sorted(state["waiting"].items()):
+            waiting.add_metric([provider, model, tenant, str(priority)], n)
+    yield from (per_minute, available, used, blocked, waiting)
+    held = GaugeMetricFamily("agentops_model_call_slots", "Concurrent model requests by concurrency key "
+                             "(tenant:<tenant>, kind:<kind>) with a cap.", labels=["key"])
+    caps = GaugeMetricFamily("agentops_model_call_slots_limit", "Each concurrency key's cap "
+                             "(AGENTOPS_MODEL_CALL_CONCURRENCY).", labels=["key"])
+    for key, n in sorted(now["slots"].items()):
+        held.add_metric([key], n)
+    for key, cap in sorted(now["caps"].items()):
+        caps.add_metric([key], cap)
+    yield held
+    yield caps
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

@@ -16,9 +16,10 @@ from typing import Any, Protocol
 from django.conf import settings
 from opentelemetry.trace import SpanKind
 
-from agentops import livewire, telemetry
+from agentops import livewire, ratelimits, telemetry
 from agentops.providers import provider_for
 from agentops.providers.base import ModelProvider, ModelResponse, Usage
+from agentops.ratelimits.limiter import RateLimitInfo
 from workflows.activity_context import ActivityContext
 from workflows.connections import connection_release_while_waiting
 from workflows.errors import AgentOpsError, Permanent
@@ -193,11 +194,12 @@ def metered_complete(
                             prefix_cache_ttl=prefix_cache_ttl)
     meter = LedgerMeter(ctx, call=call, provider=provider.name, model=provider.model, estimate=estimate,
                         ledger=ledger)
+    shared = ratelimits.limiter() if stand_ins is None else None
     with telemetry.span(f"chat {provider.model}", kind=SpanKind.CLIENT,
                         attributes=model_call_attributes(provider.name, provider.model, call, max_tokens)) as span:
         return _metered_call(ctx, provider, meter, span, call=call, system=system, messages=messages,
                              max_tokens=max_tokens, tools=tools, tool_choice=tool_choice,
-                             prefix_cache_ttl=prefix_cache_ttl)
+                             prefix_cache_ttl=prefix_cache_ttl, limiter=shared, input_tokens=input_tokens)
 
 
 def model_call_attributes(provider: str, model: str, call: int, max_tokens: int) -> dict[str, Any]:
@@ -208,30 +210,47 @@ def model_call_attributes(provider: str, model: str, call: int, max_tokens: int)
 
 def _metered_call(ctx: ActivityContext, provider: Any, meter: LedgerMeter, span: Any, *, call: int, system: str,
                   messages: list[dict[str, Any]], max_tokens: int, tools: list[dict[str, Any]] | None,
-                  tool_choice: dict[str, Any] | None, prefix_cache_ttl: str) -> ModelResponse:
+                  tool_choice: dict[str, Any] | None, prefix_cache_ttl: str, limiter: ratelimits.RedisLimiter | None,
+                  input_tokens: int) -> ModelResponse:
     started = time.monotonic()
     deltas = (livewire.DeltaBuffer(workflow_id=ctx.workflow_id, operation_id=ctx.operation_id, call=call,
                                    model=provider.model) if livewire.enabled() else None)
+    gate: ratelimits.RateGate | None = None
     try:
         with keep_alive(ctx, f"waiting for model call {call}") as beat:
+            sent_through: Any = meter
+            if limiter is not None:
+                # Each request waits for its share here, inside keep_alive: its lease is kept while it
+                # waits, and a lease lost meanwhile ends the wait.
+                gate = ratelimits.RateGate(limiter=limiter, provider=provider.name, model=provider.model,
+                                           tenant=ctx.claim.tenant, kind=ctx.claim.kind, priority=ctx.claim.priority,
+                                           input_tokens=input_tokens, max_tokens=max_tokens, stop=lambda: beat.lost)
+                sent_through = ratelimits.GatedMeter(meter, gate)
             response = provider.complete(system=system, messages=messages, max_tokens=max_tokens, tools=tools,
-                                         tool_choice=tool_choice, meter=meter, prefix_cache_ttl=prefix_cache_ttl,
+                                         tool_choice=tool_choice, meter=sent_through, prefix_cache_ttl=prefix_cache_ttl,
                                          **({"on_delta": deltas} if deltas is not None else {}))
         if deltas is not None:
             deltas.flush()
     except AgentOpsError as exc:
+        if gate is not None:
+            gate.close()
         meter.failed(exc)
         telemetry.failed(span, exc)
         if meter.sent:
             ctx.note("model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
                      request_id=str(getattr(exc, "request_id", "") or ""), error=f"{type(exc).__name__}: {exc}"[:500],
-                     status_code=getattr(exc, "status_code", None), requests=meter.sent)
+                     status_code=getattr(exc, "status_code", None), requests=meter.sent, **_waited(gate))
         raise
     except BaseException as exc:
+        if gate is not None:
+            gate.close()
         meter.failed(exc)
         raise
-    cost = meter.charge(response)
     usage = response.usage
+    if gate is not None:
+        gate.finish(input_tokens=usage.input_tokens + usage.cache_creation_input_tokens,
+                    output_tokens=usage.output_tokens)
+    cost = meter.charge(response)
     telemetry.annotate(span, {
         "gen_ai.response.model": provider.model, "gen_ai.response.id": response.request_id or None,
         "gen_ai.response.finish_reasons": [response.stop_reason],
@@ -245,8 +264,14 @@ def _metered_call(ctx: ActivityContext, provider: Any, meter: LedgerMeter, span:
              request_id=response.request_id, stop_reason=response.stop_reason, input_tokens=usage.input_tokens,
              output_tokens=usage.output_tokens, cache_read_tokens=usage.cache_read_input_tokens,
              cache_write_tokens=usage.cache_creation_input_tokens,
-             cache_write_1h_tokens=usage.cache_creation_1h_input_tokens, cost_usd=str(cost), requests=meter.sent)
+             cache_write_1h_tokens=usage.cache_creation_1h_input_tokens, cost_usd=str(cost), requests=meter.sent,
+             **_waited(gate))
     return response
+
+
+def _waited(gate: ratelimits.RateGate | None) -> dict[str, int]:
+    """``rate_wait_ms``: how long the call's requests waited for their share of the rate limits."""
+    return {"rate_wait_ms": round(gate.waited_seconds * 1000)} if gate is not None and gate.waited_seconds else {}
 
 
 @dataclass(frozen=True)
@@ -327,7 +352,7 @@ class LedgerMeter:
         self.sent += 1
         return {USAGE_KEY_HEADER: key}
 
-    def answered(self, n: int, *, status: int, request_id: str) -> None:
+    def answered(self, n: int, *, status: int, request_id: str, rate: RateLimitInfo | None = None) -> None:
         if 200 <= status < 300:
             self._ok = (n, request_id)
             return

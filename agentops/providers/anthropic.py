@@ -31,6 +31,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from agentops.providers.base import ModelResponse, RequestMeter, Usage
+from agentops.ratelimits.limiter import RateLimitInfo
 from workflows.errors import AgentOpsError, Permanent, Retryable, Throttled
 
 if TYPE_CHECKING:
@@ -386,7 +387,8 @@ class Metered(anthropic.Middleware):
         except BaseException as exc:
             self.meter.lost(n, sent=not _never_sent(exc), reason=_failure(exc))
             raise
-        self.meter.answered(n, status=response.status_code, request_id=response.headers.get("request-id", ""))
+        self.meter.answered(n, status=response.status_code, request_id=response.headers.get("request-id", ""),
+                            rate=rate_limit_info(response.headers, status=response.status_code))
         return response
 
 
@@ -419,6 +421,28 @@ class NoLongInlineRetries(anthropic.Middleware):
             log.info("Anthropic API asked to wait %.0f s; storing a retry window instead of sleeping", wait)
             response.http_response.headers["x-should-retry"] = "false"
         return response
+
+
+# The rate-limit headers of every answer (https://docs.claude.com/en/api/rate-limits#response-headers),
+# by the limiter's dimension.
+RATE_LIMIT_HEADERS = {"requests": "anthropic-ratelimit-requests", "input_tokens": "anthropic-ratelimit-input-tokens",
+                      "output_tokens": "anthropic-ratelimit-output-tokens"}
+
+
+def rate_limit_info(headers: Any, *, status: int) -> RateLimitInfo | None:
+    """What an answer's ``anthropic-ratelimit-*-limit`` and ``-remaining`` headers say (per
+    minute), and a 429's retry-after; None when it carries none of them."""
+    limits: dict[str, int] = {}
+    remaining: dict[str, int] = {}
+    for dimension, prefix in RATE_LIMIT_HEADERS.items():
+        for suffix, into in (("limit", limits), ("remaining", remaining)):
+            raw = headers.get(f"{prefix}-{suffix}")
+            if raw and raw.isdigit():
+                into[dimension] = int(raw)
+    wait = retry_after_seconds(headers) if status == 429 else None
+    if not limits and not remaining and wait is None:
+        return None
+    return RateLimitInfo(limits=limits, remaining=remaining, retry_after_seconds=wait)
 
 
 def retry_after_seconds(headers: Any) -> float | None:

@@ -5,6 +5,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agentops.ratelimits.limiter import RateLimitInfo
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -48,8 +50,9 @@ class RequestMeter(Protocol):
         headers to send with it."""
         ...
 
-    def answered(self, n: int, *, status: int, request_id: str) -> None:
-        """Request ``n`` was answered with HTTP ``status``."""
+    def answered(self, n: int, *, status: int, request_id: str, rate: RateLimitInfo | None = None) -> None:
+        """Request ``n`` was answered with HTTP ``status``; ``rate`` is what the answer said about
+        the provider's rate limits (its headers), None when it said nothing."""
         ...
 
     def lost(self, n: int, *, sent: bool, reason: str) -> None:

@@ -18,6 +18,9 @@ It is also the documentation of what agentops relies on from the API:
   to the last breakpoint written) and ``input_tokens`` (the rest, after the last breakpoint).
 - Tokens are counted deterministically: 1 token per 4 characters (rounded up) of the JSON
   of each block (keys sorted, ``cache_control`` left out: marking a block does not change it).
+- Rate limits (``api.limit = OrganisationLimit(...)``): token buckets of requests, input and output
+  tokens per minute, a 429 with ``retry-after`` past them and ``anthropic-ratelimit-*`` headers on
+  every answer.
 - Faults: 429 ``rate_limit_error`` with ``retry-after``, 529 ``overloaded_error`` (one, a
   run of them, or for a stretch of time), a slow answer, a dropped connection, a 200 whose
   body is not a message.
@@ -147,6 +150,76 @@ def raw(body: bytes | dict[str, Any], *, content_type: str = "application/json")
     return Answer(raw_body=json.dumps(body).encode() if isinstance(body, dict) else body, content_type=content_type)
 
 
+# --- the organisation's rate limits -----------------------------------------------------------
+
+RATE_DIMENSIONS = ("requests", "input-tokens", "output-tokens")
+
+
+class OrganisationLimit:
+    """Rate limits like the API's (https://docs.claude.com/en/api/rate-limits): a token bucket per
+    dimension whose capacity is one minute's limit, refilled continuously. A request takes one
+    request, its input tokens as the API counts them (uncached input and cache writes; cache reads
+    are free) and its ``max_tokens`` of output, given back down to what it wrote when it is
+    answered. One that does not fit is refused with a 429, ``retry-after`` (whole seconds until it
+    would fit) and the ``anthropic-ratelimit-*`` headers, which every answer carries. A limit of 0
+    is none."""
+
+    def __init__(self, *, requests_per_minute: int, input_tokens_per_minute: int, output_tokens_per_minute: int = 0,
+                 clock: Callable[[], float] = time.time, full: float = 1.0) -> None:
+        self.limits = dict(zip(RATE_DIMENSIONS, (requests_per_minute, input_tokens_per_minute,
+                                                 output_tokens_per_minute), strict=True))
+        self.clock = clock
+        self.levels = {d: full * v for d, v in self.limits.items()}  # ``full``: the share each bucket starts with
+        self.at = clock()
+        self.lowest = dict(self.levels)  # the lowest level each bucket reached
+        self.low_since: float | None = None  # when a bucket first fell below a tenth of its capacity
+        self._lock = threading.Lock()
+
+    def _refill(self) -> float:
+        now = self.clock()
+        for d, limit in self.limits.items():
+            if limit:
+                self.levels[d] = min(float(limit), self.levels[d] + limit / 60 * max(0.0, now - self.at))
+        self.at = now
+        return now
+
+    def take(self, *, input_tokens: int, max_tokens: int) -> tuple[bool, float, dict[str, str]]:
+        """(admitted, seconds until it would fit, the answer's rate-limit headers)."""
+        with self._lock:
+            now = self._refill()
+            cost = {"requests": 1, "input-tokens": input_tokens, "output-tokens": max_tokens}
+            short = [(cost[d] - self.levels[d]) / (limit / 60) for d, limit in self.limits.items()
+                     if limit and self.levels[d] < min(cost[d], limit)]
+            if short:
+                return False, max(short), self._headers(now)
+            for d, limit in self.limits.items():
+                if limit:
+                    self.levels[d] -= min(cost[d], limit)
+                    self.lowest[d] = min(self.lowest[d], self.levels[d])
+                    if self.levels[d] < limit / 10 and self.low_since is None:
+                        self.low_since = now
+            return True, 0.0, self._headers(now)
+
+    def give_back(self, *, output_tokens: int) -> None:
+        with self._lock:
+            self._refill()
+            limit = self.limits["output-tokens"]
+            if limit:
+                self.levels["output-tokens"] = min(float(limit), self.levels["output-tokens"] + output_tokens)
+
+    def _headers(self, now: float) -> dict[str, str]:
+        headers = {}
+        for d, limit in self.limits.items():
+            if not limit:
+                continue
+            level = max(0.0, self.levels[d])
+            reset = now + (limit - level) / (limit / 60)
+            headers |= {f"anthropic-ratelimit-{d}-limit": str(limit),
+                        f"anthropic-ratelimit-{d}-remaining": str(int(level)),
+                        f"anthropic-ratelimit-{d}-reset": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(reset))}
+        return headers
+
+
 # --- the prompt cache ------------------------------------------------------------------------
 
 @dataclass
@@ -175,7 +248,8 @@ class PromptCache:
         self.entries: dict[str, CacheEntry] = {}
         self.clock = clock
 
-    def use(self, body: dict[str, Any]) -> CacheUse:
+    def use(self, body: dict[str, Any], *, dry: bool = False) -> CacheUse:
+        """What the request reads from and writes to the cache; ``dry``: what it would, changing nothing."""
         model = str(body["model"])
         blocks = rendered_blocks(body)
         ends = list(itertools.accumulate(tokens_of(block) for _, block in blocks))
@@ -187,7 +261,8 @@ class PromptCache:
             for j in range(b, max(-1, b - LOOKBACK_BLOCKS - 1), -1):
                 entry = self.entries.get(keys[j])
                 if entry is not None and entry.expires_at > now:
-                    entry.expires_at = now + TTL_SECONDS[entry.ttl]  # a read refreshes the entry
+                    if not dry:
+                        entry.expires_at = now + TTL_SECONDS[entry.ttl]  # a read refreshes the entry
                     read = max(read, ends[j])
                     break
         written_by_ttl = {"5m": 0, "1h": 0}
@@ -196,7 +271,8 @@ class PromptCache:
             if ends[b] < minimum:
                 continue  # too short to cache: silently processed as ordinary input
             ttl = _cache_control(blocks[b][1]).get("ttl", "5m")
-            self.entries[keys[b]] = CacheEntry(tokens=ends[b], expires_at=now + TTL_SECONDS[ttl], ttl=ttl)
+            if not dry:
+                self.entries[keys[b]] = CacheEntry(tokens=ends[b], expires_at=now + TTL_SECONDS[ttl], ttl=ttl)
             if ends[b] > covered:
                 written_by_ttl[ttl] += ends[b] - covered
                 covered = ends[b]
@@ -254,6 +330,7 @@ class Recorded:
     request_id: str = ""
     usage: dict[str, Any] | None = None
     at: float = 0.0
+    rate_headers: dict[str, str] = field(default_factory=dict)
 
 
 class FakeAnthropicAPI:
@@ -271,6 +348,7 @@ class FakeAnthropicAPI:
         self.counts: list[Recorded] = []
         self.count_faults: list[Answer] = []
         self.unexpected: list[str] = []  # requests that found nothing scripted (the fixture fails the test)
+        self.limit: OrganisationLimit | None = None  # the organisation's rate limits; None: unlimited
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._ids = itertools.count(1)
@@ -442,6 +520,15 @@ def _handler_for(api: FakeAnthropicAPI) -> type[BaseHTTPRequestHandler]:
             refused = api.refusal_of_request(body, headers)
             if refused is not None:
                 return self._error(recorded, *refused)
+            if api.limit is not None:
+                with api._lock:
+                    use = api.cache.use(body, dry=True)
+                fits, wait, recorded.rate_headers = api.limit.take(input_tokens=use.uncached + use.written,
+                                                                   max_tokens=int(body["max_tokens"]))
+                if not fits:
+                    limited = rate_limited(retry_after=math.ceil(wait))
+                    return self._error(recorded, 429, limited.error_type, "This request would exceed your "
+                                       "organization's rate limit.", {"retry-after": str(math.ceil(wait))})
             answer = api.next_answer(body)
             if answer.delay_seconds and api._stopping.wait(answer.delay_seconds):
                 return
@@ -457,6 +544,8 @@ def _handler_for(api: FakeAnthropicAPI) -> type[BaseHTTPRequestHandler]:
                                    answer.error_details)
             message = api.message_for(body, answer, request_id)
             recorded.usage = message["usage"]
+            if api.limit is not None:
+                api.limit.give_back(output_tokens=int(body["max_tokens"]) - int(message["usage"]["output_tokens"]))
             if body.get("stream"):
                 return self._send(recorded, 200, sse_body(message), {"content-type": "text/event-stream"})
             self._json(recorded, 200, message)
@@ -489,7 +578,7 @@ def _handler_for(api: FakeAnthropicAPI) -> type[BaseHTTPRequestHandler]:
         def _send(self, recorded: Recorded, status: int, payload: bytes, headers: dict[str, str]) -> None:
             recorded.status = status
             self.send_response(status)
-            for name, value in {**headers, "request-id": recorded.request_id,
+            for name, value in {**recorded.rate_headers, **headers, "request-id": recorded.request_id,
                                 "content-length": str(len(payload))}.items():
                 self.send_header(name, value)
             self.end_headers()

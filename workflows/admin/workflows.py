@@ -338,6 +338,8 @@ class WorkflowAdmin(ReadOnlyAdmin):
             path("<int:workflow_id>/checkpoints/<int:checkpoint_id>/", self.admin_site.admin_view(self.checkpoint_view),
                  name="workflows_workflow_checkpoint"),
             path("launch/", self.admin_site.admin_view(self.launch_view), name="workflows_workflow_launch"),
+            path("rate-limits/", self.admin_site.admin_view(self.rate_limits_view),
+                 name="workflows_workflow_rate_limits"),
             path("<int:workflow_id>/events/stream/", self.admin_site.admin_view(self.events_stream_view),
                  name="workflows_workflow_events_stream"),
             path("<int:workflow_id>/live/", self.admin_site.admin_view(self.live_view),
@@ -487,6 +489,49 @@ class WorkflowAdmin(ReadOnlyAdmin):
                    "form": form, "kind": kind, "kinds": kinds, "params_schema": registry.launch_params_schema(kind)
                    if kind else None}
         return TemplateResponse(request, "admin/workflows/workflow/launch.html", context)
+
+    def rate_limits_view(self, request: HttpRequest) -> HttpResponse:
+        """The shared rate limits now (docs/operators.md, "Rate limits"): each model's limits by
+        source, what is used and left, a 429's hold, the calls waiting by tenant and priority, and
+        the concurrency slots; read from the limiter's Redis, changing nothing."""
+        if not self.has_view_permission(request):
+            return forbidden(request, self.admin_site, title="Rate limits",
+                             reason=f"{request.user.get_username()} may not see workflows.")
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "title": "Rate limits",
+                   **rate_limits_panel()}
+        return TemplateResponse(request, "admin/workflows/workflow/rate_limits.html", context)
+
+
+def rate_limits_panel() -> dict[str, Any]:
+    """The rate-limits page's rows: per scope and dimension its limits and use; waiting calls by
+    tenant (the launcher's name for ``user:<id>``) and priority, highest first; slots and caps."""
+    from django.contrib.auth import get_user_model
+
+    from agentops import ratelimits
+    from agentops.ratelimits.limiter import DIMENSIONS
+
+    now = ratelimits.overview()
+    if now is None or not now["up"]:
+        return {"limiter": "off" if now is None else "down"}
+    user_ids = {int(tenant.removeprefix("user:")) for state in now["scopes"] for tenant, _ in state["waiting"]
+                if tenant.startswith("user:") and tenant.removeprefix("user:").isdigit()}
+    names = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "username"))
+
+    def who(tenant: str) -> str:
+        suffix = tenant.removeprefix("user:")
+        return f"{names[int(suffix)]} ({tenant})" if suffix.isdigit() and int(suffix) in names else tenant
+
+    scopes = [{
+        "scope": state["scope"], "blocked_seconds": state["blocked_seconds"],
+        "dimensions": [{"name": d, "configured": state["configured"][d], "learned": state["learned"].get(d, 0),
+                        "effective": state["effective"][d], "available": state["available"][d],
+                        "used": state["effective"][d] - state["available"][d]} for d in DIMENSIONS],
+        "waiting": [{"tenant": who(tenant), "priority": priority, "n": n}
+                    for (tenant, priority), n in sorted(state["waiting"].items(), key=lambda i: (-i[0][1], i[0][0]))],
+    } for state in now["scopes"]]
+    keys = sorted(set(now["slots"]) | set(now["caps"]))
+    return {"limiter": "up", "scopes": scopes,
+            "slots": [{"key": k, "held": now["slots"].get(k, 0), "cap": now["caps"].get(k)} for k in keys]}
 
 
 PARAM_PREFIX = "param_"

@@ -34,6 +34,7 @@ from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Workflow
 from workflows.services.common import event_record
 from workflows.sql import row_exists, row_insert, row_update, rows_insert
+from workflows.tenancy import workflow_tenant
 
 LIVE = (Activity.Status.SCHEDULED, Activity.Status.RUNNING)
 # The throttle streak looks this many attempts back.
@@ -178,7 +179,8 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
         previous_attempt_lost=previous_lost, checkpoint=activity.checkpoint,
         definition_version=workflow.definition_version, release=workflow.release.spec(),
         release_policy=workflow.release_policy, release_provisional=workflow.release_provisional,
-        fallback_model=workflow.fallback_model,
+        fallback_model=workflow.fallback_model, tenant=workflow_tenant(workflow), kind=workflow.kind,
+        priority=workflow.priority,
         # Only a workflow with a fallback needs the streak: one query less on the hot path.
         throttled_in_a_row=throttled_streak(activity.pk, before=activity.attempt) if workflow.fallback_model else 0,
     )
