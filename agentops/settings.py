@@ -374,9 +374,15 @@ for _scope, _limits in AGENTOPS_RATE_LIMITS.items():
 AGENTOPS_RATE_LIMIT_HEADROOM = env_float("AGENTOPS_RATE_LIMIT_HEADROOM", 0.95)
 if not 0 < AGENTOPS_RATE_LIMIT_HEADROOM <= 1:
     raise ImproperlyConfigured(f"AGENTOPS_RATE_LIMIT_HEADROOM={AGENTOPS_RATE_LIMIT_HEADROOM} must be in (0, 1].")
-# Concurrent model requests by key: "tenant:<tenant>" and "kind:<kind>", "tenant:*" and "kind:*"
-# for every tenant or kind without a key of its own. A tenant is the launcher ("user:<id>", or
+# The launch label that names a workflow's tenant for fair shares and concurrency keys (e.g.
+# "team": --label team=infra is the tenant "team=infra"). Empty: the launcher ("user:<id>", or
 # "system"); see workflows/tenancy.py.
+AGENTOPS_TENANT_LABEL = env_str("AGENTOPS_TENANT_LABEL", "")
+if AGENTOPS_TENANT_LABEL and not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", AGENTOPS_TENANT_LABEL):
+    raise ImproperlyConfigured(f"AGENTOPS_TENANT_LABEL={AGENTOPS_TENANT_LABEL!r} is not a label key: 1-63 "
+                               "lowercase letters, digits, _ and -, starting with a letter.")
+# Concurrent model requests by key: "tenant:<tenant>" and "kind:<kind>", "tenant:*" and "kind:*"
+# for every tenant or kind without a key of its own. A tenant as AGENTOPS_TENANT_LABEL says.
 AGENTOPS_MODEL_CALL_CONCURRENCY = env_json_object("AGENTOPS_MODEL_CALL_CONCURRENCY", {})
 for _key, _cap in AGENTOPS_MODEL_CALL_CONCURRENCY.items():
     if not str(_key).startswith(("tenant:", "kind:")) or not isinstance(_cap, int) or _cap < 1:

@@ -152,6 +152,21 @@ def test_an_attempt_carries_its_workflows_tenant_kind_and_priority(workspaces: P
     assert Event.objects.filter(workflow=workflow, kind="activity.started").exists()
 
 
+def test_a_tenant_label_names_the_tenant_when_configured(workspaces: Path, settings: Any) -> None:
+    user = User.objects.create_user("launcher")
+    labelled = launch(workspaces, user=user, labels={"team": "infra", "env": "prod"})
+    unlabelled = launch(workspaces, user=user, labels={"env": "prod"})
+
+    def tenant(workflow: Workflow) -> str:
+        activity = Activity.objects.get(workflow=workflow, status="scheduled")
+        claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="w", task_id=f"t{workflow.pk}")
+        assert claim is not None
+        return claim.tenant
+
+    settings.AGENTOPS_TENANT_LABEL = "team"
+    assert (tenant(labelled), tenant(unlabelled)) == ("team=infra", f"user:{user.pk}")
+
+
 def test_metrics_show_each_limit_its_use_the_waiting_calls_and_the_429s(client: Any, settings: Any, shared: Any,
                                                                          workspaces: Path) -> None:
     from decimal import Decimal
