@@ -22,6 +22,8 @@ from workflows.api.schemas import (
     DecisionOut,
     ErrorOut,
     EventPage,
+    ForkIn,
+    ForkOut,
     KindList,
     LaunchIn,
     LaunchOut,
@@ -34,12 +36,15 @@ from workflows.api.schemas import (
     ScheduleRemovedOut,
     SignalIn,
     StatusName,
+    SteerIn,
+    SteerOut,
     SupersedeIn,
     WebhookIn,
     WorkflowDetailOut,
     WorkflowPage,
 )
 from workflows.errors import NotFound
+from workflows.management.commands.agent import fork_json
 from workflows.models import Event, Wait, Workflow
 from workflows.services import schedules
 from workflows.services.waits import wait_authority_refusal
@@ -192,6 +197,29 @@ def workflow_supersede(request: HttpRequest, payload: SupersedeIn, workflow_id: 
     result = services.workflow_supersede(workflow_id=workflow_id, goal=payload.goal, user=caller(request),
                                          idempotency_key=idempotency_key)
     return result.to_json()
+
+
+@api.post("/workflows/{workflow_id}/steer", response={200: SteerOut, **ERRORS}, summary="Steer a running agent",
+          tags=["workflows"])
+def workflow_steer(request: HttpRequest, payload: SteerIn, workflow_id: int = WORKFLOW_ID) -> Json:
+    """`agent steer`: a durable message the agent's next model call receives as a user turn, recorded with who
+    sent it; the goal stays (supersede replaces it). A finished workflow, or a kind that reads no steering: 409.
+    Needs `workflows.change_workflow`."""
+    require(caller(request), OPERATE_PERMISSION, to="steer workflows")
+    result = services.workflow_steer(workflow_id=workflow_id, message=payload.message, user=caller(request),
+                                     dedupe_key=payload.dedupe_key)
+    return result.to_json()
+
+
+@api.post("/workflows/{workflow_id}/fork", response={201: ForkOut, **ERRORS}, summary="Fork a workflow",
+          tags=["workflows"])
+def workflow_fork(request: HttpRequest, payload: ForkIn, workflow_id: int = WORKFLOW_ID) -> Status[Json]:
+    """`agent fork`: a new workflow of the same kind, parameters and goal that reuses the original's first
+    `from_visit` node visits (their recorded results, as its state) and runs on with the current definition;
+    the token's user launched it. A visit out of range: 400. Needs `workflows.add_workflow`."""
+    require(caller(request), LAUNCH_PERMISSION, to="fork workflows")
+    fork = services.workflow_fork(workflow_id=workflow_id, from_visit=payload.from_visit, user=caller(request))
+    return Status(201, fork_json(fork))
 
 
 @api.post("/workflows/{workflow_id}/cancel", response={200: ResultOut, **ERRORS}, summary="Cancel a workflow",

@@ -128,7 +128,7 @@ def propose_change(ctx: ActivityContext, input: ProposalInput) -> Proposal:
     prompt = (f"<goal>{input.goal}</goal>\n"
               f"Repository at {evidence['head']} on {evidence['branch']} with {evidence['files']} files.")
     proposal, responses = ask_structured(ctx, system=PROPOSE_SYSTEM, prompt=prompt, tool=PROPOSAL_TOOL,
-                                         validate=validate_proposal, max_tokens=2000, what="proposal")
+                                         validate=validate_proposal, max_tokens=2000, what="proposal", steer=True)
     proposal["model"] = {"provider": provider.name, "model": provider.model,
                          "input_tokens": sum(r.usage.input_tokens for r in responses),
                          "output_tokens": sum(r.usage.output_tokens for r in responses)}
