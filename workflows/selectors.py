@@ -105,6 +105,13 @@ def fork_relation(workflow: Workflow) -> dict[str, Any]:
     return {"forked_from": workflow.forked_from_id, "forked_from_visit": workflow.forked_from_visit, "forks": forks}
 
 
+def fork_summary(fork: Workflow) -> dict[str, Any]:
+    """The answer of ``agent fork --json`` and of POST /api/workflows/ID/fork: the new workflow."""
+    return {"id": fork.pk, "kind": fork.kind, "status": fork.status, "current_node": fork.current_node,
+            "node_visit": fork.node_visit, "forked_from": fork.forked_from_id,
+            "forked_from_visit": fork.forked_from_visit}
+
+
 # The largest id PostgreSQL's bigint holds: an id beyond it is refused where it enters, never queried.
 MAX_ID = 2**63 - 1
 MAX_LIST_ROWS = 1000  # the most workflows `agent list` prints at once

@@ -44,7 +44,6 @@ from workflows.api.schemas import (
     WorkflowPage,
 )
 from workflows.errors import NotFound
-from workflows.management.commands.agent import fork_json
 from workflows.models import Event, Wait, Workflow
 from workflows.services import schedules
 from workflows.services.waits import wait_authority_refusal
@@ -219,7 +218,7 @@ def workflow_fork(request: HttpRequest, payload: ForkIn, workflow_id: int = WORK
     the token's user launched it. A visit out of range: 400. Needs `workflows.add_workflow`."""
     require(caller(request), LAUNCH_PERMISSION, to="fork workflows")
     fork = services.workflow_fork(workflow_id=workflow_id, from_visit=payload.from_visit, user=caller(request))
-    return Status(201, fork_json(fork))
+    return Status(201, selectors.fork_summary(fork))
 
 
 @api.post("/workflows/{workflow_id}/cancel", response={200: ResultOut, **ERRORS}, summary="Cancel a workflow",

@@ -300,7 +300,7 @@ class Command(BaseCommand):
     def _fork(self, options: dict[str, Any]) -> None:
         fork = services.workflow_fork(workflow_id=options["id"], from_visit=options["from_visit"],
                                       user=user_or_none(options["user"]), by=f"shell:{shell_login()}")
-        self._emit(options, fork_json(fork),
+        self._emit(options, selectors.fork_summary(fork),
                    f"Forked workflow {options['id']} at visit {options['from_visit']}: workflow {fork.pk} "
                    f"({fork.kind}) reused visits 1–{options['from_visit']} and is {fork.status} at "
                    f"{fork.current_node} (visit {fork.node_visit}).\nFollow it with: manage.py agent show {fork.pk}")
@@ -603,13 +603,6 @@ def parse_params(pairs: list[str]) -> dict[str, str]:
             raise InvalidInput(f"--param {key.strip()} is given twice.")
         params[key.strip()] = value
     return params
-
-
-def fork_json(fork: Workflow) -> dict[str, Any]:
-    """The answer of ``agent fork --json`` and of POST /api/workflows/ID/fork."""
-    return {"id": fork.pk, "kind": fork.kind, "status": fork.status, "current_node": fork.current_node,
-            "node_visit": fork.node_visit, "forked_from": fork.forked_from_id,
-            "forked_from_visit": fork.forked_from_visit}
 
 
 def user_by_name(username: str) -> Any:
