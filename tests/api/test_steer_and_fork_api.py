@@ -54,8 +54,8 @@ def test_fork_needs_the_launch_permission_and_refuses_a_visit_out_of_range(
                            "current_node": "VERIFY_CANDIDATE", "node_visit": 3, "forked_from": workflow_id,
                            "forked_from_visit": 2}
     refused = http.post(base, {"from_visit": 9}, token=requester_token)
-    assert refused.status == 400
-    assert refused.body["error"].startswith("--from-visit must be between 1 and 4")
+    assert refused.status == 409
+    assert refused.body["error"].startswith("The visit to fork from must be between 1 and 4")
     for bad in ({}, {"from_visit": 0}, {"from_visit": "2"}, {"from_visit": 2.5}, {"from_visit": True}):
         assert http.post(base, bad, token=requester_token).status == 400, bad
     assert http.post("/workflows/999999/fork", {"from_visit": 1}, token=requester_token).status == 404

@@ -8,7 +8,7 @@ import pytest
 from agentops.agents.autonomous.definition import Autonomous
 from tests.conftest import drive, open_approval, release_params
 from workflows import selectors, services
-from workflows.errors import InvalidInput, TransitionRefused
+from workflows.errors import TransitionRefused
 from workflows.models import Activity, Commitment, Event, Workflow
 
 pytestmark = pytest.mark.django_db
@@ -98,13 +98,13 @@ def test_visits_out_of_range_and_unforkable_kinds_are_refused(settings, tmp_path
     settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
     fresh = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
     before = Workflow.objects.count()
-    with pytest.raises(InvalidInput, match="has not finished a node visit yet"):
+    with pytest.raises(TransitionRefused, match="has not finished a node visit yet"):
         services.workflow_fork(workflow_id=fresh.pk, from_visit=1)
     done = drive(fresh.pk)
     last = done.node_visit - 1
     for visit in (0, done.node_visit, 10**6):
-        with pytest.raises(InvalidInput, match=rf"--from-visit must be between 1 and {last}, the node visits "
-                                               rf"workflow {done.pk} finished"):
+        with pytest.raises(TransitionRefused, match=rf"The visit to fork from must be between 1 and {last}, the "
+                                                    rf"node visits workflow {done.pk} finished"):
             services.workflow_fork(workflow_id=done.pk, from_visit=visit)
     monkeypatch.setattr(Autonomous, "fork_refusal", "its workspace lives on disk")
     with pytest.raises(TransitionRefused, match=f"Workflow {done.pk} cannot be forked: its workspace lives on disk"):

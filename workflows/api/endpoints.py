@@ -215,7 +215,7 @@ def workflow_steer(request: HttpRequest, payload: SteerIn, workflow_id: int = WO
 def workflow_fork(request: HttpRequest, payload: ForkIn, workflow_id: int = WORKFLOW_ID) -> Status[Json]:
     """`agent fork`: a new workflow of the same kind, parameters and goal that reuses the original's first
     `from_visit` node visits (their recorded results, as its state) and runs on with the current definition;
-    the token's user launched it. A visit out of range: 400. Needs `workflows.add_workflow`."""
+    the token's user launched it. A visit the original has not finished: 409. Needs `workflows.add_workflow`."""
     require(caller(request), LAUNCH_PERMISSION, to="fork workflows")
     fork = services.workflow_fork(workflow_id=workflow_id, from_visit=payload.from_visit, user=caller(request))
     return Status(201, selectors.fork_summary(fork))

@@ -125,8 +125,23 @@ class SteerIn(Body):
                             examples=["changelog-1"])
 
 
+# Node visits are a PositiveIntegerField: PostgreSQL's integer.
+MAX_VISIT = 2**31 - 1
+
+
+def whole_number(value: Any) -> int:
+    """A JSON number without a fraction (JSON Schema's integer: 4 and 4.0 alike), never a boolean or a string."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not value.is_integer()):
+        raise ValueError("must be a whole number, e.g. 4")
+    return int(value)
+
+
+WholeNumber = Annotated[int, BeforeValidator(whole_number)]
+
+
 class ForkIn(Body):
-    from_visit: StrictInt = Field(ge=1, le=MAX_ID, description=(
+    from_visit: WholeNumber = Field(ge=1, le=MAX_VISIT, description=(
         "how many node visits of the original to reuse (1 to its current visit minus one); the fork starts at "
         "visit from_visit + 1"), examples=[4])
 

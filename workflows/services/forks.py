@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 
 from workflows import clock, registry, statestore
-from workflows.errors import InvalidInput, TransitionRefused
+from workflows.errors import TransitionRefused
 from workflows.models import Checkpoint, Intent, Workflow
 from workflows.services.common import event_record, events_batched, release_current, workflow_lock
 from workflows.services.steps import username_of
@@ -36,10 +36,10 @@ def workflow_fork(*, workflow_id: int, from_visit: int, user: Any = None, by: st
     Recorded as ``workflow.forked`` on the original and ``workflow.launched`` (with the relation)
     on the fork.
 
-    Not idempotent: every call makes a new fork. Raises InvalidInput for a visit out of range (1 to
-    the original's current visit minus one), TransitionRefused for a kind that declares it cannot
-    be forked, an original whose checkpoints retention archived, or a visit whose node the current
-    definition no longer has; each writes nothing.
+    Not idempotent: every call makes a new fork. Raises TransitionRefused for a visit out of range
+    (1 to the original's current visit minus one), a kind that declares it cannot be forked, an
+    original whose checkpoints retention archived, or a visit whose node the current definition no
+    longer has; each writes nothing.
     """
     with transaction.atomic():
         original = workflow_lock(workflow_id)
@@ -48,15 +48,17 @@ def workflow_fork(*, workflow_id: int, from_visit: int, user: Any = None, by: st
             raise TransitionRefused(f"Workflow {workflow_id} cannot be forked: {definition.fork_refusal}",
                                     workflow_id=workflow_id)
         last = original.node_visit - 1
+        # Refusals, not bad input: which visits exist is the workflow's state (the HTTP API answers 409).
         if last < 1:
-            raise InvalidInput(f"Workflow {workflow_id} has not finished a node visit yet (it is at visit 1, "
-                               f"{original.current_node}); there is nothing to reuse. Launch a new one instead.",
-                               workflow_id=workflow_id)
+            raise TransitionRefused(
+                f"Workflow {workflow_id} has not finished a node visit yet (it is at visit 1, "
+                f"{original.current_node}); there is nothing to reuse. Launch a new one instead.",
+                workflow_id=workflow_id)
         if not 1 <= from_visit <= last:
-            raise InvalidInput(f"--from-visit must be between 1 and {last}, the node visits workflow {workflow_id} "
-                               f"finished (it is at visit {original.node_visit}, {original.current_node}); got "
-                               f"{from_visit}. `agent show {workflow_id}` lists its node.entered events.",
-                               workflow_id=workflow_id)
+            raise TransitionRefused(
+                f"The visit to fork from must be between 1 and {last}, the node visits workflow {workflow_id} "
+                f"finished (it is at visit {original.node_visit}, {original.current_node}); got {from_visit}. "
+                f"`agent show {workflow_id}` lists its node.entered events.", workflow_id=workflow_id)
         if original.history_archived:
             raise TransitionRefused(f"Workflow {workflow_id}'s checkpoints were archived to "
                                     f"{original.history_archive_path}; a fork needs them in the database.",

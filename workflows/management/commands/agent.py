@@ -566,7 +566,7 @@ def console_for(stream: Any) -> Console:
 NUMBER_RANGES = {
     "id": ("ID", 1, selectors.MAX_ID), "wait_id": ("WAIT_ID", 1, selectors.MAX_ID),
     "workflow": ("--workflow", 1, selectors.MAX_ID), "limit": ("--limit", 1, selectors.MAX_LIST_ROWS),
-    "events": ("--events", 0, selectors.MAX_EVENTS), "from_visit": ("--from-visit", 1, selectors.MAX_ID),
+    "events": ("--events", 0, selectors.MAX_EVENTS), "from_visit": ("--from-visit", 1, 2**31 - 1),
 }
 
 
