@@ -146,3 +146,75 @@ def test_a_fork_from_visit_n_reuses_n_results_and_repeats_no_effect(
             fork7_activities=len(names(after_deploy)), fork7_new_effects=0, fork4_reused_visits=4,
             fork4_activities=len(names(before_approval)), fork4_new_effects=1,
             target_effects=len(stats["effects"]), deleted=0)
+
+
+class SlowAfterTheSteer(HoldsTheFirstTaskCall):
+    """As HoldsTheFirstTaskCall; then the first request that carries the steer message is answered slowly, once,
+    so that the test can kill the worker waiting for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slowed = threading.Event()
+
+    def __call__(self, body: dict[str, Any]) -> Answer:
+        answer = super().__call__(body)
+        if holding(body) and not self.slowed.is_set():
+            self.slowed.set()
+            answer.delay_seconds = SLOW_ANSWER_SECONDS
+        return answer
+
+
+SLOW_ANSWER_SECONDS = 20.0
+KILL_LEASE_SECONDS = 8
+
+
+def test_a_worker_killed_after_its_call_took_the_steer_message_loses_it_not_and_repeats_it_not(
+    cluster: Any, claude_api: FakeAnthropicAPI, tmp_path: Any, figures: Any,
+) -> None:
+    """The model call that took the message is in flight when its worker is SIGKILLed: the next attempt
+    resumes from the turn checkpointed before the message was added and sends the same request again, the
+    message in it once; the conversation that goes on (and every later request) has it once; no other
+    activity takes it; the history shows the second delivery as the same operation and call."""
+    responder = SlowAfterTheSteer()
+    claude_api.responder = responder
+    cluster.extra_env.update({
+        "AGENTOPS_MODEL_PROVIDER": "anthropic", "ANTHROPIC_API_KEY": "sk-ant-test-0000-secret",
+        "ANTHROPIC_BASE_URL": claude_api.url, "AGENTOPS_MODEL": MODEL, "AGENTOPS_ANTHROPIC_MAX_RETRIES": "0",
+        "AGENTOPS_MODEL_CALL_LEASE_SECONDS": str(KILL_LEASE_SECONDS),
+    })
+    wf = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes from the docs").pk
+    seed_workspace(tmp_path / "workspaces" / f"wf-{wf}")
+    workers = cluster.start(workers=("wa", "wb"), beats=("beat",))[:2]
+    cluster.wait_for(responder.reached.is_set, timeout=60, what="the first task's first model call")
+    services.workflow_steer(workflow_id=wf, message=STEER, by="shell:ops")
+    responder.go.set()
+    cluster.wait_for(responder.slowed.is_set, timeout=30, what="the request carrying the steer message")
+    waiting = cluster.wait_for(lambda: Activity.objects.filter(
+        workflow_id=wf, name="execute_task", status="running").first(), timeout=10, what="the task's attempt")
+    attempt = waiting.attempts.get(number=waiting.attempt)
+    holder = next(w for w in workers if w.name == attempt.worker.split("@")[0])
+    killed_at = time.time()
+    assert holder.kill_group() == -9
+    wait_until_status(cluster, [wf], "completed", timeout=120)
+    cluster.wait_for(lambda: all(r.status != 0 for r in claude_api.requests), timeout=SLOW_ANSWER_SECONDS + 5,
+                     what="the fake API to finish the slow answer")
+
+    bodies = claude_api.bodies()
+    carrying = [n for n, body in enumerate(bodies) if holding(body)]
+    assert all(holding(bodies[n]) == 1 for n in carrying), "a request carried the message twice"
+    newly = [n for n in carrying if STEER in json.dumps(bodies[n]["messages"][-1]["content"])]
+    assert len(newly) == 2, newly  # the killed attempt's request and its retry: one model call, sent twice
+    killed, retried = (bodies[n] for n in newly)
+    assert retried["messages"] == killed["messages"], "the retry sent the same conversation, the message once"
+    assert all(task_of(bodies[n]) == "execute_task" and TASKS[0]["title"] in first_text(bodies[n]) for n in carrying)
+    delivered = [(e.data["operation_id"], e.data["call"], e.data["attempt"], e.data.get("again", False))
+                 for e in Event.objects.filter(workflow_id=wf, kind="steer.delivered").order_by("seq")]
+    assert delivered == [(waiting.operation_id, 1, 1, False), (waiting.operation_id, 1, 2, True)]
+    row = SteerMessage.objects.get(workflow_id=wf)
+    assert (row.activity_id, row.call) == (waiting.pk, 1)
+    assert Activity.objects.get(pk=waiting.pk).status == "succeeded"
+    assert_event_seqs_contiguous([wf])
+    retry_at = claude_api.requests[newly[1]].at
+    figures("issue 29 steer across a killed model call", requests=len(bodies), requests_carrying=len(carrying),
+            sent_as_new_turn=len(newly), model_calls_that_took_it=1, deliveries_recorded=len(delivered),
+            kill_to_retried_request_s=f"{retry_at - killed_at:.2f}", model_call_lease_s=KILL_LEASE_SECONDS)
