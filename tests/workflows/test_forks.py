@@ -7,7 +7,7 @@ import pytest
 
 from agentops.agents.autonomous.definition import Autonomous
 from tests.conftest import drive, open_approval, release_params
-from workflows import selectors, services
+from workflows import replay, selectors, services, statestore
 from workflows.errors import TransitionRefused
 from workflows.models import Activity, Commitment, Event, Workflow
 
@@ -124,3 +124,15 @@ def test_an_autonomous_fork_reuses_the_plan_and_runs_the_tasks_again(settings, t
     assert not Activity.objects.filter(workflow=fork, name="plan_tasks").exists()
     assert Activity.objects.filter(workflow=fork, name="execute_task").count() == 3
     assert [t["title"] for t in fork.state["tasks"]] == [t["title"] for t in original.state["tasks"]]
+
+
+def test_a_forks_history_starts_at_its_first_own_visit_and_replays(settings, tmp_path):
+    """The visits it reused are the original's: its history (export-history, replay-check) starts after them."""
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
+    original = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk)
+    fork = drive(services.workflow_fork(workflow_id=original.pk, from_visit=3).pk)
+
+    history = replay.history_of(fork)
+    assert [v.visit for v in history.visits] == list(range(4, fork.node_visit + 1))
+    assert history.visits[0].state == statestore.state_at(original, 4)
+    assert replay.check(history) is None
