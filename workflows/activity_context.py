@@ -143,6 +143,19 @@ class ActivityContext:
         if not self.lease.note(self.claim, kind, data):
             raise self._lease_lost(LEASE_LOST)
 
+    def steering(self, *, call: int) -> list[dict[str, Any]]:
+        """The steer messages (``agent steer``) model call ``call`` of this activity sends as a user
+        turn: each has ``seq``, ``text``, ``sender`` and ``sent_at``; oldest first, often none. Ask
+        right before each model call with that call's number (the ``call`` given to
+        ``metered_complete``), and add what it returns to the conversation the activity keeps (and
+        checkpoints): a later attempt that resumes at this call or before gets the same messages
+        again, and no other activity gets them (docs/authoring.md, "Steering"). Raises LeaseLost
+        when this attempt no longer holds its lease."""
+        taken = self.lease.steering(self.claim, call)
+        if taken is None:
+            raise self._lease_lost(LEASE_LOST)
+        return taken
+
     def _lease_lost(self, why: str) -> LeaseLost:
         return LeaseLost(f"Attempt {self.attempt} of {self.operation_id} {why}.", operation_id=self.operation_id)
 

@@ -468,6 +468,14 @@ class WorkflowDefinition:
     # descriptions that validate a launch, print `agent launch --help` and give the JSON schema.
     # None: the kind takes no parameters.
     launch_params: ClassVar[type[LaunchParams] | None] = None
+    # Whether the kind's model calls read steer messages (`agent steer`): its activities call
+    # ``ctx.steering(call=…)`` (or ``agentops.steering.steered``) before each model call; a steer to
+    # a kind that does not is refused (docs/authoring.md, "Steering").
+    reads_steering: ClassVar[bool] = False
+    # Why a workflow of this kind cannot be forked (`agent fork`), for people; empty: it can. A kind
+    # whose state names something outside the database that a fork would share with the original
+    # (a workspace on disk) says so here.
+    fork_refusal: ClassVar[str] = ""
 
     _handlers: ClassVar[dict[str, str]] = {}
 

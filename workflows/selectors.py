@@ -19,11 +19,13 @@ from workflows.models import (
     Intent,
     Schedule,
     ScheduleOccurrence,
+    SteerMessage,
     UsageEntry,
     Wait,
     Workflow,
     WorkflowLabel,
 )
+from workflows.models.steering import ENDED_WITHOUT_RESULT
 from workflows.sql import rows_select
 
 
@@ -85,6 +87,40 @@ def children_live(workflow: Workflow, *, before_intent: int | None = None) -> li
     if before_intent is not None:
         children = children.filter(parent_wait__intent_version__lt=before_intent)
     return list(children.order_by("pk").values_list("pk", flat=True))
+
+
+def steering_of(workflow: Workflow) -> list[dict[str, Any]]:
+    """The workflow's steer messages, oldest first, each with where it stands: ``pending`` (no
+    model call holds it), ``in_flight`` (a model call of a live activity took it) or ``delivered``
+    (that activity succeeded); the operation and call that took it unless pending."""
+    rows = list(SteerMessage.objects.filter(workflow=workflow).order_by("seq"))
+    held = {pk: (status, op) for pk, status, op in Activity.objects.filter(
+        pk__in={r.activity_id for r in rows if r.activity_id is not None}).values_list("pk", "status", "operation_id")}
+    out = []
+    for r in rows:
+        status, operation_id = held.get(r.activity_id, ("", "")) if r.activity_id is not None else ("", "")
+        state = "pending" if not status or status in ENDED_WITHOUT_RESULT else (
+            "delivered" if status == Activity.Status.SUCCEEDED else "in_flight")
+        taken = state != "pending"
+        out.append({"seq": r.seq, "text": r.text, "sender": r.sender, "sent_at": r.sent_at.isoformat(),
+                    "dedupe_key": r.dedupe_key, "status": state, "operation_id": operation_id if taken else None,
+                    "call": r.call if taken else None, "taken_at": _iso(r.taken_at) if taken else None})
+    return out
+
+
+def fork_relation(workflow: Workflow) -> dict[str, Any]:
+    """Where the workflow was forked from (``forked_from``: id, ``forked_from_visit``: the visits it
+    reused) and the forks made of it (``forks``: id, visit, status; the newest 20)."""
+    forks = [{"id": pk, "from_visit": visit, "status": status} for pk, visit, status in
+             workflow.forks.order_by("-pk").values_list("pk", "forked_from_visit", "status")[:20]]
+    return {"forked_from": workflow.forked_from_id, "forked_from_visit": workflow.forked_from_visit, "forks": forks}
+
+
+def fork_summary(fork: Workflow) -> dict[str, Any]:
+    """The answer of ``agent fork --json`` and of POST /api/workflows/ID/fork: the new workflow."""
+    return {"id": fork.pk, "kind": fork.kind, "status": fork.status, "current_node": fork.current_node,
+            "node_visit": fork.node_visit, "forked_from": fork.forked_from_id,
+            "forked_from_visit": fork.forked_from_visit}
 
 
 # The largest id PostgreSQL's bigint holds: an id beyond it is refused where it enters, never queried.
@@ -159,7 +195,8 @@ DETAIL_KEYS = frozenset({
     "id", "kind", "status", "current_node", "intent_version", "goal", "release", "fallback_model", "labels", "reason",
     "pause_cause", "handler_failures", "advance_retry_at", "deadline", "created_at", "updated_at", "params",
     "result", "waits", "activities", "activities_left_out", "commitments", "spend", "progress", "events",
-    "signals_queued", "installation_id", "history_archive", "retrying", "parent", "children",
+    "signals_queued", "installation_id", "history_archive", "retrying", "parent", "children", "steering",
+    "forked_from", "forked_from_visit", "forks",
 })
 
 
@@ -257,6 +294,8 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
         for s in workflow.signals.filter(consumed_by__isnull=True).order_by("pk")
     ]
     detail["installation_id"] = installation_id()
+    detail["steering"] = steering_of(workflow)
+    detail.update(fork_relation(workflow))
     recent = Event.objects.filter(workflow=workflow).order_by("-seq")[:events]
     detail["spend"] = spend_summary(workflow)
     detail["progress"] = [

@@ -42,7 +42,7 @@ class AnswerTool:
 
 def ask_structured(
     ctx: ActivityContext, *, system: str, prompt: str, tool: AnswerTool, validate: Callable[[dict[str, Any]], T],
-    max_tokens: int, what: str,
+    max_tokens: int, what: str, steer: bool = False,
 ) -> tuple[T, list[ModelResponse]]:
     """Ask for one structured answer and return it validated, with every response it took.
 
@@ -50,13 +50,18 @@ def ask_structured(
     answer is recorded as a ``model.answer_rejected`` event with the reason the model was given.
     Raises ``Retryable`` when the last allowed answer is still unusable: a model's next try at
     the same question usually succeeds, so the activity's retry policy gets another attempt.
+    With ``steer``, each call first takes the workflow's steer messages as a user turn
+    (``agentops.steering.steered``).
     """
     from agentops.budgets import metered_complete
+    from agentops.steering import steered
 
     messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
     responses: list[ModelResponse] = []
     problem = ""
     for call in range(FEEDBACK_TURNS + 1):
+        if steer:
+            messages = steered(ctx, call=call, messages=messages)
         response = metered_complete(ctx, call=call, system=system, messages=messages, max_tokens=max_tokens,
                                     tools=[tool.definition()], tool_choice={"type": "tool", "name": tool.name})
         responses.append(response)

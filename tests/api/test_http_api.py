@@ -233,6 +233,8 @@ def test_the_openapi_document_lists_every_path(http: Http, live_server: Any) -> 
         ("GET", "/api/schedules"), ("POST", "/api/schedules"), ("POST", "/api/schedules/{name}/pause"),
         ("POST", "/api/schedules/{name}/resume"), ("POST", "/api/schedules/{name}/trigger"),
         ("DELETE", "/api/schedules/{name}"), ("GET", "/api/kinds"),
+        # docs/operators.md, "Steering" and "Forks"
+        ("POST", "/api/workflows/{workflow_id}/steer"), ("POST", "/api/workflows/{workflow_id}/fork"),
     }
     for path, item in paths.items():
         for operation in item.values():

@@ -36,7 +36,8 @@ from workflows.models import (
     Workflow,
     WorkflowLabel,
 )
-from workflows.selectors import definition_of, spend_summary, spent_usd
+from workflows.models.steering import MAX_STEER_CHARS
+from workflows.selectors import definition_of, fork_relation, spend_summary, spent_usd, steering_of
 from workflows.services.labels import LABEL_KEY, LABEL_VALUE, MAX_LABELS, label_pairs_parsed
 from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS
 
@@ -166,6 +167,15 @@ class PauseForm(forms.Form):
     )
 
 
+class SteerForm(forms.Form):
+    message = forms.CharField(
+        max_length=MAX_STEER_CHARS, widget=forms.Textarea(attrs={"rows": 4, "cols": 80}),
+        help_text="What to tell the agent. Its next model call receives it as a user turn; the goal stays.",
+    )
+    # Made when the page is shown: the form sent twice (a double click, a resent POST) is one message.
+    request_key = forms.CharField(required=False, max_length=200, widget=forms.HiddenInput)
+
+
 def _positive_usd(value: Decimal) -> None:
     if value <= 0:
         raise forms.ValidationError("A budget must be a positive amount of USD, such as 2.50.")
@@ -203,6 +213,10 @@ class OperatorAction:
         """Why this action does not apply to ``workflow`` now; empty when it does (the page offers it)."""
         if workflow.status not in self.statuses:
             return f"Workflow {workflow.pk} is {workflow.status}; “{self.label}” does not apply to it."
+        definition = definition_of(workflow) if self.name == "steer" else None
+        if self.name == "steer" and (definition is None or not definition.reads_steering):
+            return (f"Workflow {workflow.pk} is a {workflow.kind} workflow, whose model calls do not read steer "
+                    "messages.")
         if self.name == "resume" and is_budget_paused(workflow):
             return (f"Workflow {workflow.pk} is paused because its budget ran out; resuming would pause it again. "
                     "Change its budget instead: that resumes it.")
@@ -217,6 +231,7 @@ ACTIONS = {
     "supersede": OperatorAction("supersede", "Change the goal", SupersedeForm,
                                 ("created", "running", "waiting", "paused")),
     "budget": OperatorAction("budget", "Change budget", BudgetForm, ("created", "running", "waiting", "paused")),
+    "steer": OperatorAction("steer", "Steer the agent", SteerForm, ("created", "running", "waiting", "paused")),
 }
 
 
@@ -249,14 +264,16 @@ class WorkflowAdmin(ReadOnlyAdmin):
     search_help_text = ("Search by workflow id (a number), by labels (key=value, several separated by spaces: all of "
                         "them) or by words of any of its goals.")
     ordering = ("-pk",)
-    readonly_fields = ("status_badge", "goal_full", "params_pretty", "result_pretty", "state_pretty", "labels_short")
+    readonly_fields = ("status_badge", "goal_full", "params_pretty", "result_pretty", "state_pretty", "labels_short",
+                       "fork_relation", "steering")
     fieldsets = (
         ("Where it is", {"fields": ("status_badge", "current_node", "node_visit", "intent_version", "goal_full",
                                     "reason", "pause_cause", "handler_failures", "advance_retry_at")}),
         ("What it runs", {"fields": ("kind", "definition_version", "release", "release_policy", "params_pretty",
                                      "labels_short")}),
         ("Who and when", {"fields": ("launched_by", "created_at", "updated_at", "deadline", "history_archived_at",
-                                     "history_archive_path")}),
+                                     "history_archive_path", "fork_relation")}),
+        ("Steering", {"fields": ("steering",)}),
         ("Outcome and durable state", {"fields": ("result_pretty", "state_pretty", "event_seq"),
                                        "classes": ("collapse",)}),
     )
@@ -317,6 +334,31 @@ class WorkflowAdmin(ReadOnlyAdmin):
         )) or "—"
 
     @admin.display(description="parameters")
+    @admin.display(description="Fork")
+    def fork_relation(self, workflow: Workflow) -> str:
+        relation = fork_relation(workflow)
+        parts = []
+        if relation["forked_from"]:
+            url = reverse("admin:workflows_workflow_change", args=[relation["forked_from"]])
+            parts.append(format_html("Forked from <a href=\"{}\">workflow {}</a>: reused its visits 1–{}.", url,
+                                     relation["forked_from"], relation["forked_from_visit"]))
+        if relation["forks"]:
+            links = format_html_join(", ", "<a href=\"{}\">workflow {}</a> (from visit {}, {})", (
+                (reverse("admin:workflows_workflow_change", args=[f["id"]]), f["id"], f["from_visit"], f["status"])
+                for f in relation["forks"]))
+            parts.append(format_html("Forks: {}.", links))
+        return format_html_join(" ", "{}", ((p,) for p in parts)) if parts else "Not a fork; no forks."
+
+    @admin.display(description="Steer messages")
+    def steering(self, workflow: Workflow) -> str:
+        rows = steering_of(workflow)
+        if not rows:
+            return "None. “Steer the agent” (above) sends one to its next model call."
+        return format_html("<ol>{}</ol>", format_html_join("", "<li><strong>{}</strong> by {} at {}: {}{}</li>", (
+            (m["status"].replace("_", " "), m["sender"], m["sent_at"][:19].replace("T", " "), m["text"][:500],
+             f" — taken by {m['operation_id']} call {m['call']}" if m["operation_id"] else "")
+            for m in rows)))
+
     def params_pretty(self, workflow: Workflow) -> str:
         return pretty_json(workflow.params)
 
@@ -434,6 +476,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
             return redirect_with_outcome(change_url, refusal, messages.WARNING)
         initial = {
             "supersede": {"goal": workflow.goal, "request_key": f"admin-{uuid.uuid4().hex}"},
+            "steer": {"request_key": f"admin-{uuid.uuid4().hex}"},
             "budget": {"total_usd": workflow.budget_total_usd, "hourly_usd": workflow.budget_hourly_usd},
         }.get(action, {})
         form = spec.form(request.POST if request.method == "POST" else None, initial=initial)
@@ -580,6 +623,11 @@ def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: An
         result = services.workflow_pause(workflow_id=workflow_id, reason=data["reason"], user=user)
         return result.message, messages.WARNING if result.outcome == services.Outcome.ALREADY_APPLIED else \
             messages.SUCCESS
+    if action == "steer":
+        steered = services.workflow_steer(workflow_id=workflow_id, message=data["message"], user=user,
+                                          dedupe_key=data.get("request_key", ""))
+        return steered.message, (messages.WARNING if steered.outcome == services.SteerOutcome.ALREADY_APPLIED
+                                 else messages.SUCCESS)
     if action == "resume":
         result = services.workflow_resume(workflow_id=workflow_id, user=user)
         level = {services.Outcome.APPLIED: messages.SUCCESS, services.Outcome.HANDLER_FAILED: messages.ERROR}

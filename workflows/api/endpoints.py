@@ -24,6 +24,8 @@ from workflows.api.schemas import (
     DecisionOut,
     ErrorOut,
     EventPage,
+    ForkIn,
+    ForkOut,
     KindList,
     LaunchIn,
     LaunchOut,
@@ -37,6 +39,8 @@ from workflows.api.schemas import (
     ScheduleRemovedOut,
     SignalIn,
     StatusName,
+    SteerIn,
+    SteerOut,
     SupersedeIn,
     WebhookIn,
     WorkflowDetailOut,
@@ -202,6 +206,29 @@ def workflow_supersede(request: HttpRequest, payload: SupersedeIn, workflow_id: 
     result = services.workflow_supersede(workflow_id=workflow_id, goal=payload.goal, user=caller(request),
                                          idempotency_key=idempotency_key)
     return result.to_json()
+
+
+@api.post("/workflows/{workflow_id}/steer", response={200: SteerOut, **ERRORS}, summary="Steer a running agent",
+          tags=["workflows"])
+def workflow_steer(request: HttpRequest, payload: SteerIn, workflow_id: int = WORKFLOW_ID) -> Json:
+    """`agent steer`: a durable message the agent's next model call receives as a user turn, recorded with who
+    sent it; the goal stays (supersede replaces it). A finished workflow, or a kind that reads no steering: 409.
+    Needs `workflows.change_workflow`."""
+    require(caller(request), OPERATE_PERMISSION, to="steer workflows")
+    result = services.workflow_steer(workflow_id=workflow_id, message=payload.message, user=caller(request),
+                                     dedupe_key=payload.dedupe_key)
+    return result.to_json()
+
+
+@api.post("/workflows/{workflow_id}/fork", response={201: ForkOut, **ERRORS}, summary="Fork a workflow",
+          tags=["workflows"])
+def workflow_fork(request: HttpRequest, payload: ForkIn, workflow_id: int = WORKFLOW_ID) -> Status[Json]:
+    """`agent fork`: a new workflow of the same kind, parameters and goal that reuses the original's first
+    `from_visit` node visits (their recorded results, as its state) and runs on with the current definition;
+    the token's user launched it. A visit the original has not finished: 409. Needs `workflows.add_workflow`."""
+    require(caller(request), LAUNCH_PERMISSION, to="fork workflows")
+    fork = services.workflow_fork(workflow_id=workflow_id, from_visit=payload.from_visit, user=caller(request))
+    return Status(201, selectors.fork_summary(fork))
 
 
 @api.post("/workflows/{workflow_id}/cancel", response={200: ResultOut, **ERRORS}, summary="Cancel a workflow",

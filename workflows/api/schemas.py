@@ -13,6 +13,7 @@ from ninja import Field, Path, Schema
 from pydantic import BeforeValidator, ConfigDict, StrictFloat, StrictInt, StringConstraints, WithJsonSchema
 
 from workflows.models import Schedule, ScheduleOccurrence, Wait, Workflow
+from workflows.models.steering import MAX_STEER_CHARS
 from workflows.selectors import MAX_ID
 from workflows.services.labels import LABEL_KEY, LABEL_VALUE, MAX_LABELS
 from workflows.services.steps import MAX_GOAL_CHARS, MAX_HOURS, Outcome
@@ -131,6 +132,36 @@ class SupersedeIn(Body):
                       description="the new goal; it becomes the next intent version")
 
 
+class SteerIn(Body):
+    message: str = Field(min_length=1, max_length=MAX_STEER_CHARS, pattern=FILLED_TEXT, description=(
+        "what to tell the agent: its next model call receives it as a user turn (the goal stays)"),
+                         examples=["Also update the changelog."])
+    dedupe_key: str = Field(default="", pattern=DEDUPE_KEY, max_length=200, description=(
+        "a repeated key is one message: the second send answers already_applied and changes nothing"),
+                            examples=["changelog-1"])
+
+
+# Node visits are a PositiveIntegerField: PostgreSQL's integer.
+MAX_VISIT = 2**31 - 1
+
+
+def whole_number(value: Any) -> int:
+    """A JSON number without a fraction (JSON Schema's integer: 4 and 4.0 alike), never a boolean or a string."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not value.is_integer()):
+        raise ValueError("must be a whole number, e.g. 4")
+    return int(value)
+
+
+WholeNumber = Annotated[int, BeforeValidator(whole_number)]
+
+
+class ForkIn(Body):
+    from_visit: WholeNumber = Field(ge=1, le=MAX_VISIT, description=(
+        "how many node visits of the original to reuse (1 to its current visit minus one); the fork starts at "
+        "visit from_visit + 1"), examples=[4])
+
+
 class CancelIn(Body):
     reason: str = Field(default="", max_length=2000, pattern=TEXT)
 
@@ -231,6 +262,26 @@ class ChildOut(Schema):
     reason: str = Field(description="why it failed or was cancelled (cut at 300 characters)")
 
 
+class SteerMessageOut(Schema):
+    seq: int = Field(ge=1, examples=[1])
+    text: str
+    sender: str = Field(examples=["alice"])
+    sent_at: str
+    dedupe_key: str
+    status: Literal["pending", "in_flight", "delivered"] = Field(description=(
+        "pending: no model call took it yet; in_flight: a model call of a live activity took it; delivered: "
+        "that activity succeeded"))
+    operation_id: str | None = Field(description="the activity whose model call took it; null while pending")
+    call: int | None = Field(description="that activity's model call (0, 1, …); null while pending")
+    taken_at: str | None
+
+
+class ForkOfOut(Schema):
+    id: int
+    from_visit: int | None
+    status: StatusName
+
+
 class WorkflowDetailOut(WorkflowOut):
     """``agent show --json``: the summary with waits (and their candidate hashes), activities, spend, events…"""
     params: dict[str, Any]
@@ -250,6 +301,10 @@ class WorkflowDetailOut(WorkflowOut):
         description="activities in a retry window: name, operation, failed attempt, of how many, next try, error")
     parent: ParentOut | None = Field(description="the workflow that started this one (ctx.child); else null")
     children: list[ChildOut] = Field(description="the child workflows it started, oldest first (at most 100)")
+    steering: list[SteerMessageOut] = Field(description="its steer messages, oldest first")
+    forked_from: int | None = Field(description="the workflow this one was forked from; null for a launch")
+    forked_from_visit: int | None = Field(description="the original's node visits the fork reused (1 to N)")
+    forks: list[ForkOfOut] = Field(description="forks made of this workflow, newest first (at most 20)")
 
 
 class WorkflowPage(Schema):
@@ -270,6 +325,26 @@ class ResultOut(Schema):
     status: StatusName
     intent_version: int
     message: str
+
+
+class SteerOut(Schema):
+    """What a steer answers."""
+    id: int
+    outcome: Literal["applied", "already_applied"]
+    status: StatusName
+    seq: int = Field(ge=1, description="the message's place in the workflow's order")
+    message: str
+
+
+class ForkOut(Schema):
+    """What a fork answers: the new workflow."""
+    id: int
+    kind: str
+    status: StatusName
+    current_node: str
+    node_visit: int
+    forked_from: int
+    forked_from_visit: int
 
 
 class DecisionOut(Schema):

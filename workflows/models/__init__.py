@@ -4,6 +4,7 @@ from workflows.models.hooks import WebhookAttempt, WebhookDelivery, WebhookSubsc
 from workflows.models.identity import ClientRequest, Installation
 from workflows.models.ledger import ProgressSample, UsageEntry
 from workflows.models.schedules import Schedule, ScheduleOccurrence
+from workflows.models.steering import SteerMessage
 from workflows.models.tokens import ApiToken
 from workflows.models.waits import Signal, Timer, Wait
 from workflows.models.workflow import BehavioralRelease, Checkpoint, Event, Intent, StateBlob, Workflow, WorkflowLabel
@@ -24,6 +25,7 @@ __all__ = [
     "ScheduleOccurrence",
     "Signal",
     "StateBlob",
+    "SteerMessage",
     "Timer",
     "UsageEntry",
     "Wait",

@@ -181,6 +181,16 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
                   "after AGENTOPS_RETENTION_CLAIM_SECONDS (the first one died).",
     )
 
+    forked_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks",
+        help_text="The workflow this one was forked from (`agent fork`); empty for a launch.",
+    )
+    forked_from_visit = models.PositiveIntegerField(
+        null=True, blank=True,
+        help_text="The original's node visits this fork reused (1 to N): it started at visit N + 1 from the state "
+                  "the original entered that visit with.",
+    )
+
     # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.
     objects: models.Manager[Workflow] = models.Manager()
 

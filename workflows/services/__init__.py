@@ -22,9 +22,11 @@ from workflows.services.budgets import (
     workflow_budget_set,
 )
 from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
+from workflows.services.forks import workflow_fork
 from workflows.services.installation import idempotency_key_for, installation_ensure, installation_id
 from workflows.services.pauses import workflow_pause
 from workflows.services.progress import stagnation_check, stagnation_flag_if_due
+from workflows.services.steering import SteerOutcome, SteerResult, steering_take_if_current, workflow_steer
 from workflows.services.steps import Outcome, Result
 from workflows.services.sweeps import (
     activities_redrive_due,
@@ -50,6 +52,8 @@ __all__ = [
     "Outcome",
     "Result",
     "RunOutcome",
+    "SteerOutcome",
+    "SteerResult",
     "activities_redrive_due",
     "activity_checkpoint_if_current",
     "activity_claim_if_runnable",
@@ -69,6 +73,7 @@ __all__ = [
     "installation_id",
     "leases_reap_expired",
     "stagnation_check",
+    "steering_take_if_current",
     "stagnation_flag_if_due",
     "timer_fire_if_due",
     "timers_fire_due",
@@ -82,12 +87,14 @@ __all__ = [
     "workflow_budget_set",
     "workflow_cancel",
     "workflow_deadline_enforce_if_due",
+    "workflow_fork",
     "workflow_launch",
     "workflow_launch_once",
     "workflow_pause",
     "workflow_resume",
     "workflow_signal",
     "workflow_signal_from_webhook",
+    "workflow_steer",
     "workflow_supersede",
     "workflows_redrive_idle",
 ]

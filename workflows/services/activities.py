@@ -120,6 +120,11 @@ class DatabaseLease:
     def adopt_release(self, claim: Claim, release: dict[str, Any], why: str) -> bool:
         return workflow_release_adopt_if_current(claim=claim, release=release, why=why)
 
+    def steering(self, claim: Claim, call: int) -> list[dict[str, Any]] | None:
+        from workflows.services.steering import steering_take_if_current
+
+        return steering_take_if_current(claim=claim, call=call)
+
 
 @transaction.atomic
 def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -> Claim | None:

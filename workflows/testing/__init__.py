@@ -81,6 +81,10 @@ class FakeLease:
     notes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     releases: list[dict[str, Any]] = field(default_factory=list)
     cancelled: bool = False
+    # Steer messages (texts) not taken yet: the next ``ctx.steering`` takes them all, oldest first;
+    # ``steered`` keeps (call, messages) of each take that had some.
+    steer: list[str] = field(default_factory=list)
+    steered: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)
 
     def cancel(self) -> None:
         """From now on every heartbeat, checkpoint and note reports the lease lost."""
@@ -111,6 +115,17 @@ class FakeLease:
             return False
         self.releases.append({**release, "why": why})
         return True
+
+    def steering(self, claim: Claim, call: int) -> list[dict[str, Any]] | None:
+        if self.cancelled:
+            return None
+        first = sum(len(taken) for _, taken in self.steered) + 1
+        taken = [{"seq": first + n, "text": text, "sender": "tester", "sent_at": "2026-01-01T00:00:00+00:00"}
+                 for n, text in enumerate(self.steer)]
+        self.steer = []
+        if taken:
+            self.steered.append((call, taken))
+        return taken
 
 
 @dataclass

@@ -16,6 +16,7 @@ from django.conf import settings
 from agentops import sandbox, telemetry
 from agentops.budgets import MODEL_CALL_LEASE, keep_alive, metered_complete
 from agentops.providers.answers import AnswerTool, ask_structured
+from agentops.steering import steered
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent, Retryable
 from workflows.registry import RetryPolicy, activity
@@ -138,7 +139,7 @@ def _plan(data: dict[str, Any]) -> Plan:
           lease_seconds=MODEL_CALL_LEASE, io_bound=True)
 def plan_tasks(ctx: ActivityContext, input: PlanInput) -> Plan:
     plan, _ = ask_structured(ctx, system=PLAN_SYSTEM, prompt=f"<goal>{input.goal}</goal>", tool=PLAN_TOOL,
-                             validate=_plan, max_tokens=1500, what="plan")
+                             validate=_plan, max_tokens=1500, what="plan", steer=True)
     return plan
 
 
@@ -166,6 +167,8 @@ def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
     stopped = ""
     for turn in range(first_turn, MAX_TURNS):
         ctx.faultpoint("activity.before_external_call", turn=turn)
+        # Steer messages join the conversation kept (and checkpointed) below.
+        messages = steered(ctx, call=turn, messages=messages)
         response = metered_complete(ctx, call=turn, system=EXECUTE_SYSTEM, messages=messages, max_tokens=2000,
                                     tools=TOOLS)
         stopped = response.stop_reason
@@ -334,7 +337,7 @@ def verify_goal(ctx: ActivityContext, input: VerifyInput) -> Verdict:
     prompt = (f"<goal>{input.goal}</goal>\n<tasks>\n" + "\n".join(lines)
               + f"\n</tasks>\n<files>{', '.join(files)}</files>")
     verdict, _ = ask_structured(ctx, system=VERIFY_SYSTEM, prompt=prompt, tool=VERDICT_TOOL,
-                                validate=validate_verdict, max_tokens=1000, what="verdict")
+                                validate=validate_verdict, max_tokens=1000, what="verdict", steer=True)
     return verdict
 
 
@@ -351,5 +354,5 @@ def replan(ctx: ActivityContext, input: ReplanInput) -> Plan:
     prompt = (f"<goal>{input.goal}</goal>\n<tasks>\n" + "\n".join(lines) + f"\n</tasks>\n<verdict>{reason}</verdict>"
               + (f"\n<stagnation>{input.stagnation}</stagnation>" if input.stagnation else ""))
     plan, _ = ask_structured(ctx, system=REPLAN_SYSTEM, prompt=prompt, tool=PLAN_TOOL, validate=_plan,
-                             max_tokens=1500, what="plan")
+                             max_tokens=1500, what="plan", steer=True)
     return plan

@@ -70,6 +70,7 @@ class Autonomous(WorkflowDefinition):
     adapt_node = "ADAPTATION"
     default_max_hours = 72.0
     launch_params = AutonomousParams
+    reads_steering = True  # every model call: plan, each task's turns, verify, replan
 
     @node("PLANNING")
     def planning(self, ctx: Ctx) -> Decision:

@@ -25,6 +25,7 @@ from agentops.agents.harness import checks as checks_mod
 from agentops.agents.harness.checks import CheckResult, Feature
 from agentops.budgets import cost_usd, keep_alive, metered_complete
 from agentops.providers import provider_for
+from agentops.steering import steered
 from workflows import clock
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent
@@ -623,6 +624,8 @@ def _loop(ctx: ActivityContext, session: tools.Session, *, system: str, brief: s
     for turn in range(MAX_TURNS if run is None else run.limits.max_turns + 1):
         if run is not None and run.exhausted(turn):
             return turn
+        # A retried session starts over from its base commit: it takes its steer messages again.
+        messages = steered(ctx, call=turn, messages=messages)
         # Sessions follow each other after minutes of check runs: the tools and system prompt
         # (the same for every session) stay cached for an hour instead of five minutes.
         response = metered_complete(ctx, call=turn, system=system, messages=messages, max_tokens=4000,

@@ -210,6 +210,10 @@ class Harness(WorkflowDefinition):
     start_node = "INITIALIZE"
     revalidate_node = "INITIALIZE"
     launch_params = HarnessParams
+    reads_steering = True  # every turn of the initializer's and the coding sessions
+    fork_refusal = ("A harness workflow works in a git workspace on disk (its workspace parameter) whose history "
+                    "moved on since that visit; a fork would share it with the original. Launch a new harness "
+                    "workflow on a copy of the workspace instead.")
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """The workspace (absolute; absent, an empty directory or a git repository), the isolation

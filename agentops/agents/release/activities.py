@@ -83,6 +83,10 @@ class Deployment(TypedDict):
     deployment_id: str
     idempotency_key: str
     status: str
+    # The workflow that made it (the target records it in the body): a fork reuses its original's
+    # deployment and checks it as the original's. Absent in results recorded before forks: the
+    # workflow that recorded it.
+    workflow_id: NotRequired[int]
 
 
 @dataclass(frozen=True)
@@ -128,7 +132,7 @@ def propose_change(ctx: ActivityContext, input: ProposalInput) -> Proposal:
     prompt = (f"<goal>{input.goal}</goal>\n"
               f"Repository at {evidence['head']} on {evidence['branch']} with {evidence['files']} files.")
     proposal, responses = ask_structured(ctx, system=PROPOSE_SYSTEM, prompt=prompt, tool=PROPOSAL_TOOL,
-                                         validate=validate_proposal, max_tokens=2000, what="proposal")
+                                         validate=validate_proposal, max_tokens=2000, what="proposal", steer=True)
     proposal["model"] = {"provider": provider.name, "model": provider.model,
                          "input_tokens": sum(r.usage.input_tokens for r in responses),
                          "output_tokens": sum(r.usage.output_tokens for r in responses)}
@@ -197,15 +201,21 @@ def _deploy_target() -> tuple[str, float]:
     return settings.AGENTOPS_DEPLOY_TARGET_URL, settings.AGENTOPS_HTTP_TIMEOUT_SECONDS
 
 
-def _deployment_result(deployment: dict[str, Any], key: str) -> Deployment:
-    return {"deployment_id": deployment["deployment_id"], "idempotency_key": key, "status": deployment["status"]}
+def _deployment_result(deployment: dict[str, Any], key: str, workflow_id: int) -> Deployment:
+    return {"deployment_id": deployment["deployment_id"], "idempotency_key": key, "status": deployment["status"],
+            "workflow_id": workflow_id}
+
+
+def _owner(ctx: ActivityContext, deployment: Deployment) -> int:
+    """The workflow whose deployment this is: the one that recorded it (a fork's original), else this one."""
+    return deployment.get("workflow_id", ctx.workflow_id)
 
 
 def find_deployment_by_key(ctx: ActivityContext, input: DeployInput) -> Deployment | None:
     """Reconcile a lost attempt: did the deploy target already accept this operation?"""
     url, timeout = _deploy_target()
     found = client.get_deployment(base_url=url, idempotency_key=ctx.idempotency_key, timeout=timeout)
-    return _deployment_result(found, ctx.idempotency_key) if found else None
+    return _deployment_result(found, ctx.idempotency_key, ctx.workflow_id) if found else None
 
 
 @activity("undeploy", retry=RetryPolicy(max_attempts=10, initial_interval_seconds=2.0))
@@ -232,7 +242,7 @@ def deploy(ctx: ActivityContext, input: DeployInput) -> Deployment:
     deployment = client.create_deployment(base_url=url, idempotency_key=ctx.idempotency_key, body=body,
                                           timeout=timeout)
     ctx.faultpoint("activity.after_external_call")
-    return _deployment_result(deployment, ctx.idempotency_key)
+    return _deployment_result(deployment, ctx.idempotency_key, ctx.workflow_id)
 
 
 def _postcondition(recorded: Deployment, body: dict[str, Any]) -> tuple[bool, str]:
@@ -246,14 +256,14 @@ def _postcondition(recorded: Deployment, body: dict[str, Any]) -> tuple[bool, st
 def verify_deployment(ctx: ActivityContext, input: DeploymentCheckInput) -> dict[str, Any]:
     """Check the postcondition: the deployment is there, deployed, carrying the approved candidate."""
     ok, reason = _postcondition(input.deployment,
-                                {"workflow_id": ctx.workflow_id, "candidate_hash": input.candidate_hash})
+                                {"workflow_id": _owner(ctx, input.deployment), "candidate_hash": input.candidate_hash})
     return {"ok": ok, "reason": reason}
 
 
 @activity("reconcile_deployment", retry=RetryPolicy(max_attempts=5))
 def reconcile_deployment(ctx: ActivityContext, input: DeploymentCheckInput) -> dict[str, Any]:
     """Compare what we recorded with what the deploy target holds."""
-    consistent, reason = _postcondition(input.deployment, {"workflow_id": ctx.workflow_id})
+    consistent, reason = _postcondition(input.deployment, {"workflow_id": _owner(ctx, input.deployment)})
     if not consistent:
         return {"consistent": False, "reason": reason}
     return {"consistent": True, "reason": "", "deployment_id": input.deployment["deployment_id"]}

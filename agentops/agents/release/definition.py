@@ -76,6 +76,7 @@ class Release(WorkflowDefinition):
     start_node = "GATHER_EVIDENCE"
     revalidate_node = "REVALIDATE"
     launch_params = ReleaseParams
+    reads_steering = True  # its one model-calling step: propose_change (BUILD_CANDIDATE)
 
     def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
         """Launch-time checks (this runs once in the launch service, never during replay)."""

@@ -108,6 +108,25 @@ class Command(BaseCommand):
         supersede.add_argument("--idempotency-key", default="", metavar="KEY",
                                help="supersede at most once per key: the same supersede again changes nothing")
 
+        steer = verb("steer", "Send a running agent a message its next model call receives as a user turn "
+                              "(the goal stays; `supersede` replaces it).")
+        steer.add_argument("id", type=int)
+        steer.add_argument("message", help="what to tell the agent, e.g. \"Also update the changelog.\"")
+        steer.add_argument("--user", help="username of who sends it (default: this shell's login, recorded as "
+                                          "shell:LOGIN)")
+        steer.add_argument("--dedupe-key", default="", metavar="KEY",
+                           help="send at most once per key: the same key again changes nothing (at most 200 "
+                                "characters)")
+
+        fork = verb("fork", "Start a new workflow that reuses the first N node visits of this one (their recorded "
+                            "results, as its state) and runs on from visit N+1 with the current definition.")
+        fork.add_argument("id", type=int)
+        fork.add_argument("--from-visit", type=int, required=True, metavar="N",
+                          help="how many of its node visits to reuse: 1 to its current visit minus one "
+                               "(`agent show ID` lists the node.entered events with their visits)")
+        fork.add_argument("--user", help="username of who forks it (the fork's launcher; default: this shell's "
+                                         "login, recorded as shell:LOGIN)")
+
         cancel = verb("cancel", "Cancel a workflow; its commitments are compensated first.")
         cancel.add_argument("id", type=int)
         cancel.add_argument("--reason", default="")
@@ -286,6 +305,21 @@ class Command(BaseCommand):
             idempotency_key=options["idempotency_key"],
         )
         self._emit(options, result.to_json(), result.message)
+
+    def _steer(self, options: dict[str, Any]) -> None:
+        result = services.workflow_steer(
+            workflow_id=options["id"], message=options["message"], user=user_or_none(options["user"]),
+            by=f"shell:{shell_login()}", dedupe_key=options["dedupe_key"],
+        )
+        self._emit(options, result.to_json(), result.message)
+
+    def _fork(self, options: dict[str, Any]) -> None:
+        fork = services.workflow_fork(workflow_id=options["id"], from_visit=options["from_visit"],
+                                      user=user_or_none(options["user"]), by=f"shell:{shell_login()}")
+        self._emit(options, selectors.fork_summary(fork),
+                   f"Forked workflow {options['id']} at visit {options['from_visit']}: workflow {fork.pk} "
+                   f"({fork.kind}) reused visits 1–{options['from_visit']} and is {fork.status} at "
+                   f"{fork.current_node} (visit {fork.node_visit}).\nFollow it with: manage.py agent show {fork.pk}")
 
     def _cancel(self, options: dict[str, Any]) -> None:
         result = services.workflow_cancel(
@@ -555,7 +589,7 @@ def console_for(stream: Any) -> Console:
 NUMBER_RANGES = {
     "id": ("ID", 1, selectors.MAX_ID), "wait_id": ("WAIT_ID", 1, selectors.MAX_ID),
     "workflow": ("--workflow", 1, selectors.MAX_ID), "limit": ("--limit", 1, selectors.MAX_LIST_ROWS),
-    "events": ("--events", 0, selectors.MAX_EVENTS),
+    "events": ("--events", 0, selectors.MAX_EVENTS), "from_visit": ("--from-visit", 1, 2**31 - 1),
 }
 
 
@@ -722,6 +756,18 @@ def render_detail(detail: dict[str, Any]) -> Any:
             elif w["decision"]:
                 line += f"\n  {w['decision']} by {w['decided_by']}"
         parts.append(line)
+    if detail.get("forked_from"):
+        parts.append(f"Forked from workflow {detail['forked_from']}: reused its visits 1–{detail['forked_from_visit']}")
+    if detail.get("forks"):
+        parts.append("Forks: " + ", ".join(f"workflow {f['id']} (from visit {f['from_visit']}, {f['status']})"
+                                           for f in detail["forks"]))
+    if detail.get("steering"):
+        steering = Table("#", "sent", "by", "status", "taken by", "message", title="Steer messages")
+        for m in detail["steering"]:
+            where = f"{m['operation_id']} call {m['call']}" if m["operation_id"] else ""
+            steering.add_row(str(m["seq"]), m["sent_at"][:19].replace("T", " "), escape(m["sender"]), m["status"],
+                             where, escape(m["text"][:70]))
+        parts.append(steering)
     if detail["signals_queued"]:
         parts.append("Signals queued for the next wait of their name: " + ", ".join(
             f"{q['name']} ({q['dedupe_key']}, {q['received_at'][:19]})" for q in detail["signals_queued"]))
