@@ -136,3 +136,14 @@ def test_a_forks_history_starts_at_its_first_own_visit_and_replays(settings, tmp
     assert [v.visit for v in history.visits] == list(range(4, fork.node_visit + 1))
     assert history.visits[0].state == statestore.state_at(original, 4)
     assert replay.check(history) is None
+
+
+def test_a_fork_carries_the_originals_labels(settings, tmp_path):
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
+    original = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes",
+                                              labels={"team": "docs", "env": "prod"}).pk)
+    fork = services.workflow_fork(workflow_id=original.pk, from_visit=1)
+
+    assert selectors.workflow_summary(fork)["labels"] == {"env": "prod", "team": "docs"}
+    found = selectors.workflow_list(labels=[("team", "docs")]).values_list("pk", flat=True)
+    assert list(found) == [fork.pk, original.pk]

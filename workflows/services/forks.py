@@ -18,7 +18,7 @@ from django.db import transaction
 
 from workflows import clock, registry, statestore
 from workflows.errors import TransitionRefused
-from workflows.models import Checkpoint, Intent, Workflow
+from workflows.models import Checkpoint, Intent, Workflow, WorkflowLabel
 from workflows.services.common import event_record, events_batched, release_current, workflow_lock
 from workflows.services.steps import username_of
 
@@ -29,7 +29,7 @@ def workflow_fork(*, workflow_id: int, from_visit: int, user: Any = None, by: st
     """Start a fork of workflow ``workflow_id`` that reuses its visits 1 to ``from_visit`` (see the
     module's docstring) and advance it in the same transaction, as a launch does.
 
-    The fork has the original's kind, parameters and options (release policy, priority, budgets,
+    The fork has the original's kind, parameters, labels and options (release policy, priority, budgets,
     stagnation policy, fallback model; a time limit as long as the original's, from now), the goal
     of the intent version that visit was entered under (as its intent v1), the current release and
     definition version, ``forked_from`` and ``forked_from_visit``; ``user`` (or ``by``) launched it.
@@ -109,6 +109,8 @@ def _fork_create(original: Workflow, entered: Checkpoint, *, definition_version:
     )
     fork.start(at=now)
     fork.save()
+    WorkflowLabel.objects.bulk_create(WorkflowLabel(workflow=fork, key=key, value=value) for key, value in
+                                      original.labels.values_list("key", "value"))
     Intent.objects.create(workflow=fork, version=1, goal=goal, created_by=user, created_at=now)
     # Long values become the fork's own blobs: retention prunes each workflow's blobs with it.
     written = statestore.state_write(fork, state, previous=None, what=f"The state of workflow {original.pk} at "
