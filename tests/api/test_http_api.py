@@ -221,7 +221,8 @@ def test_the_openapi_document_lists_every_path(http: Http, live_server: Any) -> 
         ("POST", "/api/workflows/{workflow_id}/signal"), ("POST", "/api/workflows/{workflow_id}/supersede"),
         ("POST", "/api/workflows/{workflow_id}/cancel"), ("POST", "/api/workflows/{workflow_id}/pause"),
         ("POST", "/api/workflows/{workflow_id}/resume"),
-        ("POST", "/api/workflows/{workflow_id}/budget"), ("POST", "/api/waits/{wait_id}/approve"),
+        ("POST", "/api/workflows/{workflow_id}/budget"), ("POST", "/api/workflows/{workflow_id}/priority"),
+        ("POST", "/api/waits/{wait_id}/approve"),
         ("POST", "/api/waits/{wait_id}/reject"), ("GET", "/api/workflows/{workflow_id}/events"),
         ("POST", "/api/hooks/{source}/workflows/{workflow_id}/signals/{name}"),
         # docs/live.md: streams, outbound webhooks, cost per step

@@ -31,6 +31,7 @@ from workflows.api.schemas import (
     LaunchOut,
     OccurrenceOut,
     PauseIn,
+    PriorityIn,
     RejectIn,
     ResultOut,
     ScheduleIn,
@@ -257,6 +258,17 @@ def workflow_resume(request: HttpRequest, workflow_id: int = WORKFLOW_ID) -> Jso
     """`agent resume`: resume a paused workflow or re-ring a running one. Needs `workflows.change_workflow`."""
     require(caller(request), OPERATE_PERMISSION, to="resume workflows")
     result = services.workflow_resume(workflow_id=workflow_id, user=caller(request))
+    return result.to_json()
+
+
+@api.post("/workflows/{workflow_id}/priority", response={200: ResultOut, **ERRORS}, summary="Change the priority",
+          tags=["workflows"])
+def workflow_priority(request: HttpRequest, payload: PriorityIn, workflow_id: int = WORKFLOW_ID) -> Json:
+    """`agent priority`: audited (`priority.changed`); from the workflow's next activity attempt on, its model
+    calls wait in that band of the shared rate limits. The same priority again answers `already_applied`; a
+    finished workflow: 409. Needs `workflows.change_workflow`."""
+    require(caller(request), OPERATE_PERMISSION, to="change the priority of workflows")
+    result = services.workflow_priority_set(workflow_id=workflow_id, priority=payload.priority, user=caller(request))
     return result.to_json()
 
 

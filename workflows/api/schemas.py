@@ -171,6 +171,10 @@ class PauseIn(Body):
                         description="why, recorded on the workflow and in its history", examples=["investigating"])
 
 
+class PriorityIn(Body):
+    priority: StrictInt = Field(ge=0, le=10, description="0–10; 9 and above may pass the hourly budget", examples=[9])
+
+
 class BudgetIn(Body):
     """One of the two, or both; a limit cannot be removed (null is refused)."""
     model_config = ConfigDict(extra="forbid", json_schema_extra={
@@ -319,7 +323,7 @@ class EventPage(Schema):
 
 
 class ResultOut(Schema):
-    """What signal, supersede, cancel, pause, resume and a webhook delivery answer."""
+    """What signal, supersede, cancel, pause, resume, a priority change and a webhook delivery answer."""
     id: int
     outcome: Literal[tuple(o.value for o in Outcome)] = Field(examples=["applied"])  # type: ignore[valid-type]
     status: StatusName

@@ -20,6 +20,7 @@ from workflows.services.budgets import (
     usage_reservations_settle_orphaned,
     usage_settle_from_report,
     workflow_budget_set,
+    workflow_priority_set,
 )
 from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
 from workflows.services.forks import workflow_fork
@@ -85,6 +86,7 @@ __all__ = [
     "wait_reject",
     "workflow_advance_if_runnable",
     "workflow_budget_set",
+    "workflow_priority_set",
     "workflow_cancel",
     "workflow_deadline_enforce_if_due",
     "workflow_fork",

@@ -19,7 +19,7 @@ from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Tran
 from workflows.models import ActivityAttempt, UsageEntry, Workflow
 from workflows.selectors import spent_usd
 from workflows.services.common import amount_checked, event_record, workflow_lock, workflow_not_found, workflow_save
-from workflows.services.steps import BUDGET_PAUSE_PREFIX, wake_locked
+from workflows.services.steps import BUDGET_PAUSE_PREFIX, Outcome, Result, username_of, wake_locked
 from workflows.sql import concrete_field, quoted_column, quoted_table, row_update, rows_insert
 
 HOUR = timedelta(hours=1)
@@ -232,6 +232,36 @@ def workflow_budget_set(
     if workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.BUDGET:
         wake_locked(workflow, now=now, cause=f"budget raised by {getattr(user, 'username', '') or 'an operator'}")
     return workflow
+
+
+@transaction.atomic
+def workflow_priority_set(*, workflow_id: int, priority: int, user: Any = None, by: str = "") -> Result:
+    """Change a workflow's priority (0–10): from its next activity attempt on, its model calls wait
+    in that band of the shared rate limits, and at 9 or above they may pass the hourly budget
+    (never the total). A call already waiting keeps the band it asked in. Who changed it is recorded
+    on the ``priority.changed`` event: ``user``'s name, else ``by``.
+
+    Idempotent: the priority it already has returns ALREADY_APPLIED and records nothing. Raises
+    InvalidInput for a priority out of range and TransitionRefused for a finished workflow; each
+    changes nothing.
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 10:
+        raise InvalidInput(f"The priority must be a whole number from 0 to 10; got {priority!r}. Nothing was changed.")
+    workflow = workflow_lock(workflow_id)
+    if workflow.is_terminal:
+        raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; its priority no longer matters.",
+                                workflow_id=workflow_id)
+    if workflow.priority == priority:
+        return Result.of(workflow, Outcome.ALREADY_APPLIED,
+                         f"Workflow {workflow_id} already has priority {priority}; nothing changed.")
+    now = clock.now()
+    old, workflow.priority = workflow.priority, priority
+    workflow_save(workflow, "priority", at=now)
+    event_record(workflow=workflow, kind="priority.changed", at=now, by=username_of(user) or by.strip()[:150],
+                 old=old, new=priority)
+    return Result.of(workflow, Outcome.APPLIED, f"Workflow {workflow_id} has priority {priority} (was {old}) from its "
+                     "next activity attempt on" + (": it may pass the hourly budget, never the total." if priority >= 9
+                                                   else "."))
 
 
 def _str(value: Decimal | None) -> str | None:

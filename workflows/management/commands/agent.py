@@ -139,6 +139,13 @@ class Command(BaseCommand):
         budget.add_argument("--hourly", type=usd, metavar="USD")
         budget.add_argument("--user", required=True, help="username of who changed the budget")
 
+        priority = verb("priority", "Change a workflow's priority (0–10, audited): its next attempts wait in that band "
+                                    "of the shared rate limits; 9 and above may pass the hourly budget.")
+        priority.add_argument("id", type=int)
+        priority.add_argument("priority", type=int, help="0–10")
+        priority.add_argument("--user", help="username of who changed it (default: this shell's login, recorded as "
+                                             "shell:LOGIN)")
+
         pause = verb("pause", "Pause a running or waiting workflow: nothing new starts, running activities finish "
                               "(docs/operators.md, \"Pausing a workflow\"); `agent resume` goes on.")
         pause.add_argument("id", type=int)
@@ -337,6 +344,11 @@ class Command(BaseCommand):
         self._emit(options, {"id": workflow.pk, "status": workflow.status, "spend": spend},
                    f"Workflow {workflow.pk} budget: total {spend['budget_total_usd'] or 'unlimited'} USD, "
                    f"hourly {spend['budget_hourly_usd'] or 'unlimited'} USD; it is {workflow.status}.")
+
+    def _priority(self, options: dict[str, Any]) -> None:
+        result = services.workflow_priority_set(workflow_id=options["id"], priority=options["priority"],
+                                                user=user_or_none(options["user"]), by=f"shell:{shell_login()}")
+        self._emit(options, result.to_json(), result.message)
 
     def _pause(self, options: dict[str, Any]) -> None:
         result = services.workflow_pause(workflow_id=options["id"], reason=options["reason"],
