@@ -54,7 +54,7 @@ def test_a_steer_message_reaches_the_next_model_call_once_as_a_user_turn(request
     call of another activity does, and the history says who sent it and which call took it."""
     workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
     result = services.workflow_steer(workflow_id=workflow.pk, message=STEER, user=requester)
-    assert (result.outcome, result.seq) == (services.SteerOutcome.APPLIED, 1)
+    assert (result.outcome, result.seq) == (services.Outcome.APPLIED, 1)
     assert "its next model call receives it as a user turn" in result.message
 
     workflow = drive(workflow.pk)
@@ -135,7 +135,7 @@ def test_a_repeated_dedupe_key_is_one_message() -> None:
     workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
     services.workflow_steer(workflow_id=workflow.pk, message=STEER, dedupe_key="changelog", by="shell:ops")
     repeat = services.workflow_steer(workflow_id=workflow.pk, message=STEER, dedupe_key="changelog", by="shell:ops")
-    assert repeat.outcome == services.SteerOutcome.ALREADY_APPLIED
+    assert repeat.outcome == services.Outcome.ALREADY_APPLIED
     assert repeat.message == (f"Steer message #1 with dedupe key 'changelog' was sent to workflow {workflow.pk} "
                               "before; nothing changed.")
     assert SteerMessage.objects.filter(workflow=workflow).count() == 1

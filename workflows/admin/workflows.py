@@ -140,11 +140,14 @@ class LabelFilter(admin.SimpleListFilter):
         return selectors.labels_filtered(queryset, [(key, label)])
 
 
+def reason_field(help_text: str) -> forms.CharField:
+    """An optional reason, recorded on the workflow and in its history (cancel, pause)."""
+    return forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+                           help_text=help_text)
+
+
 class CancelForm(forms.Form):
-    reason = forms.CharField(
-        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
-        help_text="Recorded on the workflow and in its history; say why, for whoever reads it later.",
-    )
+    reason = reason_field("Recorded on the workflow and in its history; say why, for whoever reads it later.")
 
 
 class SupersedeForm(forms.Form):
@@ -161,10 +164,8 @@ class ResumeForm(forms.Form):
 
 
 class PauseForm(forms.Form):
-    reason = forms.CharField(
-        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
-        help_text="Recorded on the workflow and in its history with your name; say why, for whoever resumes it.",
-    )
+    reason = reason_field("Recorded on the workflow and in its history with your name; say why, for whoever "
+                          "resumes it.")
 
 
 class SteerForm(forms.Form):
@@ -626,7 +627,7 @@ def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: An
     if action == "steer":
         steered = services.workflow_steer(workflow_id=workflow_id, message=data["message"], user=user,
                                           dedupe_key=data.get("request_key", ""))
-        return steered.message, (messages.WARNING if steered.outcome == services.SteerOutcome.ALREADY_APPLIED
+        return steered.message, (messages.WARNING if steered.outcome == services.Outcome.ALREADY_APPLIED
                                  else messages.SUCCESS)
     if action == "resume":
         result = services.workflow_resume(workflow_id=workflow_id, user=user)

@@ -27,7 +27,7 @@ from workflows.services.forks import workflow_fork
 from workflows.services.installation import idempotency_key_for, installation_ensure, installation_id
 from workflows.services.pauses import workflow_pause
 from workflows.services.progress import stagnation_check, stagnation_flag_if_due
-from workflows.services.steering import SteerOutcome, SteerResult, steering_take_if_current, workflow_steer
+from workflows.services.steering import SteerResult, steering_take_if_current, workflow_steer
 from workflows.services.steps import Outcome, Result
 from workflows.services.sweeps import (
     activities_redrive_due,
@@ -53,7 +53,6 @@ __all__ = [
     "Outcome",
     "Result",
     "RunOutcome",
-    "SteerOutcome",
     "SteerResult",
     "activities_redrive_due",
     "activity_checkpoint_if_current",

@@ -18,7 +18,6 @@ as a user turn. The rule that makes that exactly once (docs/authoring.md, "Steer
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,21 +31,16 @@ from workflows.models import Activity, SteerMessage, Workflow
 from workflows.models.steering import ENDED_WITHOUT_RESULT, MAX_STEER_CHARS
 from workflows.services import lifecycle
 from workflows.services.common import event_record, event_seq_take, events_insert, text_checked, workflow_lock
-from workflows.services.steps import username_of
+from workflows.services.steps import Outcome, username_of
 
 TEXT_IN_EVENT = 300
-
-
-class SteerOutcome(enum.StrEnum):
-    APPLIED = "applied"
-    ALREADY_APPLIED = "already_applied"
 
 
 @dataclass(frozen=True)
 class SteerResult:
     """What ``workflow_steer`` did: ``outcome`` for code, ``message`` for a person."""
 
-    outcome: SteerOutcome
+    outcome: Outcome
     message: str
     workflow_id: int
     status: str
@@ -87,7 +81,7 @@ def workflow_steer(*, workflow_id: int, message: str, user: Any = None, by: str 
     if dedupe_key:
         earlier = SteerMessage.objects.filter(workflow=workflow, dedupe_key=dedupe_key).first()
         if earlier is not None:
-            return SteerResult(SteerOutcome.ALREADY_APPLIED,
+            return SteerResult(Outcome.ALREADY_APPLIED,
                                f"Steer message #{earlier.seq} with dedupe key {dedupe_key!r} was sent to workflow "
                                f"{workflow_id} before; nothing changed.", workflow.pk, workflow.status, earlier.seq)
     if workflow.is_terminal or workflow.status == Workflow.Status.CANCELLING:
@@ -107,7 +101,7 @@ def workflow_steer(*, workflow_id: int, message: str, user: Any = None, by: str 
                                 dedupe_key=dedupe_key, sent_at=now)
     event_record(workflow=workflow, kind="steer.received", at=now, seq=seq, by=sender, dedupe_key=dedupe_key,
                  chars=len(text), text=text[:TEXT_IN_EVENT])
-    return SteerResult(SteerOutcome.APPLIED,
+    return SteerResult(Outcome.APPLIED,
                        f"Steer message #{seq} recorded for workflow {workflow_id}; its next model call receives it "
                        "as a user turn (`agent show` says when it was delivered).", workflow.pk, workflow.status, seq)
 
