@@ -50,7 +50,7 @@ class FanOut(WorkflowDefinition):
     def fan(self, ctx: NodeContext[Any]) -> Decision:
         extra = {"seconds": ctx.params["seconds"]} if ctx.params["seconds"] else {}
         handles = [ctx.child(ctx.params["child_kind"], f"child {n}", {"n": n, **extra},
-                             budget_usd=ctx.params["budget_usd"]) for n in ctx.params["ns"]]
+                             budget=ctx.params["budget_usd"]) for n in ctx.params["ns"]]
         outcomes = ctx.wait_children(*handles)
         if not all(o.completed for o in outcomes):
             return Fail("; ".join(f"child {o.workflow_id} {o.status}: {o.reason}" for o in outcomes if not o.completed))

@@ -372,20 +372,20 @@ class NodeContext(Generic[S]):
         self._wait(OpenWait(operation_id=self._next_operation_id(), kind="timer", expires_in_seconds=seconds))
 
     def child(self, kind: str, goal: str, params: Mapping[str, Any] | None = None, *,
-              budget_usd: Decimal | str | int | None = None) -> ChildHandle:
+              budget: Decimal | str | int | None = None) -> ChildHandle:
         """Start a child workflow of ``kind`` with ``goal`` and ``params`` (validated as a launch's),
         once: the step's operation id is the child's identity, so a replay or a redelivered
         doorbell finds the child it started. Does not wait: ``ctx.wait_children(handle, ...)``
-        does. ``budget_usd`` is reserved from this workflow's total budget for the child's whole
+        does. ``budget`` (USD) is reserved from this workflow's total budget for the child's whole
         run (the child cannot spend more); None gives it what remains of this workflow's total
         budget (no limit when this workflow has none). A child belongs to the node visit that
         started it: leaving the visit, a new goal, a cancel or a failure cancels it."""
         op = self._next_operation_id()
         recorded = self._waits.get(op)
         if recorded is None:
-            budget = None if budget_usd is None else str(Decimal(str(budget_usd)))
+            usd = None if budget is None else str(Decimal(str(budget)))
             self.commands.append(StartChild(operation_id=op, child_kind=kind, goal=goal,
-                                            params=codec.to_json(dict(params or {})), budget_usd=budget))
+                                            params=codec.to_json(dict(params or {})), budget_usd=usd))
             return ChildHandle(operation_id=op, kind=kind)
         if recorded.kind != "child" or recorded.name != kind:
             what = f"a child of kind {recorded.name!r}" if recorded.kind == "child" else f"a {recorded.kind} wait"

@@ -66,7 +66,7 @@ def _child_budget(workflow: Workflow, command: engine.StartChild) -> Decimal | N
         try:
             asked = Decimal(command.budget_usd)
         except ArithmeticError:
-            raise InvalidInput(f"ctx.child(budget_usd={command.budget_usd!r}) is not an amount of USD.") from None
+            raise InvalidInput(f"ctx.child(budget={command.budget_usd!r}) is not an amount of USD.") from None
         asked = amount_checked(asked, what=f"The budget of child {command.operation_id}")
     if workflow.budget_total_usd is None:
         return asked

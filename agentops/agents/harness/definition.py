@@ -446,7 +446,7 @@ class Harness(WorkflowDefinition):
             "workspace": ctx.state["workspace"], "base_sha": session["base_sha"], "head": session["head"],
             "feature": feature["id"], "description": feature["description"][:2000],
             "steps": [str(s)[:300] for s in feature.get("steps", [])][:50],
-        }, budget_usd=f"{ctx.params['reviewer_budget_usd']:.4f}")
+        }, budget=f"{ctx.params['reviewer_budget_usd']:.4f}")
         (outcome,) = ctx.wait_children(handle)
         review: dict[str, Any] = {"feature": feature["id"], "session": lease["session"], "child": outcome.workflow_id}
         if outcome.completed and isinstance(outcome.result, dict):
