@@ -327,14 +327,18 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
     @admin.display(description="labels")
     def labels_short(self, workflow: Workflow) -> str:
-        """Its launch labels; each links to the list of workflows that carry it."""
+        """Its launch labels; each links to the list of workflows that carry it. On one line in the
+        list (cut with an ellipsis; all of them in the title)."""
         changelist = reverse("admin:workflows_workflow_changelist")
-        return format_html_join(", ", '<a href="{}?{}={}">{}={}</a>', (
+        labels = sorted(workflow.labels.all(), key=lambda label: label.key)
+        if not labels:
+            return "—"
+        links = format_html_join(", ", '<a href="{}?{}={}">{}={}</a>', (
             (changelist, LabelFilter.parameter_name, f"{label.key}={label.value}", label.key, label.value)
-            for label in sorted(workflow.labels.all(), key=lambda label: label.key)
-        )) or "—"
+            for label in labels))
+        return format_html('<span class="ao-one-line ao-labels" title="{}">{}</span>',
+                           " ".join(str(label) for label in labels), links)
 
-    @admin.display(description="parameters")
     @admin.display(description="Fork")
     def fork_relation(self, workflow: Workflow) -> str:
         relation = fork_relation(workflow)
@@ -360,6 +364,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
              f" — taken by {m['operation_id']} call {m['call']}" if m["operation_id"] else "")
             for m in rows)))
 
+    @admin.display(description="parameters")
     def params_pretty(self, workflow: Workflow) -> str:
         return pretty_json(workflow.params)
 
