@@ -6,6 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/agentops
 TEST_BROKER_URL ?= redis://127.0.0.1:6379/0
+# Each run lists its slowest tests, so the suite's time is seen where it goes.
+PYTEST_ARGS ?= --durations=15
 
 .PHONY: install demo demo-admin demo-harness lint test docs clean chromium bubblewrap faketime screenshots bench soak
 
@@ -41,7 +43,8 @@ lint: $(STAMP)
 # test. Each pytest has its own test database and each process-test run its own Redis server;
 # their output follows the in-process tests'.
 PROCESS_LANE_B := tests/process/test_soak.py tests/process/test_clock_skew.py tests/process/test_model_call_killed.py \
-  tests/process/test_partitions.py tests/process/test_harness_demo.py tests/process/test_plugin_kind.py
+  tests/process/test_partitions.py tests/process/test_harness_demo.py tests/process/test_plugin_kind.py \
+  tests/process/test_outbound_webhooks_down.py tests/process/test_shared_rate_limits.py
 test: lint chromium bubblewrap faketime
 	@mkdir -p var
 	@export DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_BROKER_URL); \
