@@ -33,12 +33,13 @@ def test_the_priority_changes_over_http_audited_and_once(http: Http, requester_t
     base = f"/workflows/{launched.body['id']}"
     denied = http.post(f"{base}/priority", {"priority": 9}, token=requester_token)
     assert denied.status == 403 and "may not change the priority of workflows" in denied.body["error"]
-    for bad in ({"priority": 11}, {"priority": -1}, {"priority": "9"}, {"priority": True}, {"priority": 9.5}, {}):
+    for bad in ({"priority": 11}, {"priority": -1}, {"priority": "9"}, {"priority": True}, {"priority": 9.5}, {},
+                {"priority": 9, "by": "me"}):
         refused = http.post(f"{base}/priority", bad, token=operator_token)
         assert refused.status == 400 and set(refused.body) == {"error"}, (bad, refused.body)
     assert Workflow.objects.get(pk=launched.body["id"]).priority == 3
 
-    changed = http.post(f"{base}/priority", {"priority": 9}, token=operator_token)
+    changed = http.post(f"{base}/priority", {"priority": 9.0}, token=operator_token)  # JSON Schema's integer
     assert (changed.status, changed.body["outcome"]) == (200, "applied"), changed.body
     assert "may pass the hourly budget" in changed.body["message"]
     again = http.post(f"{base}/priority", {"priority": 9}, token=operator_token)

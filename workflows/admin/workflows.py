@@ -256,8 +256,8 @@ class WorkflowForm(forms.ModelForm):
 @admin.register(Workflow)
 class WorkflowAdmin(ReadOnlyAdmin):
     form = WorkflowForm
-    list_display = ("id", "kind", "status_badge", "current_node", "goal_short", "waiting_on", "labels_short",
-                    "launched_by", "updated")
+    list_display = ("id", "kind", "status_badge", "current_node", "goal_short", "waiting_on", "launched_by",
+                    "updated")
     list_display_links = ("id", "goal_short")
     list_filter = ("status", "kind", "current_node", WaitingOnFilter, AttentionFilter, QuietFilter, LabelFilter)
     list_select_related = ("launched_by",)
@@ -302,9 +302,15 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
     @admin.display(description="goal")
     def goal_short(self, workflow: Workflow) -> str:
-        """One line: the list's CSS cuts it at the column's width; the full goal is the cell's title."""
+        """One line: the list's CSS cuts it at the column's width; the full goal is the cell's title.
+        The launch labels, if any, on a second line (as text: the cell is the page's link; the
+        "By label" filter lists them as links), so they take no column of their own."""
         goal = getattr(workflow, "goal", None) or ""
-        return format_html('<span class="ao-one-line" title="{}">{}</span>', goal, goal)
+        line = format_html('<span class="ao-one-line" title="{}">{}</span>', goal, goal)
+        labels = " ".join(str(label) for label in sorted(workflow.labels.all(), key=lambda label: label.key))
+        if not labels:
+            return line
+        return format_html('{}<br><span class="ao-one-line ao-labels" title="{}">{}</span>', line, labels, labels)
 
     @admin.display(description="updated", ordering="updated_at")
     def updated(self, workflow: Workflow) -> str:
@@ -327,17 +333,12 @@ class WorkflowAdmin(ReadOnlyAdmin):
 
     @admin.display(description="labels")
     def labels_short(self, workflow: Workflow) -> str:
-        """Its launch labels; each links to the list of workflows that carry it. On one line in the
-        list (cut with an ellipsis; all of them in the title)."""
+        """Its launch labels on the workflow page; each links to the list of workflows that carry it."""
         changelist = reverse("admin:workflows_workflow_changelist")
-        labels = sorted(workflow.labels.all(), key=lambda label: label.key)
-        if not labels:
-            return "—"
-        links = format_html_join(", ", '<a href="{}?{}={}">{}={}</a>', (
+        return format_html_join(", ", '<a href="{}?{}={}">{}={}</a>', (
             (changelist, LabelFilter.parameter_name, f"{label.key}={label.value}", label.key, label.value)
-            for label in labels))
-        return format_html('<span class="ao-one-line ao-labels" title="{}">{}</span>',
-                           " ".join(str(label) for label in labels), links)
+            for label in sorted(workflow.labels.all(), key=lambda label: label.key)
+        )) or "—"
 
     @admin.display(description="Fork")
     def fork_relation(self, workflow: Workflow) -> str:

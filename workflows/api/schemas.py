@@ -156,6 +156,11 @@ def whole_number(value: Any) -> int:
 WholeNumber = Annotated[int, BeforeValidator(whole_number)]
 
 
+class PriorityIn(Body):
+    priority: WholeNumber = Field(ge=0, le=10, description="0–10; 9 and above may pass the hourly budget",
+                                  examples=[9])
+
+
 class ForkIn(Body):
     from_visit: WholeNumber = Field(ge=1, le=MAX_VISIT, description=(
         "how many node visits of the original to reuse (1 to its current visit minus one); the fork starts at "
@@ -169,10 +174,6 @@ class CancelIn(Body):
 class PauseIn(Body):
     reason: str = Field(default="", max_length=2000, pattern=TEXT,
                         description="why, recorded on the workflow and in its history", examples=["investigating"])
-
-
-class PriorityIn(Body):
-    priority: StrictInt = Field(ge=0, le=10, description="0–10; 9 and above may pass the hourly budget", examples=[9])
 
 
 class BudgetIn(Body):
