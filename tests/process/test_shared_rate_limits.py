@@ -86,7 +86,11 @@ def test_two_workers_share_one_limit_without_429s_and_priority_nine_goes_first(
     others = [w for wf, w in waits if wf != urgent[0]]
     mine = [w for wf, w in waits if wf == urgent[0]]
     gap = 60 / (RPM * 0.95)
+    # The others queued: calls of theirs waited longer than priority 9 may (how many depends on how
+    # fast the workers ask, so not the median: on a loaded CI host most calls came before the queue).
+    queued = sum(w > 3 * gap for w in others)
     figures("shared rate limit", requests=len(later), rate_per_min=round(rate), median_wait_s=round(
-        statistics.median(others), 2), priority9_waits_s=[round(w, 2) for w in mine], gap_s=round(gap, 2))
-    assert statistics.median(others) > 2 * gap, "the others waited their turn"
+        statistics.median(others), 2), queued_calls=queued, max_wait_s=round(max(others), 2),
+        priority9_waits_s=[round(w, 2) for w in mine], gap_s=round(gap, 2))
+    assert queued >= 5, f"only {queued} of {len(others)} calls waited over {3 * gap:.2f} s: the limit never queued"
     assert max(mine) <= 3 * gap, f"priority 9 waited {mine} s; a gap is {gap:.2f} s"
