@@ -18,7 +18,14 @@ from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import ActivityAttempt, UsageEntry, Workflow
 from workflows.selectors import spent_usd
-from workflows.services.common import amount_checked, event_record, workflow_lock, workflow_not_found, workflow_save
+from workflows.services.common import (
+    amount_checked,
+    event_record,
+    priority_checked,
+    workflow_lock,
+    workflow_not_found,
+    workflow_save,
+)
 from workflows.services.steps import BUDGET_PAUSE_PREFIX, Outcome, Result, username_of, wake_locked
 from workflows.sql import concrete_field, quoted_column, quoted_table, row_update, rows_insert
 
@@ -245,8 +252,7 @@ def workflow_priority_set(*, workflow_id: int, priority: int, user: Any = None, 
     InvalidInput for a priority out of range and TransitionRefused for a finished workflow; each
     changes nothing.
     """
-    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 10:
-        raise InvalidInput(f"The priority must be a whole number from 0 to 10; got {priority!r}. Nothing was changed.")
+    priority = priority_checked(priority)
     workflow = workflow_lock(workflow_id)
     if workflow.is_terminal:
         raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; its priority no longer matters.",

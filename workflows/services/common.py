@@ -212,6 +212,13 @@ def amount_checked(value: Decimal | None, *, what: str) -> Decimal | None:
     return value
 
 
+def priority_checked(value: int) -> int:
+    """A workflow's priority: a whole number from 0 to 10 (a boolean is not one). Raises InvalidInput."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10:
+        raise InvalidInput(f"The priority must be a whole number from 0 to 10; got {value!r}. Nothing was changed.")
+    return value
+
+
 def text_checked(value: str, *, what: str, max_length: int) -> str:
     """Validate free text from people: non-empty, bounded, no NUL or lone surrogates."""
     if not isinstance(value, str) or not value.strip():

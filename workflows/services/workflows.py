@@ -23,6 +23,7 @@ from workflows.services.common import (
     event_record,
     events_batched,
     json_checked,
+    priority_checked,
     release_current,
     text_checked,
     workflow_lock,
@@ -141,8 +142,7 @@ def workflow_launch_once(
     if fallback_model and not MODEL_NAME.fullmatch(fallback_model):
         raise InvalidInput(f"The fallback model must be a model name of at most 120 letters, digits and . _ - : "
                            f"characters, e.g. claude-haiku-4-5; got {fallback_model[:130]!r}.")
-    if not 0 <= priority <= 10:
-        raise InvalidInput(f"The priority must be a whole number from 0 to 10; got {priority}.")
+    priority = priority_checked(priority)
     budget_total_usd = amount_checked(budget_total_usd, what="The total budget")
     budget_hourly_usd = amount_checked(budget_hourly_usd, what="The hourly budget")
     labels = labels_checked(labels)
