@@ -66,6 +66,9 @@ def test_a_receiver_down_for_a_while_loses_nothing(cluster: Any, git_repo: Path,
     up_at = time.monotonic()
     cluster.wait_for(received_all, timeout=60, what="every event after the receiver came back")
     drained = time.monotonic() - up_at
+    # The receiver holds the last batch before the worker commits its delivery as delivered.
+    wait_for(lambda: not WebhookDelivery.objects.exclude(status="delivered").exists(), timeout=10,
+             what="the last delivery recorded as delivered")
 
     for workflow_id in ids:
         seqs = [e["seq"] for e in receiver.events() if e["workflow_id"] == workflow_id]
