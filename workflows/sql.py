@@ -158,4 +158,4 @@ def _select_sql(model: type[models.Model], names: tuple[str, ...], shape: tuple[
 
 @functools.cache
 def _exists_sql(model: type[models.Model], shape: tuple[tuple[str, int], ...]) -> str:
-    return f"SELECT 1 FROM {quoted_table(model)} WHERE {_where_sql(model, shape)}"
+    return f"SELECT 1 FROM {quoted_table(model)} WHERE {_where_sql(model, shape)} LIMIT 1"

@@ -23,6 +23,7 @@ from workflows.services.steps import (
     uncertain_commitments_ensure,
     username_of,
 )
+from workflows.sql import row_exists
 
 
 @transaction.atomic
@@ -98,6 +99,11 @@ def children_cancel_live(workflow: Workflow, *, why: str, by: str, now: datetime
 
     Idempotent: a child already cancelling or ended is left alone.
     """
+    open_child_waits: dict[str, Any] = {"workflow_id": workflow.pk, "kind": Wait.Kind.CHILD, "status": Wait.Status.OPEN}
+    if visit is not None:
+        open_child_waits["node_visit"] = visit
+    if not row_exists(Wait, open_child_waits):  # every node entry asks; most workflows have no children
+        return []
     waits = workflow.waits.filter(kind=Wait.Kind.CHILD, status=Wait.Status.OPEN)
     if visit is not None:
         waits = waits.filter(node_visit=visit)

@@ -27,6 +27,7 @@ from workflows.services.common import (
 )
 from workflows.services.installation import idempotency_key_for
 from workflows.services.lifecycle import LIVE
+from workflows.sql import rows_select
 
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
@@ -233,7 +234,7 @@ def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: d
                          by="node left", now=now, visit=workflow.node_visit)
     # Only what changed is written: long values once (blobs), the checkpoint as a delta
     # (workflows.statestore); the row keeps the stored form of the whole state.
-    last = (Checkpoint.objects.filter(pk=workflow.checkpoint_id).only("state_hash", "chain_bytes").first()
+    last = (next(iter(Checkpoint.objects.filter(pk=workflow.checkpoint_id).only("state_hash", "chain_bytes")), None)
             if workflow.checkpoint_id is not None else None)
     written = statestore.state_write(workflow, updates, previous=last, what=f"State written by node {previous}",
                                      now=now)
@@ -323,10 +324,11 @@ def live_work_void(workflow: Workflow, *, now: datetime, reason: str, visit: int
     effect (see ``uncertain_commitments_ensure``); the caller decides when to compensate them.
     Idempotent: voided activities are no longer live.
     """
-    live = workflow.activities.filter(status__in=LIVE).exclude(node=COMPENSATION_NODE)
+    where: dict[str, Any] = {"workflow_id": workflow.pk, "status": LIVE}
     if visit is not None:
-        live = live.filter(node_visit=visit)
-    rows = list(live.values_list("pk", "operation_id", "status"))
+        where["node_visit"] = visit
+    rows = [(pk, operation_id, status) for pk, operation_id, status, node
+            in rows_select(Activity, ("id", "operation_id", "status", "node"), where) if node != COMPENSATION_NODE]
     if not rows:
         return []
     pks = [pk for pk, _, _ in rows]
