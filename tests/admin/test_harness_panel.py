@@ -5,17 +5,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.apps import apps
-from django.contrib.auth.models import Group, User
-from django.core import serializers
-from django.core.management import call_command
-from django.db.models import Model
 from django.urls import reverse
 from django.utils.html import escape
 from playwright.sync_api import Page, expect
@@ -23,85 +15,19 @@ from playwright.sync_api import Page, expect
 from agentops.agents.harness.presentation import SESSIONS_SHOWN
 from tests.admin.conftest import logged_in
 from tests.admin.test_approval_queue_browser import log_in, screenshot
-from tests.harness.conftest import approve_feature_list, drive_all
+from tests.harness.conftest import drive_all
+from tests.harness.demo_run import todo_demo
 from workflows import services
 from workflows.models import Activity, Event, Workflow
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
-# As tests/harness/test_demo.py: the worker "dies" after F03's second session wrote todo.py.
-KILL_F03_SESSION = [{"point": "harness.after_tool", "action": "raise",
-                     "when": {"tool": "write_file", "feature": "F03", "feature_attempt": 2, "attempt": 1}}]
-
-
-@dataclass
-class Template:
-    """One completed run kept for the module: its rows (a fixture for loaddata) and its workspace directory."""
-
-    root: Path
-    rows: Path
-    workflow_id: int
-
-    @property
-    def workspaces(self) -> Path:
-        return self.root / "workspaces"
-
-    @property
-    def pristine(self) -> Path:
-        return self.root / "pristine"
-
-
-@pytest.fixture(scope="module")
-def harness_templates() -> dict[str, Template]:
-    """The module's built runs, filled by the first test that asks for one."""
-    return {}
-
 
 @pytest.fixture
-def completed_harness(settings: Any, tmp_path_factory: pytest.TempPathFactory, transactional_db: None,
-                      harness_templates: dict[str, Template]) -> Workflow:
-    """The demo as tests/harness/ runs it: offline, in process, approved by hana of harness-approvers.
-
-    It is run once per module (about a minute): the first test builds it and keeps its rows and a copy of
-    its workspace; every other test loads those rows into its empty database and gets the workspace
-    back as it was at the end of the run, so a test that deletes it leaves the next one whole."""
-    template = harness_templates.get("completed")
-    root = template.root if template else tmp_path_factory.mktemp("completed-harness")
-    settings.AGENTOPS_WORKSPACE_DIR = root / "workspaces"
-    settings.AGENTOPS_MODEL_PROVIDER = "scripted"
-    settings.AGENTOPS_TESTING_FAULTS = json.dumps(KILL_F03_SESSION)
-    settings.AGENTOPS_FAULT_LOG = str(root / "faults.log")
-    if template is None:
-        workflow = run_the_demo()
-        harness_templates["completed"] = template = Template(root=root, rows=root / "rows.json",
-                                                             workflow_id=workflow.pk)
-        template.rows.write_text(serializers.serialize("json", run_rows()))
-        shutil.copytree(template.workspaces, template.pristine, symlinks=True)
-    else:
-        call_command("loaddata", str(template.rows), verbosity=0)
-        shutil.rmtree(template.workspaces, ignore_errors=True)
-        shutil.copytree(template.pristine, template.workspaces, symlinks=True)
-    return Workflow.objects.get(pk=template.workflow_id)
-
-
-def run_rows() -> Iterator[Model]:
-    """What the run wrote: the workflows app's rows, and its approver (not the users a test adds)."""
-    yield from Group.objects.filter(name="harness-approvers")
-    yield from User.objects.filter(username="hana")
-    for model in apps.get_app_config("workflows").get_models():
-        if model._meta.managed and not model._meta.proxy:
-            yield from model._base_manager.order_by("pk")
-
-
-def run_the_demo() -> Workflow:
-    hana = User.objects.create_user("hana", password="hana-password")
-    hana.groups.add(Group.objects.get_or_create(name="harness-approvers")[0])
-    launched = services.workflow_launch(kind="harness", goal="Build the todo CLI of the demo", params={})
-    drive_all(launched.pk)
-    approve_feature_list(launched.pk, hana)
-    workflow = drive_all(launched.pk)
-    assert workflow.status == Workflow.Status.COMPLETED, workflow.reason
-    return workflow
+def completed_harness(settings: Any, tmp_path_factory: pytest.TempPathFactory) -> Workflow:
+    """The demo as tests/harness/test_demo.py runs it (offline, in process, approved and resumed by hana of
+    harness-approvers): run once, each test gets its rows and its workspace afresh."""
+    return todo_demo(settings, tmp_path_factory)[0]
 
 
 def page_of(workflow: Workflow) -> str:
