@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.db import connection
+from django.core.management.sql import emit_post_migrate_signal
+from django.db import connection, connections, transaction
+from django.test import TransactionTestCase
 
 from agentops.deploytarget.server import DeployTargetServer
 from workflows import doorbells
@@ -41,6 +43,33 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
     db = settings.DATABASES["default"]
     if db["ENGINE"] != "django.db.backends.sqlite3":
         db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
+
+
+# Left as they are: the post_migrate signal below writes back any of their rows a test removed.
+KEPT_TABLES = {"django_content_type", "auth_permission"}
+
+
+def _empty_the_tables(self: TransactionTestCase) -> None:
+    """A transactional test leaves empty tables and sends post_migrate, as Django's flush does, but by
+    DELETE in one transaction: TRUNCATE makes new files for every table and index, and then post_migrate
+    writes every content type and permission back (0.2-0.3 s after each of the suite's 200 transactional
+    tests; this takes a tenth of it)."""
+    for db_name in self._databases_names(include_mirrors=False):
+        conn = connections[db_name]
+        tables = sorted(set(conn.introspection.django_table_names(only_existing=True, include_views=False))
+                        - KEPT_TABLES)
+        with transaction.atomic(using=db_name), conn.cursor() as cursor:
+            for table in tables:
+                cursor.execute(f"DELETE FROM {conn.ops.quote_name(table)}")
+        # Its receivers make missing content types and permissions, and forget the installation id.
+        emit_post_migrate_signal(verbosity=0, interactive=False, db=db_name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def transactional_tests_empty_tables_by_delete() -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TransactionTestCase, "_fixture_teardown", _empty_the_tables)
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, User
 from django.urls import reverse
 from django.utils.html import escape
 from playwright.sync_api import Page, expect
@@ -17,32 +15,19 @@ from playwright.sync_api import Page, expect
 from agentops.agents.harness.presentation import SESSIONS_SHOWN
 from tests.admin.conftest import logged_in
 from tests.admin.test_approval_queue_browser import log_in, screenshot
-from tests.harness.conftest import approve_feature_list, drive_all
+from tests.harness.conftest import drive_all
+from tests.harness.demo_run import todo_demo
 from workflows import services
 from workflows.models import Activity, Event, Workflow
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
-# As tests/harness/test_demo.py: the worker "dies" after F03's second session wrote todo.py.
-KILL_F03_SESSION = [{"point": "harness.after_tool", "action": "raise",
-                     "when": {"tool": "write_file", "feature": "F03", "feature_attempt": 2, "attempt": 1}}]
-
 
 @pytest.fixture
-def completed_harness(settings: Any, tmp_path: Path) -> Workflow:
-    """The demo as tests/harness/ runs it: offline, in process, approved by hana of harness-approvers."""
-    settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
-    settings.AGENTOPS_MODEL_PROVIDER = "scripted"
-    hana = User.objects.create_user("hana", password="hana-password")
-    hana.groups.add(Group.objects.get_or_create(name="harness-approvers")[0])
-    settings.AGENTOPS_TESTING_FAULTS = json.dumps(KILL_F03_SESSION)
-    settings.AGENTOPS_FAULT_LOG = str(tmp_path / "faults.log")
-    launched = services.workflow_launch(kind="harness", goal="Build the todo CLI of the demo", params={})
-    drive_all(launched.pk)
-    approve_feature_list(launched.pk, hana)
-    workflow = drive_all(launched.pk)
-    assert workflow.status == Workflow.Status.COMPLETED, workflow.reason
-    return workflow
+def completed_harness(settings: Any, tmp_path_factory: pytest.TempPathFactory) -> Workflow:
+    """The demo as tests/harness/test_demo.py runs it (offline, in process, approved and resumed by hana of
+    harness-approvers): run once, each test gets its rows and its workspace afresh."""
+    return todo_demo(settings, tmp_path_factory)[0]
 
 
 def page_of(workflow: Workflow) -> str:

@@ -181,18 +181,19 @@ def status_writes(source: str) -> list[str]:
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            text = ast.unparse(node)
             if name in SQL_WRITES and node.args and ast.unparse(node.args[0]) in LIFECYCLE_TABLES:
-                found.append(text)
+                found.append(ast.unparse(node))
             elif name in LIFECYCLE_TABLES or name in ORM_WRITES:
                 status = [k for k in node.keywords if k.arg in ("status", None)]
+                if not status:
+                    continue
                 receiver = ast.unparse(func.value) if isinstance(func, ast.Attribute) else name
                 other = re.match(r"(\w+)\.objects\b", receiver)  # a query of another model names its own table
                 if other and other.group(1) not in LIFECYCLE_TABLES:
                     continue
-                if status and (any(m in receiver for m in mentions) or any(
-                        f"{t}.Status" in ast.unparse(k.value) for k in status for t in LIFECYCLE_TABLES)):
-                    found.append(text)
+                if any(m in receiver for m in mentions) or any(
+                        f"{t}.Status" in ast.unparse(k.value) for k in status for t in LIFECYCLE_TABLES):
+                    found.append(ast.unparse(node))
         elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:

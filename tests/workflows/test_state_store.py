@@ -108,6 +108,10 @@ def _stored_bytes_per_visit(workflow_id: int) -> list[int]:
     return [checkpoint + row for _, checkpoint, row in statestore.stored_sizes(workflow_id)]
 
 
+# Committed as a worker commits: in one test transaction its thousands of savepoints made the run 1.5
+# times as long, and checking the deferred foreign keys of every row at the end took another 7 s.
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("rung")
 def test_autonomous_completes_20_rounds_of_12_tasks_with_flat_state(settings, tmp_path, monkeypatch):
     """At its old maximum (20 × 12, 4 KB instructions, 2 KB summaries; it used to stop in round 13
     over the 1 MB state limit) the agent completes; the row keeps one round, and what a visit stores
