@@ -104,9 +104,7 @@ def children_cancel_live(workflow: Workflow, *, why: str, by: str, now: datetime
         open_child_waits["node_visit"] = visit
     if not row_exists(Wait, open_child_waits):  # every node entry asks; most workflows have no children
         return []
-    waits = workflow.waits.filter(kind=Wait.Kind.CHILD, status=Wait.Status.OPEN)
-    if visit is not None:
-        waits = waits.filter(node_visit=visit)
+    waits = Wait.objects.filter(**open_child_waits)
     if before_intent is not None:
         waits = waits.filter(intent_version__lt=before_intent)
     ids = list(Workflow.objects.filter(parent_wait__in=waits.values("pk"), status__in=Workflow.CANCELLABLE)
