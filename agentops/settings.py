@@ -152,6 +152,18 @@ if AGENTOPS_DB_POOL_SIZE:
         "min_size": 1, "max_size": AGENTOPS_DB_POOL_SIZE, "timeout": AGENTOPS_DB_POOL_TIMEOUT_SECONDS,
     }
 
+# PostgreSQL: parameters bound by the server, and a statement run this many times on a connection
+# prepared there (psycopg's prepare_threshold): planning was 40 % of the database's time per model
+# call, every statement planned anew (bench/README.md, "CPU per call"). 0: parameters bound in
+# the client and nothing prepared, for a PgBouncer older than 1.21 in transaction pooling mode.
+AGENTOPS_DB_PREPARE_THRESHOLD = env_int("AGENTOPS_DB_PREPARE_THRESHOLD", 2)
+if AGENTOPS_DB_PREPARE_THRESHOLD < 0:
+    raise ImproperlyConfigured(
+        f"AGENTOPS_DB_PREPARE_THRESHOLD={AGENTOPS_DB_PREPARE_THRESHOLD} must be 0 (off) or a count of runs.")
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and AGENTOPS_DB_PREPARE_THRESHOLD:
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        server_side_binding=True, prepare_threshold=AGENTOPS_DB_PREPARE_THRESHOLD)
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
