@@ -39,7 +39,10 @@ def definition_of(workflow: Workflow) -> engine.WorkflowDefinition | None:
 
 
 def current_goal(workflow: Workflow) -> str:
-    return Intent.objects.values_list("goal", flat=True).get(workflow=workflow, version=workflow.intent_version)
+    rows = rows_select(Intent, ("goal",), {"workflow": workflow.pk, "version": workflow.intent_version})
+    if not rows:
+        raise Intent.DoesNotExist(f"Workflow {workflow.pk} has no intent version {workflow.intent_version}.")
+    return str(rows[0][0])
 
 
 def snapshot(workflow: Workflow, load_goal: Callable[[], str]) -> engine.WorkflowSnapshot:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection, models
+from django.db.transaction import TransactionManagementError
 
 # A condition is ``name: value`` (equal) or ``name: (value, ...)`` (one of).
 Where = Mapping[str, Any]
+M = TypeVar("M", bound=models.Model)
 
 
 def concrete_field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
@@ -87,6 +89,75 @@ def rows_select(model: type[models.Model], names: tuple[str, ...], where: Where)
     with connection.cursor() as cursor:
         cursor.execute(_select_sql(model, names, _shape(where)), _where_params(model, where))
         return list(cursor.fetchall())
+
+
+def row_get(model: type[M], pk: Any, *, lock: bool = False, related: str | None = None) -> M | None:
+    """``model.objects.select_for_update(of=("self",)).select_related(related).get(pk=pk)``, or None
+    when there is no such row: the instance as the ORM would load it (each column through its
+    field's conversion from the database), ``related`` (a foreign key that cannot be null) joined
+    and cached on it. ``lock`` locks the row, not the related one, where the database can."""
+    if lock and connection.get_autocommit():
+        raise TransactionManagementError("row_get(lock=True) locks a row for a transaction; call it inside one.")
+    sql, fields, related_fields = _get_sql(model, lock, related)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [_db_value(model._meta.pk, pk)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    instance = _from_row(model, fields, row[:len(fields)])
+    if related is not None:
+        key = model._meta.get_field(related)
+        assert isinstance(key, models.ForeignKey) and not isinstance(key.related_model, str)
+        key.set_cached_value(instance, _from_row(key.related_model, related_fields, row[len(fields):]))
+    return instance
+
+
+Converter = tuple["models.Field[Any, Any]", Any, tuple[Any, ...]]  # a field, its column, its conversions
+
+
+def _from_row(model: type[M], fields: Sequence[Converter], values: Sequence[Any]) -> M:
+    converted = []
+    for (_, col, conversions), value in zip(fields, values, strict=True):
+        for convert in conversions:
+            value = convert(value, col, connection)
+        converted.append(value)
+    return model.from_db(connection.alias, [field.attname for field, _, _ in fields], converted)
+
+
+def _converters(model: type[models.Model]) -> list[Converter]:
+    """Each concrete field of ``model`` with what turns its column's value into the field's, as the
+    ORM's compiler finds them (the backend's, then the field's own ``from_db_value``)."""
+    out = []
+    for field in model._meta.concrete_fields:
+        col = field.get_col(model._meta.db_table)
+        out.append((field, col, (*connection.ops.get_db_converters(col), *col.get_db_converters(connection))))
+    return out
+
+
+@functools.cache
+def _get_sql(model: type[models.Model], lock: bool, related: str | None
+             ) -> tuple[str, list[Converter], list[Converter]]:
+    """The statement of ``row_get`` and the conversions of its columns, made once per shape and process."""
+    fields = _converters(model)
+    table, pk = quoted_table(model), model._meta.pk
+    assert pk is not None
+    columns = [f"{table}.{quoted_column(field)}" for field, _, _ in fields]
+    join, related_fields = "", []
+    if related is not None:
+        key = concrete_field(model, related)
+        if not isinstance(key, models.ForeignKey) or key.null:
+            raise TypeError(f"{model.__name__}.{related} is not a foreign key that cannot be null")
+        other = key.related_model
+        assert not isinstance(other, str)
+        other_table, related_fields = quoted_table(other), _converters(other)
+        columns += [f"{other_table}.{quoted_column(field)}" for field, _, _ in related_fields]
+        join = (f" INNER JOIN {other_table} ON {other_table}.{quoted_column(key.target_field)}"
+                f" = {table}.{quoted_column(key)}")
+    locking = ""
+    if lock and connection.features.has_select_for_update:
+        locking = f" FOR UPDATE OF {table}" if connection.features.has_select_for_update_of else " FOR UPDATE"
+    sql = f"SELECT {', '.join(columns)} FROM {table}{join} WHERE {table}.{quoted_column(pk)} = %s{locking}"
+    return sql, fields, related_fields
 
 
 def _shape(where: Where) -> tuple[tuple[str, int], ...]:

@@ -14,17 +14,17 @@ from django.db import connection, transaction
 from agentops import providers
 from workflows.errors import InvalidInput, NotFound
 from workflows.models import BehavioralRelease, Event, Workflow
-from workflows.sql import concrete_field, quoted_column, quoted_table, row_update, rows_insert
+from workflows.sql import concrete_field, quoted_column, quoted_table, row_get, row_update, rows_insert
 
 MAX_JSON_BYTES = 1_000_000
 
 
 def workflow_lock(workflow_id: int) -> Workflow:
     """Lock the workflow row for the rest of the transaction (every writer locks it first)."""
-    try:
-        return Workflow.objects.select_for_update(of=("self",)).select_related("release").get(pk=workflow_id)
-    except Workflow.DoesNotExist:
-        raise workflow_not_found(workflow_id) from None
+    workflow = row_get(Workflow, workflow_id, lock=True, related="release")
+    if workflow is None:
+        raise workflow_not_found(workflow_id)
+    return workflow
 
 
 def workflow_not_found(workflow_id: int) -> NotFound:
