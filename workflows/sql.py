@@ -18,8 +18,10 @@ from typing import Any, TypeVar
 from django.db import connection, models
 from django.db.transaction import TransactionManagementError
 
-# A condition is ``name: value`` (equal) or ``name: (value, ...)`` (one of).
+# A condition is ``name: value`` (equal), ``name: (value, ...)`` (one of) or ``name__lte: value``
+# (at most).
 Where = Mapping[str, Any]
+AT_MOST = "__lte"
 M = TypeVar("M", bound=models.Model)
 
 
@@ -168,7 +170,7 @@ def _shape(where: Where) -> tuple[tuple[str, int], ...]:
 def _where_params(model: type[models.Model], where: Where) -> list[Any]:
     params: list[Any] = []
     for name, value in where.items():
-        field = concrete_field(model, name)
+        field = concrete_field(model, name.removesuffix(AT_MOST))
         params += [_db_value(field, v) for v in (value if isinstance(value, tuple) else (value,))]
     return params
 
@@ -181,8 +183,11 @@ def _db_value(field: models.Field[Any, Any], value: Any) -> Any:
 def _where_sql(model: type[models.Model], shape: tuple[tuple[str, int], ...]) -> str:
     conditions = []
     for name, count in shape:
-        column = quoted_column(concrete_field(model, name))
-        conditions.append(f"{column} IN ({', '.join(['%s'] * count)})" if count else f"{column} = %s")
+        column = quoted_column(concrete_field(model, name.removesuffix(AT_MOST)))
+        if count:
+            conditions.append(f"{column} IN ({', '.join(['%s'] * count)})")
+        else:
+            conditions.append(f"{column} <= %s" if name.endswith(AT_MOST) else f"{column} = %s")
     return " AND ".join(conditions)
 
 

@@ -360,10 +360,12 @@ class Written:
     chain_bytes: int
 
 
-def state_write(workflow: Any, updates: dict[str, Any], *, previous: Any, what: str, now: Any) -> Written:
+def state_write(workflow: Any, updates: dict[str, Any], *, previous: tuple[str, int] | None, what: str,
+                now: Any) -> Written:
     """Merge ``updates`` (as handlers wrote them) into the workflow's state: the row gets the stored
     form, new blobs are stored, and the caller's checkpoint gets the returned delta against
-    ``previous`` (the workflow's last checkpoint, or None), or the whole state."""
+    ``previous`` (the ``state_hash`` and ``chain_bytes`` of the workflow's last checkpoint, or
+    None), or the whole state."""
     from workflows.services.common import json_checked
 
     resolved = state_of(workflow)
@@ -374,10 +376,10 @@ def state_write(workflow: Any, updates: dict[str, Any], *, previous: Any, what: 
     new_hash = state_hash(new_stored)
     delta = None
     chain = 0
-    if previous is not None and previous.state_hash and previous.state_hash == state_hash(old_stored):
+    if previous is not None and previous[0] and previous[0] == state_hash(old_stored):
         op = diff(old_stored, new_stored)
         delta = op if op is not None else {OBJ: {}}
-        chain = previous.chain_bytes + len(canonical(delta))
+        chain = previous[1] + len(canonical(delta))
         if chain >= FULL_EVERY * len(canonical(new_stored)):
             delta, chain = None, 0
     workflow.state = new_stored

@@ -221,6 +221,16 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         return self.status in self.TERMINAL
 
     @property
+    def status_as_read(self) -> str:
+        """The status this instance was read or last saved with: a save finding another one in the
+        row refuses (``ConcurrentTransitionMixin``)."""
+        return str(self._ConcurrentTransitionMixin__initial_states["status"])  # type: ignore[attr-defined]
+
+    def status_saved(self) -> None:
+        """The status it holds was written (``workflows.services.common.workflow_save``)."""
+        self._update_initial_state()
+
+    @property
     def history_archived(self) -> bool:
         """Retention moved its checkpoints and events to ``history_archive_path``."""
         return self.history_archived_at is not None

@@ -33,6 +33,7 @@ from workflows.services.lifecycle import RunOutcome
 from workflows.services.progress import progress_record_once, progress_validate
 from workflows.services.steps import COMPENSATION_NODE, ChainSlot, commitment_compensated_by
 from workflows.services.workflows import advance_locked
+from workflows.sql import row_get
 
 logger = logging.getLogger("agentops.activities")
 
@@ -132,10 +133,8 @@ def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -
 
     Idempotent: conditional UPDATE on (status=scheduled, attempt, due) under the workflow's row lock.
     """
-    try:
-        # get(), not first(): ordering a query over the activity's many columns costs more than the read.
-        activity = Activity.objects.get(pk=activity_id)
-    except Activity.DoesNotExist:
+    activity = row_get(Activity, activity_id)
+    if activity is None:
         logger.warning("activity.doorbell.unknown", extra={"activity_id": activity_id})
         return None
     now = clock.now()

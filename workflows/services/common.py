@@ -10,11 +10,12 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connection, transaction
+from django_fsm import ConcurrentTransition
 
 from agentops import providers
 from workflows.errors import InvalidInput, NotFound
 from workflows.models import BehavioralRelease, Event, Workflow
-from workflows.sql import concrete_field, quoted_column, quoted_table, row_get, row_update, rows_insert
+from workflows.sql import concrete_field, quoted_column, quoted_table, row_exists, row_get, row_update, rows_insert
 
 MAX_JSON_BYTES = 1_000_000
 
@@ -58,14 +59,23 @@ def events_insert(workflow_id: int, first_seq: int, events: list[tuple[str, date
 
 
 def workflow_save(workflow: Workflow, *fields: str, at: datetime) -> None:
-    """Save named fields and ``updated_at``.
+    """Save named fields and ``updated_at``, as ``workflow.save(update_fields=...)`` does, as SQL
+    (every node entry and every result writes the row): raises ``ConcurrentTransition``, writing
+    nothing, when the row's status is no longer the one the instance was read with.
 
     Saving ``status`` saves ``pause_cause`` too: the transitions set the cause with the status
     (``pause`` sets it, every way out of paused clears it), so the two never disagree.
     """
     workflow.updated_at = at
     extra = ["pause_cause"] if "status" in fields and "pause_cause" not in fields else []
-    workflow.save(update_fields=[*fields, *extra, "updated_at"])
+    names = [*fields, *extra, "updated_at"]
+    values = {name: getattr(workflow, concrete_field(Workflow, name).attname) for name in names}
+    if not row_update(Workflow, values, {"id": workflow.pk, "status": workflow.status_as_read}):
+        if row_exists(Workflow, {"id": workflow.pk}):
+            raise ConcurrentTransition(f"Workflow {workflow.pk} is no longer {workflow.status_as_read}: another "
+                                       "transaction moved it since this one read it; nothing was saved.")
+        raise workflow_not_found(workflow.pk)
+    workflow.status_saved()
 
 
 def event_record(*, workflow: Workflow, kind: str, at: datetime, **data: Any) -> Event:

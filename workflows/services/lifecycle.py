@@ -196,8 +196,8 @@ def activity_claim_if_due(activity: Activity, *, spec: registry.ActivityType[Any
     """
     previous = activity.attempt
     attempt, lease_token = previous + 1, uuid.uuid4().hex
-    claimed = _move_all(Activity.objects.filter(pk=activity.pk, attempt=previous, next_attempt_at__lte=now), "claim",
-                        attempt=attempt, lease_token=lease_token, lease_expires_at=lease_expiry(spec, now), at=now)
+    claimed = _move(Activity, "claim", {"id": activity.pk, "attempt": previous, "next_attempt_at__lte": now},
+                    attempt=attempt, lease_token=lease_token, lease_expires_at=lease_expiry(spec, now), at=now)
     if claimed:
         activity.attempt, activity.lease_token = attempt, lease_token
     return bool(claimed)

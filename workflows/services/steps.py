@@ -27,7 +27,7 @@ from workflows.services.common import (
 )
 from workflows.services.installation import idempotency_key_for
 from workflows.services.lifecycle import LIVE
-from workflows.sql import rows_select
+from workflows.sql import row_insert, rows_select
 
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
@@ -234,16 +234,18 @@ def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: d
                          by="node left", now=now, visit=workflow.node_visit)
     # Only what changed is written: long values once (blobs), the checkpoint as a delta
     # (workflows.statestore); the row keeps the stored form of the whole state.
-    last = (next(iter(Checkpoint.objects.filter(pk=workflow.checkpoint_id).only("state_hash", "chain_bytes")), None)
-            if workflow.checkpoint_id is not None else None)
-    written = statestore.state_write(workflow, updates, previous=last, what=f"State written by node {previous}",
-                                     now=now)
+    last = (rows_select(Checkpoint, ("state_hash", "chain_bytes"), {"id": workflow.checkpoint_id})
+            if workflow.checkpoint_id is not None else [])
+    written = statestore.state_write(workflow, updates, previous=last[0] if last else None,
+                                     what=f"State written by node {previous}", now=now)
     workflow.enter_node(node, at=now)
-    workflow.checkpoint = Checkpoint.objects.create(
+    checkpoint = Checkpoint(
         workflow=workflow, node=node, node_visit=workflow.node_visit, intent_version=workflow.intent_version,
         state=workflow.state if written.delta is None else {}, delta=written.delta, state_hash=written.state_hash,
         chain_bytes=written.chain_bytes, created_at=now,
     )
+    row_insert(checkpoint)
+    workflow.checkpoint = checkpoint
     event_record(workflow=workflow, kind="node.entered", at=now, node=node, previous=previous,
                  visit=workflow.node_visit)
     workflow_save(workflow, "state", "current_node", "node_visit", "checkpoint", at=now)
