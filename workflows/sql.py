@@ -177,7 +177,25 @@ def _where_params(model: type[models.Model], where: Where) -> list[Any]:
 
 def _db_value(field: models.Field[Any, Any], value: Any) -> Any:
     """``value`` as the field stores it; a choice (an enum member, such as a default) as its value."""
+    if type(value) in _stored_as_is(field):  # most values of a statement: the field's work would change nothing
+        return value
     return field.get_db_prep_save(value.value if isinstance(value, enum.Enum) else value, connection)
+
+
+@functools.cache
+def _stored_as_is(field: models.Field[Any, Any]) -> tuple[type, ...]:
+    """The types whose values ``field.get_db_prep_save`` returns unchanged: a string of a text
+    field, a bool of a boolean field, an int of an integer field or of a key to one (but on
+    PostgreSQL, which gets an int as the column's own integer type)."""
+    if isinstance(field, models.ForeignKey):
+        return _stored_as_is(field.target_field)
+    if isinstance(field, models.CharField | models.TextField):
+        return (str,)
+    if isinstance(field, models.BooleanField):
+        return (bool,)
+    if isinstance(field, models.IntegerField) and connection.vendor != "postgresql":
+        return (int,)
+    return ()
 
 
 def _where_sql(model: type[models.Model], shape: tuple[tuple[str, int], ...]) -> str:

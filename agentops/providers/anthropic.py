@@ -15,6 +15,7 @@ only when the anthropic provider is selected.
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import email.utils
 import itertools
@@ -56,7 +57,7 @@ SPEND_LIMIT_CODES = frozenset({"enforced_spend_limit_reached", "contract_spend_l
 # proportion to its connections on every request, so a threads worker with hundreds of calls in
 # flight spreads them over CLIENT_SHARDS pools, each thread always on the same one.
 CLIENT_SHARDS = 8
-_shared_clients: dict[tuple[str, str, int, float, int], anthropic.Anthropic] = {}
+_shared_clients: dict[tuple[str, str, int, float, int], tuple[anthropic.Anthropic, anthropic.Anthropic]] = {}
 _shared_clients_lock = threading.Lock()
 _thread_shard = threading.local()
 _shards_given = itertools.count()
@@ -99,7 +100,7 @@ class AnthropicProvider:
         self.base_url = base_url
         self._api_key = api_key
         self._http_client = http_client
-        self._client: anthropic.Anthropic | None = None
+        self._clients: tuple[anthropic.Anthropic, anthropic.Anthropic] | None = None  # (calls, token counts)
 
     @classmethod
     def from_settings(cls, *, model: str | None = None, http_client: httpx2.Client | None = None) -> AnthropicProvider:
@@ -127,9 +128,7 @@ class AnthropicProvider:
         if tool_choice:
             request["tool_choice"] = tool_choice
         client = self._sdk()
-        if meter is not None:
-            # Innermost, inside the SDK's retry loop: it sees every HTTP request and its raw answer.
-            client = client.with_options(middleware=[*client.middleware, Metered(meter)])
+        metering = _meter.set(meter)  # for Metered, the client's innermost middleware
         try:
             if on_delta is None:
                 message = client.messages.create(**request)
@@ -143,6 +142,8 @@ class AnthropicProvider:
                 "and the activity will try again. If it keeps happening, check ANTHROPIC_BASE_URL points at the "
                 "Messages API.", provider=self.name, retry_after_seconds=None,
             ) from None
+        finally:
+            _meter.reset(metering)
         return self._response(message)
 
     @staticmethod
@@ -175,25 +176,30 @@ class AnthropicProvider:
         if tools:
             request["tools"] = tools
         try:
-            counted = self._sdk().with_options(max_retries=0, timeout=COUNT_TOKENS_TIMEOUT_SECONDS) \
-                .messages.count_tokens(**request)
+            counted = self._sdk(counting=True).messages.count_tokens(**request)
         except anthropic.AnthropicError as exc:
             log.info("anthropic.count_tokens.failed", extra={"model": self.model, "error": type(exc).__name__})
             return None
         tokens = getattr(counted, "input_tokens", None)
         return tokens if isinstance(tokens, int) and tokens >= 0 else None
 
-    def _sdk(self) -> anthropic.Anthropic:
-        if self._client is None:
+    def _sdk(self, *, counting: bool = False) -> anthropic.Anthropic:
+        """The SDK's client (made once and shared by the providers of the same settings); with
+        ``counting``, its copy for token counts (no retries, a short timeout)."""
+        if self._clients is None:
             if self._http_client is not None:
-                self._client = self._build_client(self._http_client)
+                self._clients = self._build_clients(self._http_client)
             else:
                 key = (self._api_key, self.base_url, self.max_retries, self.timeout_seconds, _shard_of_this_thread())
                 with _shared_clients_lock:
                     if key not in _shared_clients:
-                        _shared_clients[key] = self._build_client(None)
-                    self._client = _shared_clients[key]
-        return self._client
+                        _shared_clients[key] = self._build_clients(None)
+                    self._clients = _shared_clients[key]
+        return self._clients[1 if counting else 0]
+
+    def _build_clients(self, http_client: httpx2.Client | None) -> tuple[anthropic.Anthropic, anthropic.Anthropic]:
+        client = self._build_client(http_client)
+        return client, client.with_options(max_retries=0, timeout=COUNT_TOKENS_TIMEOUT_SECONDS)
 
     def _build_client(self, http_client: httpx2.Client | None) -> anthropic.Anthropic:
         return anthropic.Anthropic(
@@ -202,7 +208,8 @@ class AnthropicProvider:
             max_retries=self.max_retries,
             timeout=anthropic.Timeout(self.timeout_seconds, connect=min(CONNECT_TIMEOUT_SECONDS, self.timeout_seconds)),
             http_client=http_client,
-            middleware=[NoLongInlineRetries()],
+            # Metered innermost, inside the SDK's retry loop: it sees every HTTP request and its raw answer.
+            middleware=[NoLongInlineRetries(), Metered()],
         )
 
     def _response(self, message: object) -> ModelResponse:
@@ -369,27 +376,33 @@ def with_breakpoint(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class Metered(anthropic.Middleware):
-    """Report each HTTP request of a call to its ``RequestMeter`` (the usage ledger): before it is
+    """Report each HTTP request of a call to its ``RequestMeter`` (the usage ledger), the one
+    ``complete`` set for this thread's call (none: a token count, passed through): before it is
     sent (the meter may refuse it: over budget), and what came of it. The SDK raises connection
     failures here, with no response: a failure to connect means the request never left; any
-    other (a read timeout, a connection dropped mid-answer) that it may have reached the API."""
-
-    def __init__(self, meter: RequestMeter) -> None:
-        self.meter = meter
+    other (a read timeout, a connection dropped mid-answer) that it may have reached the API.
+    One instance serves every call of a shared client: the meter is not kept on it."""
 
     def handle(self, request: anthropic.APIRequest, call_next: anthropic.CallNext) -> anthropic.APIResponse[Any]:
+        meter = _meter.get()
+        if meter is None:
+            return call_next(request)
         n = request.retries_taken
-        headers = self.meter.sending(n)
+        headers = meter.sending(n)
         given = request.options.headers
         request.options.headers = {**(given if isinstance(given, Mapping) else {}), **headers}
         try:
             response = call_next(request)
         except BaseException as exc:
-            self.meter.lost(n, sent=not _never_sent(exc), reason=_failure(exc))
+            meter.lost(n, sent=not _never_sent(exc), reason=_failure(exc))
             raise
-        self.meter.answered(n, status=response.status_code, request_id=response.headers.get("request-id", ""),
-                            rate=rate_limit_info(response.headers, status=response.status_code))
+        meter.answered(n, status=response.status_code, request_id=response.headers.get("request-id", ""),
+                       rate=rate_limit_info(response.headers, status=response.status_code))
         return response
+
+
+# The meter of the model call this thread (context) is making, for Metered.
+_meter: contextvars.ContextVar[RequestMeter | None] = contextvars.ContextVar("anthropic_meter", default=None)
 
 
 def _never_sent(exc: BaseException) -> bool:

@@ -405,7 +405,7 @@ def test_the_default_model_is_not_deprecated_by_the_sdk(anthropic_api: FakeAnthr
 def test_constructing_a_provider_does_not_build_a_client(settings: Any) -> None:
     settings.ANTHROPIC_API_KEY = API_KEY
     provider = AnthropicProvider.from_settings()
-    assert provider._client is None
+    assert provider._clients is None
     assert provider.timeout_seconds == settings.AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS
 
 

@@ -1,0 +1,67 @@
+"""The statements written by hand (workflows/sql.py) read and write what the ORM would."""
+from __future__ import annotations
+
+import pytest
+from django.apps import apps
+from django.db import connection, transaction
+from django.db.transaction import TransactionManagementError
+from django_fsm import ConcurrentTransition
+
+from workflows import clock, services
+from workflows.models import Activity, Workflow
+from workflows.services.common import workflow_lock, workflow_save
+from workflows.sql import _db_value, row_get
+
+pytestmark = pytest.mark.django_db
+
+SAMPLES = ("a value", 7, True)
+
+
+def test_a_value_passed_through_as_is_is_what_the_field_would_store() -> None:
+    checked = 0
+    for model in apps.get_models():
+        for field in model._meta.concrete_fields:
+            for value in SAMPLES:
+                try:
+                    expected = field.get_db_prep_save(value, connection)
+                except Exception:  # noqa: BLE001 - a value the field refuses: nothing to compare
+                    continue
+                got = _db_value(field, value)  # an adapter (Jsonb, Int8) compares by its repr
+                assert (type(got), repr(got)) == (type(expected), repr(expected)), (model.__name__, field.name)
+                checked += 1
+    assert checked > 100
+
+
+def test_row_get_loads_the_workflow_and_its_release_as_the_orm_does() -> None:
+    pk = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
+    expected = Workflow.objects.select_related("release").get(pk=pk)
+    with transaction.atomic():
+        loaded = row_get(Workflow, pk, lock=True, related="release")
+    assert loaded is not None
+    for field in Workflow._meta.concrete_fields:
+        assert getattr(loaded, field.attname) == getattr(expected, field.attname), field.name
+    assert loaded.release.fingerprint == expected.release.fingerprint
+    assert loaded.status_as_read == expected.status
+    assert row_get(Workflow, pk + 1000) is None
+    activity = Activity.objects.filter(workflow_id=pk).first()
+    assert activity is not None
+    got = row_get(Activity, activity.pk)
+    assert got is not None and (got.input, got.next_attempt_at) == (activity.input, activity.next_attempt_at)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_row_get_locks_only_inside_a_transaction() -> None:
+    pk = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
+    with pytest.raises(TransactionManagementError):
+        row_get(Workflow, pk, lock=True)
+
+
+def test_a_save_after_another_transaction_moved_the_status_refuses_and_writes_nothing() -> None:
+    pk = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
+    with transaction.atomic():
+        workflow = workflow_lock(pk)
+        Workflow.objects.filter(pk=pk).update(status="paused")  # another writer, as the check sees it
+        workflow.priority = 9
+        with pytest.raises(ConcurrentTransition, match="no longer running"):
+            workflow_save(workflow, "priority", at=clock.now())
+    assert Workflow.objects.values_list("priority", flat=True).get(pk=pk) != 9
