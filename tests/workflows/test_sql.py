@@ -8,8 +8,9 @@ from django.db.transaction import TransactionManagementError
 from django_fsm import ConcurrentTransition
 
 from workflows import clock, services
-from workflows.models import Activity, Workflow
-from workflows.services.common import workflow_lock, workflow_save
+from workflows.errors import NotFound
+from workflows.models import Activity, Event, Workflow
+from workflows.services.common import events_append, workflow_lock, workflow_save
 from workflows.sql import _db_value, row_get
 
 pytestmark = pytest.mark.django_db
@@ -65,3 +66,17 @@ def test_a_save_after_another_transaction_moved_the_status_refuses_and_writes_no
         with pytest.raises(ConcurrentTransition, match="no longer running"):
             workflow_save(workflow, "priority", at=clock.now())
     assert Workflow.objects.values_list("priority", flat=True).get(pk=pk) != 9
+
+
+def test_events_appended_take_the_next_numbers_and_a_missing_workflow_changes_nothing() -> None:
+    pk = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
+    before = Workflow.objects.values_list("event_seq", flat=True).get(pk=pk)
+    now = clock.now()
+    events_append(pk, [("test.one", now, {"n": 1}), ("test.two", now, {"n": 2, "text": "it's \"quoted\""})])
+    assert list(Event.objects.filter(workflow_id=pk, seq__gt=before).order_by("seq").values_list(
+        "seq", "kind", "data")) == [(before + 1, "test.one", {"n": 1}),
+                                     (before + 2, "test.two", {"n": 2, "text": "it's \"quoted\""})]
+    assert Workflow.objects.values_list("event_seq", flat=True).get(pk=pk) == before + 2
+    with pytest.raises(NotFound):
+        events_append(pk + 1000, [("test.one", now, {})])
+    assert not Event.objects.filter(workflow_id=pk + 1000).exists()

@@ -21,9 +21,8 @@ from workflows.services import lifecycle
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import (
     event_record,
-    event_seq_take,
+    events_append,
     events_batched,
-    events_insert,
     json_checked,
     release_ensure,
     workflow_lock,
@@ -270,12 +269,12 @@ def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detai
     events = [*_checked_notes(claim, notes, at=now),
               ("activity.checkpointed", now, _attempt_data(claim, {"detail": detail[:200]}))]
     with transaction.atomic():
-        first_seq = event_seq_take(claim.workflow_id, len(events))
+        # The workflow's row first (the events take its sequence), as every writer locks it.
+        events_append(claim.workflow_id, events)
         if not lifecycle.lease_extend_if_current(claim, now=now, detail=detail, checkpoint=state,
                                                  checkpointed_at=now):
             transaction.set_rollback(True)
             return False
-        events_insert(claim.workflow_id, first_seq, events)
     return True
 
 
@@ -321,11 +320,12 @@ def activity_note_if_current(*, claim: Claim, kind: str, data: dict[str, Any]) -
     """
     events = _checked_notes(claim, [(kind, data)], at=clock.now())
     with transaction.atomic():
-        first_seq = event_seq_take(claim.workflow_id, len(events))
+        # The workflow's row first (the events take its sequence): a voiding transaction holding it
+        # has committed by the time the fence is read.
+        events_append(claim.workflow_id, events)
         if not lifecycle.fence_holds(claim):
             transaction.set_rollback(True)
             return False
-        events_insert(claim.workflow_id, first_seq, events)
     return True
 
 

@@ -1,6 +1,7 @@
 """Shared pieces of the services: row locks, versioned saves, the event history, releases."""
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,6 +57,37 @@ def events_insert(workflow_id: int, first_seq: int, events: list[tuple[str, date
     one INSERT; as SQL (``rows_insert``), since it is written on every turn of every running attempt."""
     rows_insert(Event, [{"workflow": workflow_id, "seq": first_seq + n, "kind": kind, "data": data, "created_at": at}
                         for n, (kind, at, data) in enumerate(events)])
+
+
+def events_append(workflow_id: int, events: list[tuple[str, datetime, dict[str, Any]]]) -> None:
+    """``event_seq_take`` and ``events_insert`` at once: lock the workflow's row, take the next
+    sequence numbers and insert ``events`` (kind, time, data) with them. One statement on
+    PostgreSQL (the UPDATE in a WITH, the INSERT reading what it returned), the two elsewhere:
+    an attempt's notes and checkpoints write them on every turn."""
+    if connection.vendor != "postgresql":
+        events_insert(workflow_id, event_seq_take(workflow_id, len(events)), events)
+        return
+    data = concrete_field(Event, "data")
+    params: list[Any] = [len(events), workflow_id]
+    for n, (kind, at, payload) in enumerate(events):
+        params += [n, kind, data.get_db_prep_save(payload, connection), at]
+    with connection.cursor() as cursor:
+        cursor.execute(_events_append_sql(len(events)), params)
+        if cursor.rowcount != len(events):
+            raise workflow_not_found(workflow_id)
+
+
+@functools.cache
+def _events_append_sql(count: int) -> str:
+    table, seq, id_ = quoted_table(Workflow), quoted_column(concrete_field(Workflow, "event_seq")), \
+        quoted_column(concrete_field(Workflow, "id"))
+    columns = ", ".join(quoted_column(concrete_field(Event, name))
+                        for name in ("workflow", "seq", "kind", "data", "created_at"))
+    rows = ", ".join(["(%s::integer, %s::text, %s::jsonb, %s::timestamptz)"] * count)
+    return (f"WITH taken AS (UPDATE {table} SET {seq} = {seq} + %s WHERE {id_} = %s RETURNING {id_}, {seq}) "
+            f"INSERT INTO {quoted_table(Event)} ({columns}) "
+            f"SELECT taken.{id_}, taken.{seq} - {count} + 1 + v.n, v.kind, v.data, v.created_at "
+            f"FROM taken, (VALUES {rows}) AS v (n, kind, data, created_at)")
 
 
 def workflow_save(workflow: Workflow, *fields: str, at: datetime) -> None:
