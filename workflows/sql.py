@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from django.db import connection, models
+from django.db.models.fields import AutoFieldMixin
 from django.db.transaction import TransactionManagementError
 
 # A condition is ``name: value`` (equal), ``name: (value, ...)`` (one of) or ``name__lte: value``
@@ -177,25 +179,49 @@ def _where_params(model: type[models.Model], where: Where) -> list[Any]:
 
 def _db_value(field: models.Field[Any, Any], value: Any) -> Any:
     """``value`` as the field stores it; a choice (an enum member, such as a default) as its value."""
-    if type(value) in _stored_as_is(field):  # most values of a statement: the field's work would change nothing
-        return value
+    fast = _fast_paths(field).get(type(value))
+    if fast is not None:  # most values of a statement: skip the field's chain of calls
+        return fast(field, value)
     return field.get_db_prep_save(value.value if isinstance(value, enum.Enum) else value, connection)
 
 
 @functools.cache
-def _stored_as_is(field: models.Field[Any, Any]) -> tuple[type, ...]:
-    """The types whose values ``field.get_db_prep_save`` returns unchanged: a string of a text
-    field, a bool of a boolean field, an int of an integer field or of a key to one (but on
-    PostgreSQL, which gets an int as the column's own integer type)."""
+def _fast_paths(field: models.Field[Any, Any]) -> dict[type, Callable[[models.Field[Any, Any], Any], Any]]:
+    """What ``field.get_db_prep_save`` makes of its commonest values, by their exact type, done
+    directly: a string of a text field and a bool of a boolean field stay as they are; an int of
+    an integer field and an aware datetime of a date-time field go straight to
+    the backend's adaptation, which is the last step of the field's own (a key: its target's)."""
     if isinstance(field, models.ForeignKey):
-        return _stored_as_is(field.target_field)
+        return _fast_paths(field.target_field)
     if isinstance(field, models.CharField | models.TextField):
-        return (str,)
+        return {str: _as_is}
     if isinstance(field, models.BooleanField):
-        return (bool,)
-    if isinstance(field, models.IntegerField) and connection.vendor != "postgresql":
-        return (int,)
-    return ()
+        return {bool: _as_is}
+    if isinstance(field, AutoFieldMixin):
+        return {int: _automatic_key}
+    if isinstance(field, models.IntegerField):
+        return {int: _integer}
+    if isinstance(field, models.DateTimeField):
+        return {datetime: _datetime}
+    return {}
+
+
+def _as_is(field: models.Field[Any, Any], value: Any) -> Any:
+    return value
+
+
+def _automatic_key(field: models.Field[Any, Any], value: int) -> Any:
+    return connection.ops.validate_autopk_value(value)
+
+
+def _integer(field: models.Field[Any, Any], value: int) -> Any:
+    return connection.ops.adapt_integerfield_value(value, field.get_internal_type())
+
+
+def _datetime(field: models.Field[Any, Any], value: datetime) -> Any:
+    if value.utcoffset() is None:  # naive: the field's own way (a warning, made aware)
+        return field.get_db_prep_save(value, connection)
+    return connection.ops.adapt_datetimefield_value(value)
 
 
 def _where_sql(model: type[models.Model], shape: tuple[tuple[str, int], ...]) -> str:

@@ -1,6 +1,8 @@
 """The statements written by hand (workflows/sql.py) read and write what the ORM would."""
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from django.apps import apps
 from django.db import connection, transaction
@@ -15,10 +17,10 @@ from workflows.sql import _db_value, row_get
 
 pytestmark = pytest.mark.django_db
 
-SAMPLES = ("a value", 7, True)
+SAMPLES = ("a value", 7, True, datetime(2026, 12, 3, 4, 50, tzinfo=UTC))
 
 
-def test_a_value_passed_through_as_is_is_what_the_field_would_store() -> None:
+def test_a_value_on_a_fast_path_is_what_the_field_would_store() -> None:
     checked = 0
     for model in apps.get_models():
         for field in model._meta.concrete_fields:
