@@ -50,3 +50,33 @@ def test_the_admins_css_is_served_with_debug_off(client):
     response = client.get("/static/admin/css/base.css")
     assert response.status_code == 200
     assert b"".join(response.streaming_content if response.streaming else [response.content])
+
+
+def database_options(**env: str) -> subprocess.CompletedProcess[str]:
+    """The default database's OPTIONS as a process with ``env`` configures them (PostgreSQL's URL)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_URL", "AGENTOPS_DB_"))}
+    code = ("import django; django.setup(); from django.conf import settings; "
+            "print(settings.DATABASES['default'].get('OPTIONS'))")
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True, capture_output=True, timeout=60,
+                          check=False, env={**clean, "DJANGO_SETTINGS_MODULE": "agentops.settings",
+                                            "DATABASE_URL": "postgres://agentops@db.invalid:5432/agentops", **env})
+
+
+@pytest.mark.parametrize(("threshold", "options"), [
+    (None, "{'server_side_binding': True, 'prepare_threshold': 2}"),
+    ("5", "{'server_side_binding': True, 'prepare_threshold': 5}"),
+    ("0", "{}"),
+])
+def test_postgresql_prepares_statements_unless_the_threshold_is_zero(threshold, options):
+    done = database_options(**({"AGENTOPS_DB_PREPARE_THRESHOLD": threshold} if threshold is not None else {}))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == options
+
+
+@pytest.mark.parametrize(("threshold", "error"), [("-1", "must be 0 (off) or a count of runs"),
+                                                  ("twice", "is not a whole number")])
+def test_a_bad_prepare_threshold_is_refused_with_what_to_set(threshold, error):
+    done = database_options(AGENTOPS_DB_PREPARE_THRESHOLD=threshold)
+    assert done.returncode != 0
+    assert "ImproperlyConfigured" in done.stderr and error in done.stderr
+    assert "AGENTOPS_DB_PREPARE_THRESHOLD" in done.stderr
