@@ -1,8 +1,13 @@
-"""The database connection of a thread that is about to wait for something else."""
+"""The database connection of a thread that is about to wait for something else; prepared statements
+that a migration made stale."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import NotSupportedError, connection
 
 
 def connection_release_while_waiting() -> None:
@@ -15,3 +20,36 @@ def connection_release_while_waiting() -> None:
     """
     if settings.AGENTOPS_DB_POOL_SIZE and not connection.in_atomic_block:
         connection.close()
+
+
+# PostgreSQL's refusal to run a statement prepared before a migration changed the type of a column
+# it returns (``AGENTOPS_DB_PREPARE_THRESHOLD`` prepares statements per connection).
+STALE_PLAN_SQLSTATE = "0A000"
+STALE_PLAN_MESSAGE = "cached plan must not change result type"
+
+
+def forget_stale_plans(execute: Callable[..., Any], sql: str, params: Any, many: bool,
+                       context: dict[str, Any]) -> Any:
+    """A Django execute wrapper (every connection gets it, ``watch_for_stale_plans``): when a
+    statement prepared before a migration changed a column it returns is refused, forget this
+    connection's prepared statements. Outside a transaction the statement, which did not run, is
+    run again at once; inside one the transaction has failed anyway, its ROLLBACK makes psycopg
+    forget them, and the task is retried as for any database error. Without it, a connection kept
+    for minutes (a web thread's, a pooled worker's) would refuse that statement until it closed."""
+    try:
+        return execute(sql, params, many, context)
+    except NotSupportedError as exc:
+        cause = exc.__cause__
+        if getattr(cause, "sqlstate", None) != STALE_PLAN_SQLSTATE or STALE_PLAN_MESSAGE not in str(cause):
+            raise
+        raw = context["connection"].connection
+        if raw is None or raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            raise
+        raw.execute("DEALLOCATE ALL")  # psycopg forgets its own cache of them when it sees this
+        return execute(sql, params, many, context)
+
+
+def watch_for_stale_plans(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """``connection_created``: a PostgreSQL connection that prepares statements gets ``forget_stale_plans``."""
+    if connection.vendor == "postgresql" and forget_stale_plans not in connection.execute_wrappers:
+        connection.execute_wrappers.append(forget_stale_plans)
