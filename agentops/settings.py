@@ -395,11 +395,23 @@ if AGENTOPS_TENANT_LABEL and not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", AGENTOPS
                                "lowercase letters, digits, _ and -, starting with a letter.")
 # Concurrent model requests by key: "tenant:<tenant>" and "kind:<kind>", "tenant:*" and "kind:*"
 # for every tenant or kind without a key of its own. A tenant as AGENTOPS_TENANT_LABEL says.
-AGENTOPS_MODEL_CALL_CONCURRENCY = env_json_object("AGENTOPS_MODEL_CALL_CONCURRENCY", {})
-for _key, _cap in AGENTOPS_MODEL_CALL_CONCURRENCY.items():
-    if not str(_key).startswith(("tenant:", "kind:")) or not isinstance(_cap, int) or _cap < 1:
-        raise ImproperlyConfigured(f"AGENTOPS_MODEL_CALL_CONCURRENCY[{_key!r}]: keys are tenant:<tenant> or "
-                                   "kind:<kind> (or tenant:*, kind:*), values whole numbers of at least 1.")
+def env_concurrency_keys(name: str) -> dict[str, int]:
+    """A JSON object of concurrency keys ("tenant:<tenant>", "kind:<kind>", "tenant:*", "kind:*")
+    and their caps (whole numbers of at least 1)."""
+    table = env_json_object(name, {})
+    for key, cap in table.items():
+        if (not re.fullmatch(r"(tenant|kind):\S.*", str(key)) or not isinstance(cap, int) or isinstance(cap, bool)
+                or cap < 1):
+            raise ImproperlyConfigured(f"{name}[{key!r}]: keys are tenant:<tenant> or kind:<kind> (or tenant:*, "
+                                       "kind:*), values whole numbers of at least 1.")
+    return table
+
+
+AGENTOPS_MODEL_CALL_CONCURRENCY = env_concurrency_keys("AGENTOPS_MODEL_CALL_CONCURRENCY")
+# Activity attempts running at once by the same keys (every activity: model calls, tools,
+# commands, deploys; compensations are never held back). An attempt over a cap waits, stored,
+# for a slot (workflows/services/slots.py; docs/operators.md, "Concurrency keys").
+AGENTOPS_ACTIVITY_CONCURRENCY = env_concurrency_keys("AGENTOPS_ACTIVITY_CONCURRENCY")
 # When the limiter's Redis cannot be reached: "open" sends the call unlimited (429s back off as
 # before), "closed" does not send it (a throttled attempt: retried later, its attempt given back).
 AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN = env_str("AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN", "open")

@@ -52,14 +52,19 @@ def test_the_admins_css_is_served_with_debug_off(client):
     assert b"".join(response.streaming_content if response.streaming else [response.content])
 
 
-def database_options(**env: str) -> subprocess.CompletedProcess[str]:
-    """The default database's OPTIONS as a process with ``env`` configures them (PostgreSQL's URL)."""
+def settings_read(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` after ``django.setup()`` in a process whose settings read ``env`` (PostgreSQL's URL)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_URL", "AGENTOPS_DB_"))}
-    code = ("import django; django.setup(); from django.conf import settings; "
-            "print(settings.DATABASES['default'].get('OPTIONS'))")
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, text=True, capture_output=True, timeout=60,
-                          check=False, env={**clean, "DJANGO_SETTINGS_MODULE": "agentops.settings",
-                                            "DATABASE_URL": "postgres://agentops@db.invalid:5432/agentops", **env})
+    return subprocess.run([sys.executable, "-c", f"import django; django.setup(); {code}"], cwd=REPO, text=True,
+                          capture_output=True, timeout=60, check=False,
+                          env={**clean, "DJANGO_SETTINGS_MODULE": "agentops.settings",
+                               "DATABASE_URL": "postgres://agentops@db.invalid:5432/agentops", **env})
+
+
+def database_options(**env: str) -> subprocess.CompletedProcess[str]:
+    """The default database's OPTIONS as a process with ``env`` configures them."""
+    return settings_read("from django.conf import settings; print(settings.DATABASES['default'].get('OPTIONS'))",
+                         **env)
 
 
 @pytest.mark.parametrize(("threshold", "options"), [
@@ -80,3 +85,25 @@ def test_a_bad_prepare_threshold_is_refused_with_what_to_set(threshold, error):
     assert done.returncode != 0
     assert "ImproperlyConfigured" in done.stderr and error in done.stderr
     assert "AGENTOPS_DB_PREPARE_THRESHOLD" in done.stderr
+
+
+@pytest.mark.parametrize(("table", "error"), [
+    ('{"team:infra": 3}', "keys are tenant:<tenant> or kind:<kind>"),
+    ('{"kind:harness": 0}', "values whole numbers of at least 1"),
+    ('{"kind:harness": true}', "values whole numbers of at least 1"),
+    ('{"kind:harness": 2.5}', "values whole numbers of at least 1"),
+    ('[1]', "must be a JSON object"),
+    ('{"kind:', "is not JSON"),
+])
+@pytest.mark.parametrize("name", ["AGENTOPS_ACTIVITY_CONCURRENCY", "AGENTOPS_MODEL_CALL_CONCURRENCY"])
+def test_a_bad_concurrency_key_table_is_refused_with_what_to_set(name, table, error):
+    done = settings_read("pass", **{name: table})
+    assert done.returncode != 0
+    assert "ImproperlyConfigured" in done.stderr and error in done.stderr and name in done.stderr
+
+
+def test_concurrency_keys_are_read_from_the_environment():
+    done = settings_read("from django.conf import settings; print(settings.AGENTOPS_ACTIVITY_CONCURRENCY)",
+                         AGENTOPS_ACTIVITY_CONCURRENCY='{"tenant:*": 50, "kind:harness": 8}')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{'tenant:*': 50, 'kind:harness': 8}"

@@ -228,6 +228,30 @@ class DatabaseCollector:
             limited.add_metric([model], counted.get(model, 0))
         yield limited
         yield from rate_limit_metrics()
+        yield from activity_slot_metrics()
+
+
+def activity_slot_metrics() -> Iterator[Metric]:
+    """Each concurrency key of AGENTOPS_ACTIVITY_CONCURRENCY in use: its cap, the slots held and the
+    activities waiting for one by tenant and priority (the database: nothing when no key is set)."""
+    from workflows.services import slots
+
+    now = slots.overview()
+    if now is None:
+        return
+    held = GaugeMetricFamily("agentops_activity_slots", "Activity attempts running (or a slot handed to one a "
+                             "moment ago) by concurrency key (tenant:<tenant>, kind:<kind>) with a cap.",
+                             labels=["key"])
+    caps = GaugeMetricFamily("agentops_activity_slots_limit", "Each concurrency key's cap "
+                             "(AGENTOPS_ACTIVITY_CONCURRENCY).", labels=["key"])
+    waiting = GaugeMetricFamily("agentops_activity_slot_waiting", "Activities waiting for a concurrency slot, by "
+                                "key, tenant and priority.", labels=["key", "tenant", "priority"])
+    for row in now["keys"]:
+        held.add_metric([row["key"]], row["running"])
+        caps.add_metric([row["key"]], row["cap"])
+        for (tenant, priority), n in sorted(row["waiting"].items()):
+            waiting.add_metric([row["key"], tenant, str(priority)], n)
+    yield from (held, caps, waiting)
 
 
 def rate_limit_metrics() -> Iterator[Metric]:

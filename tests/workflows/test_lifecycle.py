@@ -35,7 +35,7 @@ AT = timezone.now()
 # Arguments for each declared transition; a transition added without a row here fails
 # test_every_declared_transition_has_arguments_here.
 ARGUMENTS: dict[tuple[type[Any], str], dict[str, Any]] = {
-    (Activity, "claim"): {"attempt": 3, "lease_token": "t" * 32, "lease_expires_at": AT, "at": AT},
+    (Activity, "claim"): {"attempt": 3, "lease_token": "t" * 32, "lease_expires_at": AT, "at": AT, "tenant": "system"},
     (Activity, "succeed"): {"result": {"ok": True}, "at": AT},
     (Activity, "retry"): {"error": "RuntimeError: x", "next_attempt_at": AT, "max_attempts": 6, "dispatched_at": None},
     (Activity, "fail"): {"error": "Permanent: x", "at": AT},

@@ -70,6 +70,19 @@ class Activity(FSMModelMixin, models.Model):
     error = models.TextField(blank=True, help_text="Last error message.")
     created_at = models.DateTimeField()
     completed_at = models.DateTimeField(null=True, blank=True)
+    # Concurrency keys (AGENTOPS_ACTIVITY_CONCURRENCY, workflows/services/slots.py).
+    tenant = models.CharField(
+        max_length=200, blank=True, help_text="The tenant its latest attempt ran or waits as (workflows.tenancy); "
+                                              "concurrency keys count running attempts by it.",
+    )
+    slot_waiting_since = models.DateTimeField(
+        null=True, blank=True, help_text="Waiting for a concurrency slot (AGENTOPS_ACTIVITY_CONCURRENCY) since then; "
+                                         "empty when it is not waiting.",
+    )
+    slot_granted_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a freed concurrency slot was handed to it; the slot is kept for it "
+                                         "a while, until its doorbell arrives.",
+    )
 
     # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.
     objects: models.Manager[Activity] = models.Manager()
@@ -85,6 +98,10 @@ class Activity(FSMModelMixin, models.Model):
             models.Index(
                 fields=["workflow"], name="act_live_workflow_idx", condition=Q(status__in=["scheduled", "running"])
             ),
+            # Concurrency keys: attempts running per tenant, and the queue of those waiting for a slot.
+            models.Index(fields=["tenant"], name="act_running_tenant_idx", condition=Q(status="running")),
+            models.Index(fields=["slot_waiting_since"], name="act_slot_waiting_idx",
+                         condition=Q(status="scheduled", slot_waiting_since__isnull=False)),
         ]
 
     def __str__(self) -> str:
@@ -96,10 +113,12 @@ class Activity(FSMModelMixin, models.Model):
         return self.idempotency_key or self.operation_id
 
     @transition(field=status, source=Status.SCHEDULED, target=Status.RUNNING)
-    def claim(self, *, attempt: int, lease_token: str, lease_expires_at: datetime, at: datetime) -> None:
-        """A worker starts attempt ``attempt`` under a new lease (a doorbell, or the chain of the result before)."""
-        self.attempt, self.lease_token = attempt, lease_token
+    def claim(self, *, attempt: int, lease_token: str, lease_expires_at: datetime, at: datetime, tenant: str) -> None:
+        """A worker starts attempt ``attempt`` under a new lease (a doorbell, or the chain of the result
+        before), as ``tenant``; a wait for a concurrency slot ends."""
+        self.attempt, self.lease_token, self.tenant = attempt, lease_token, tenant
         self.lease_expires_at, self.heartbeat_at = lease_expires_at, at
+        self.slot_waiting_since, self.slot_granted_at = None, None
 
     @transition(field=status, source=Status.RUNNING, target=Status.SUCCEEDED)
     def succeed(self, *, result: Any, at: datetime) -> None:

@@ -17,7 +17,7 @@ from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Refused
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
-from workflows.services import lifecycle
+from workflows.services import lifecycle, slots
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import (
     event_record,
@@ -33,6 +33,7 @@ from workflows.services.progress import progress_record_once, progress_validate
 from workflows.services.steps import COMPENSATION_NODE, ChainSlot, commitment_compensated_by
 from workflows.services.workflows import advance_locked
 from workflows.sql import row_get
+from workflows.tenancy import workflow_tenant
 
 logger = logging.getLogger("agentops.activities")
 
@@ -143,7 +144,13 @@ def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -
     # compensations still run: they undo effects and spend no budget.
     paused = workflow.status == Workflow.Status.PAUSED and activity.node != COMPENSATION_NODE
     previous = activity.attempt
-    claimed = not paused and lifecycle.activity_claim_if_due(activity, spec=spec, now=now)
+    tenant = workflow_tenant(workflow)
+    # A compensation is never held back by a concurrency key: it undoes effects.
+    admission = slots.ADMITTED if paused or activity.node == COMPENSATION_NODE else slots.admit(
+        workflow, activity, tenant=tenant, now=now)
+    if not admission.admitted:
+        return None  # waiting for a concurrency slot: rung when one is handed to it
+    claimed = not paused and lifecycle.activity_claim_if_due(activity, spec=spec, now=now, tenant=tenant)
     if not claimed:
         current = Activity.objects.values_list("status", flat=True).get(pk=activity_id)
         event_record(workflow=workflow, kind="activity.doorbell_ignored", at=now, operation_id=activity.operation_id,
@@ -153,7 +160,7 @@ def activity_claim_if_runnable(*, activity_id: int, worker: str, task_id: str) -
         number=previous, status=ActivityAttempt.Status.LOST
     ).exists()
     return lifecycle.attempt_start(workflow, activity, worker=worker, task_id=task_id, now=now,
-                                   previous_lost=previous_lost)
+                                   previous_lost=previous_lost, slot_waited_ms=admission.waited_ms)
 
 
 def _refuse_stale(workflow: Workflow, claim: Claim) -> RunOutcome:
@@ -301,7 +308,7 @@ def activity_lease_expire_if_due(*, activity_id: int) -> bool:
         activity = Activity.objects.get(pk=activity_id)
         if activity.status != Activity.Status.RUNNING or activity.lease_expires_at is None:
             return False  # already reaped by another sweep, or finished meanwhile
-        status = lifecycle.activity_lease_expire(activity, now=now)
+        status = lifecycle.activity_lease_expire(activity, kind=workflow.kind, now=now)
         if status is None:
             return False
         event_record(workflow=workflow, kind="activity.lease_expired", at=now, operation_id=activity.operation_id,

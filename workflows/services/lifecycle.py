@@ -32,9 +32,9 @@ from workflows import registry
 from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Refused, Throttled
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Workflow
+from workflows.services import slots
 from workflows.services.common import event_record
 from workflows.sql import row_exists, row_insert, row_update, rows_insert
-from workflows.tenancy import workflow_tenant
 
 LIVE = (Activity.Status.SCHEDULED, Activity.Status.RUNNING)
 # The throttle streak looks this many attempts back.
@@ -155,23 +155,26 @@ def lease_expiry(spec: registry.ActivityType[Any, Any], now: datetime) -> dateti
 
 
 def activity_insert(activity: Activity, *, spec: registry.ActivityType[Any, Any], now: datetime,
-                    claimed: bool) -> None:
-    """Insert a new activity, scheduled; or, ``claimed``, already claimed for its first attempt
-    (a chain slot: the worker that scheduled it runs it, with no doorbell)."""
-    if claimed:
-        activity.claim(attempt=1, lease_token=uuid.uuid4().hex, lease_expires_at=lease_expiry(spec, now), at=now)
+                    claimed_as: str | None) -> None:
+    """Insert a new activity, scheduled; or, given the tenant it runs as (``claimed_as``), already
+    claimed for its first attempt (a chain slot: the worker that scheduled it runs it, with no doorbell)."""
+    if claimed_as is not None:
+        activity.claim(attempt=1, lease_token=uuid.uuid4().hex, lease_expires_at=lease_expiry(spec, now), at=now,
+                       tenant=claimed_as)
     row_insert(activity)
 
 
 def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_id: str, now: datetime,
-                  previous_lost: bool = False) -> Claim:
+                  previous_lost: bool = False, slot_waited_ms: int | None = None) -> Claim:
     """Record the attempt an activity row was just claimed for (status running, ``attempt``,
-    ``lease_token`` already written) and the fencing token its result must present."""
+    ``lease_token`` and ``tenant`` already written) and the fencing token its result must present;
+    ``slot_waited_ms``: how long it waited for a concurrency slot, when it did."""
     rows_insert(ActivityAttempt, [{"activity": activity.pk, "number": activity.attempt,
                                    "lease_token": activity.lease_token, "worker": worker, "task_id": task_id,
                                    "started_at": now}])
+    waited = {} if slot_waited_ms is None else {"slot_waited_ms": slot_waited_ms}
     event_record(workflow=workflow, kind="activity.started", at=now, operation_id=activity.operation_id,
-                 attempt=activity.attempt, worker=worker)
+                 attempt=activity.attempt, worker=worker, **waited)
     return Claim(
         activity_id=activity.pk, workflow_id=workflow.pk, operation_id=activity.operation_id,
         idempotency_key=activity.sent_key, name=activity.name,
@@ -179,7 +182,7 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
         previous_attempt_lost=previous_lost, checkpoint=activity.checkpoint,
         definition_version=workflow.definition_version, release=workflow.release.spec(),
         release_policy=workflow.release_policy, release_provisional=workflow.release_provisional,
-        fallback_model=workflow.fallback_model, tenant=workflow_tenant(workflow), kind=workflow.kind,
+        fallback_model=workflow.fallback_model, tenant=activity.tenant, kind=workflow.kind,
         priority=workflow.priority,
         # Only a workflow with a fallback needs the streak: one query less on the hot path.
         throttled_in_a_row=throttled_streak(activity.pk, before=activity.attempt) if workflow.fallback_model else 0,
@@ -188,18 +191,21 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
 
 # --- claiming, and what a running attempt writes ---------------------------------------------------
 
-def activity_claim_if_due(activity: Activity, *, spec: registry.ActivityType[Any, Any], now: datetime) -> bool:
+def activity_claim_if_due(activity: Activity, *, spec: registry.ActivityType[Any, Any], now: datetime,
+                          tenant: str) -> bool:
     """Claim the next attempt of ``activity`` (as read) if it is still scheduled, at the attempt
-    read, and due; on success ``activity`` holds the new attempt number and lease token.
+    read, and due, to run as ``tenant``; on success ``activity`` holds the new attempt number,
+    lease token and tenant.
 
     Idempotent: conditional UPDATE on (status=scheduled, attempt, next_attempt_at <= now).
     """
     previous = activity.attempt
     attempt, lease_token = previous + 1, uuid.uuid4().hex
     claimed = _move(Activity, "claim", {"id": activity.pk, "attempt": previous, "next_attempt_at__lte": now},
-                    attempt=attempt, lease_token=lease_token, lease_expires_at=lease_expiry(spec, now), at=now)
+                    attempt=attempt, lease_token=lease_token, lease_expires_at=lease_expiry(spec, now), at=now,
+                    tenant=tenant)
     if claimed:
-        activity.attempt, activity.lease_token = attempt, lease_token
+        activity.attempt, activity.lease_token, activity.tenant = attempt, lease_token, tenant
     return bool(claimed)
 
 
@@ -237,6 +243,7 @@ def activity_succeed_if_current(claim: Claim, *, result: Any, now: datetime) -> 
     if not _move(Activity, "succeed", _fence(claim), result=result, at=now):
         return False
     _move(ActivityAttempt, "succeed", _attempt_row(claim), at=now)
+    slots.freed(claim.tenant, claim.kind, now=now)
     return True
 
 
@@ -325,6 +332,7 @@ def failure_apply_if_current(claim: Claim, verdict: FailureVerdict, *, max_attem
         return False
     _move(ActivityAttempt, "fail", _attempt_row(claim), error=verdict.message, at=now, throttled=verdict.throttled,
           refunded=verdict.refunded, retry_after_seconds=verdict.retry_after_seconds)
+    slots.freed(claim.tenant, claim.kind, now=now)
     return True
 
 
@@ -348,10 +356,10 @@ def throttle_backoff_seconds(claim: Claim) -> float:
 
 # --- lost leases, voided work, reopened compensations ---------------------------------------------
 
-def activity_lease_expire(activity: Activity, *, now: datetime) -> str | None:
-    """Mark the running attempt of ``activity`` (as read under its workflow's row lock) lost, and
-    retry the activity (attempts left) or fail it. Returns the activity's new status, or None when
-    another writer moved it first.
+def activity_lease_expire(activity: Activity, *, kind: str, now: datetime) -> str | None:
+    """Mark the running attempt of ``activity`` (as read under the row lock of its workflow, of
+    ``kind``) lost, and retry the activity (attempts left) or fail it. Returns the activity's new
+    status, or None when another writer moved it first.
 
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token, lease expired).
     """
@@ -368,16 +376,21 @@ def activity_lease_expire(activity: Activity, *, now: datetime) -> str | None:
     if not moved:
         return None
     _move(ActivityAttempt, "lose", {"activity": activity.pk, "number": activity.attempt}, error=error, at=now)
+    slots.freed(activity.tenant, kind, now=now)
     return status
 
 
-def activities_void(activity_ids: list[int], *, reason: str, now: datetime) -> None:
-    """Void the live activities among ``activity_ids`` and cancel their running attempts.
+def activities_void(activity_ids: list[int], *, kind: str, reason: str, now: datetime) -> None:
+    """Void the live activities among ``activity_ids`` (of one workflow, of ``kind``) and cancel
+    their running attempts.
 
     Idempotent: a voided activity is no longer in a source state of ``void``.
     """
+    running = (list(Activity.objects.filter(pk__in=activity_ids, status=Activity.Status.RUNNING).values_list(
+        "tenant", flat=True)) if settings.AGENTOPS_ACTIVITY_CONCURRENCY else [])
     _move_all(Activity.objects.filter(pk__in=activity_ids), "void", reason=reason, at=now)
     _move_all(ActivityAttempt.objects.filter(activity_id__in=activity_ids), "cancel", reason=reason, at=now)
+    slots.freed_all(((tenant, kind) for tenant in running), now=now)
 
 
 def activity_reopen(activity: Activity, *, max_attempts: int, now: datetime) -> bool:

@@ -18,7 +18,7 @@ from workflows.errors import InvalidInput
 from workflows.leases import Claim
 from workflows.models import Activity, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
 from workflows.notifications import NOTIFY_ACTIVITY, OPENED, REMINDER, NotifyInput
-from workflows.services import lifecycle
+from workflows.services import lifecycle, slots
 from workflows.services.common import (
     event_record,
     json_checked,
@@ -28,6 +28,7 @@ from workflows.services.common import (
 from workflows.services.installation import idempotency_key_for
 from workflows.services.lifecycle import LIVE
 from workflows.sql import row_insert, rows_select
+from workflows.tenancy import workflow_tenant
 
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
@@ -123,7 +124,10 @@ def activity_schedule(
         operation_id=command.operation_id, idempotency_key=idempotency_key_for(command.operation_id),
     )
     slot = chain if chain is not None and chain.claim is None and chain.io_bound == spec.io_bound else None
-    lifecycle.activity_insert(activity, spec=spec, now=now, claimed=slot is not None)
+    tenant = workflow_tenant(workflow) if slot is not None else ""
+    if slot is not None and slots.capped(tenant, workflow.kind):
+        slot = None  # under a concurrency key: it takes its turn for a slot through its doorbell
+    lifecycle.activity_insert(activity, spec=spec, now=now, claimed_as=tenant if slot is not None else None)
     event_record(workflow=workflow, kind="activity.scheduled", at=now, operation_id=activity.operation_id,
                  name=activity.name)
     if slot is not None:
@@ -334,7 +338,7 @@ def live_work_void(workflow: Workflow, *, now: datetime, reason: str, visit: int
     if not rows:
         return []
     pks = [pk for pk, _, _ in rows]
-    lifecycle.activities_void(pks, reason=reason, now=now)
+    lifecycle.activities_void(pks, kind=workflow.kind, reason=reason, now=now)
     for _, operation_id, status in rows:
         event_record(workflow=workflow, kind="activity.voided", at=now, operation_id=operation_id, was=status,
                      reason=reason)
