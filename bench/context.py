@@ -43,6 +43,12 @@ class Sizes:
     fairness_large: int = 90
     fairness_small: int = 1
     fairness_calls: int = 4
+    # Concurrency keys for activities (10): a kind's cap, workflows of two tenants, 1 s activities
+    # each; the pass's cost with these many activities waiting.
+    slots_cap: int = 10
+    slots_workflows: int = 60
+    slots_steps: int = 3
+    slots_pass_waiting: tuple[int, ...] = (100, 2000)
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -51,7 +57,8 @@ class Sizes:
                    rss_activities=(100, 500), ablations=False, profile_seconds=3.0, latency_runs=3,
                    inflight_agents=(10, 100), inflight_tool_turns=1, long_run_features=(10,), long_run_rounds=(3,),
                    ratelimit_agents=30, ratelimit_calls=5, ratelimit_rpm=120, ratelimit_itpm=40_000,
-                   fairness_large=45, fairness_small=1, fairness_calls=3)
+                   fairness_large=45, fairness_small=1, fairness_calls=3, slots_cap=4, slots_workflows=20,
+                   slots_steps=2, slots_pass_waiting=(50, 200))
 
     @classmethod
     def full(cls) -> Sizes:

@@ -60,7 +60,7 @@ def _users() -> dict[str, Any]:
     return {name: User.objects.get_or_create(username=f"bench-{name}")[0] for name in ("large", "small")}
 
 
-def _launch(specs: list[dict[str, Any]], *, paused: Bench | None) -> list[int]:
+def _launch(specs: list[dict[str, Any]], *, paused: Bench | None, kind: str = "bench_model_calls") -> list[int]:
     """Launch the workflows (``paused``: with the workers stopped, so every first call falls due at once)."""
     from django.db import connection
 
@@ -68,7 +68,7 @@ def _launch(specs: list[dict[str, Any]], *, paused: Bench | None) -> list[int]:
 
     def one(spec: dict[str, Any]) -> int:
         try:
-            return services.workflow_launch(kind="bench_model_calls", goal="rate limits", **spec).pk
+            return services.workflow_launch(kind=kind, goal="bench", **spec).pk
         finally:
             connection.close()
 

@@ -235,8 +235,31 @@ def _without_limiter(r: dict[str, Any]) -> list[Row]:
              f"{w['use_of_binding_limit']:.2f}x; {w['seconds']:g} s (with it {lim['seconds']:g} s)", "", "")]
 
 
+def _slots(r: dict[str, Any]) -> list[Row]:
+    """Issue 28 item 2 for activities: at equal demand no tenant's p99 wait over 2x another's; the
+    small tenant's median wait <= 2x the large one's; the cap held and used."""
+    t, eq, un = r["targets"], r["equal"], r["unequal"]
+    p99 = " / ".join(f"{v:.2f}" for v in eq["p99_wait_s"].values())
+    rows: list[Row] = [
+        ("10 concurrency keys", f"two tenants of {eq['workflows']['large']} workflows x {eq['steps']} activities of "
+                                f"1 s, cap {eq['cap']}: p99 wait", f"{p99} s ({r['p99_ratio_equal']:.2f}x)",
+         f"<= {t['p99_ratio_equal']:g}x", _met(r["p99_ratio_equal"] <= t["p99_ratio_equal"])),
+        ("10 concurrency keys", "  most running at once; the cap's use", f"{eq['most_at_once']} of {eq['cap']}; "
+         f"{eq['cap_use']:.2f}x", f"<= cap; >= {t['cap_use']:g}x", _met(eq["most_at_once"] <= eq["cap"]
+                                                                         and eq["cap_use"] >= t["cap_use"])),
+        ("10 concurrency keys", f"tenants of {un['workflows']['large']} and {un['workflows']['small']} workflows: "
+                                "median wait large / small",
+         f"{un['median_wait_s']['large']:.2f} / {un['median_wait_s']['small']:.2f} s "
+         f"({r['small_over_large_median']:.2f}x)", f"small <= {t['small_over_large_median']:g}x",
+         _met(r["small_over_large_median"] <= t["small_over_large_median"])),
+    ]
+    rows += [("10 concurrency keys", f"  the pass handing on a freed slot, {p['waiting']:,} waiting",
+              f"{p['median_ms']:.2f} ms (max {p['max_ms']:.2f})", "", "") for p in r["pass"]]
+    return rows
+
+
 SECTIONS = {"throughput": _throughput, "inflight": _inflight, "ablations": _ablations, "growth": _growth,
-            "long_runs": _long_runs, "ratelimits": _ratelimits, "parked": _parked, "timers": _timers,
+            "long_runs": _long_runs, "ratelimits": _ratelimits, "slots": _slots, "parked": _parked, "timers": _timers,
             "recovery": _recovery, "profile": _profile}
 
 

@@ -26,7 +26,7 @@ from bench.context import Bench, Sizes
 from bench.infra import REPO_ROOT, Broker, Cluster, Postgres, pytest_running, wait_while_pytest_runs
 
 BENCHMARKS = ("throughput", "parked", "timers", "recovery", "profile", "growth", "inflight", "long_runs",
-              "ratelimits")
+              "ratelimits", "slots")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -162,6 +162,9 @@ def _runner(name: str, bench: Bench) -> Callable[[Bench], dict[str, Any]]:
     if name == "ratelimits":
         from bench.ratelimits import bench_ratelimits
         return bench_ratelimits
+    if name == "slots":
+        from bench.slots import bench_slots
+        return bench_slots
     from bench.recovery import bench_recovery
     return bench_recovery
 

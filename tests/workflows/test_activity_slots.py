@@ -210,6 +210,20 @@ def test_a_lost_lease_and_a_cancel_free_their_slots(settings: Any, rung: list[tu
     assert claim(third) is not None
 
 
+def test_a_slot_handed_to_a_workflow_cancelled_before_it_ran_goes_to_the_next(
+        settings: Any, rung: list[tuple[str, int]]) -> None:
+    settings.AGENTOPS_ACTIVITY_CONCURRENCY = {f"kind:{KIND}": 1}
+    holder = claim(launch())
+    granted, next_in_line = launch(), launch()
+    assert claim(granted) is None and claim(next_in_line) is None
+    assert holder is not None
+    finish(holder)
+    rung.clear()
+    services.workflow_cancel(workflow_id=granted.workflow_id, reason="not needed after all")
+    assert rang(rung, next_in_line)
+    assert claim(next_in_line) is not None
+
+
 def test_a_slot_handed_out_and_never_taken_comes_back_after_its_hold(
         settings: Any, rung: list[tuple[str, int]]) -> None:
     settings.AGENTOPS_ACTIVITY_CONCURRENCY = {f"kind:{KIND}": 1}

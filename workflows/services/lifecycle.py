@@ -386,8 +386,11 @@ def activities_void(activity_ids: list[int], *, kind: str, reason: str, now: dat
 
     Idempotent: a voided activity is no longer in a source state of ``void``.
     """
-    running = (list(Activity.objects.filter(pk__in=activity_ids, status=Activity.Status.RUNNING).values_list(
-        "tenant", flat=True)) if settings.AGENTOPS_ACTIVITY_CONCURRENCY else [])
+    # A running attempt's slot, or one just handed to a waiting activity, comes free.
+    holding = models.Q(status=Activity.Status.RUNNING) | models.Q(status=Activity.Status.SCHEDULED,
+                                                                  slot_granted_at__isnull=False)
+    running = (list(Activity.objects.filter(holding, pk__in=activity_ids).values_list("tenant", flat=True))
+               if settings.AGENTOPS_ACTIVITY_CONCURRENCY else [])
     _move_all(Activity.objects.filter(pk__in=activity_ids), "void", reason=reason, at=now)
     _move_all(ActivityAttempt.objects.filter(activity_id__in=activity_ids), "cancel", reason=reason, at=now)
     slots.freed_all(((tenant, kind) for tenant in running), now=now)
