@@ -28,6 +28,8 @@ from bench.workload import SLEEP_SHORT
 
 KIND = "bench_steps"
 THREADS = 60
+# Enough connections that the cap binds, not the pool: an attempt holds one while it sleeps.
+POOL = 30
 PASS_REPEATS = 20
 
 
@@ -35,7 +37,7 @@ def _start_worker(bench: Bench, cap: int) -> None:
     from django.conf import settings
 
     bench.cluster.stop(bench.cluster.workers())
-    env = {"AGENTOPS_ACTIVITY_CONCURRENCY": json.dumps({f"kind:{KIND}": cap}), "AGENTOPS_DB_POOL_SIZE": "10"}
+    env = {"AGENTOPS_ACTIVITY_CONCURRENCY": json.dumps({f"kind:{KIND}": cap}), "AGENTOPS_DB_POOL_SIZE": str(POOL)}
     proc = bench.cluster.start_worker("slots", pool="threads", concurrency=THREADS,
                                       queues=(settings.CELERY_TASK_DEFAULT_QUEUE,), ready=False, extra_env=env)
     bench.cluster.wait_ready(proc)

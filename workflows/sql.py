@@ -177,6 +177,11 @@ def _where_params(model: type[models.Model], where: Where) -> list[Any]:
     return params
 
 
+def db_value(model: type[models.Model], name: str, value: Any) -> Any:
+    """``value`` as ``model``'s field ``name`` stores it: a parameter for SQL written by hand."""
+    return _db_value(concrete_field(model, name), value)
+
+
 def _db_value(field: models.Field[Any, Any], value: Any) -> Any:
     """``value`` as the field stores it; a choice (an enum member, such as a default) as its value."""
     fast = _fast_paths(field).get(type(value))

@@ -171,6 +171,18 @@ def test_priority_goes_before_fair_share_and_age(settings: Any, rung: list[tuple
     assert rang(rung, urgent) and not rang(rung, older)
 
 
+def test_a_changed_priority_moves_a_waiting_activity_at_once(settings: Any, rung: list[tuple[str, int]]) -> None:
+    settings.AGENTOPS_ACTIVITY_CONCURRENCY = {f"kind:{KIND}": 1}
+    holder = claim(launch())
+    older, raised = launch(), launch()
+    assert claim(older) is None and claim(raised) is None
+    services.workflow_priority_set(workflow_id=raised.workflow_id, priority=9)
+    rung.clear()
+    assert holder is not None
+    finish(holder)
+    assert rang(rung, raised) and not rang(rung, older)
+
+
 def test_a_tenant_cap_by_label_holds_that_tenant_only(settings: Any) -> None:
     settings.AGENTOPS_TENANT_LABEL = "team"
     settings.AGENTOPS_ACTIVITY_CONCURRENCY = {"tenant:team=infra": 1, "tenant:*": 3}

@@ -70,7 +70,9 @@ class Activity(FSMModelMixin, models.Model):
     error = models.TextField(blank=True, help_text="Last error message.")
     created_at = models.DateTimeField()
     completed_at = models.DateTimeField(null=True, blank=True)
-    # Concurrency keys (AGENTOPS_ACTIVITY_CONCURRENCY, workflows/services/slots.py).
+    # Concurrency keys (AGENTOPS_ACTIVITY_CONCURRENCY, workflows/services/slots.py): its workflow's
+    # kind and tenant on its own row, so that counting and queueing by key joins no other table.
+    kind = models.CharField(max_length=60, blank=True, help_text="Its workflow's kind.")
     tenant = models.CharField(
         max_length=200, blank=True, help_text="The tenant its latest attempt ran or waits as (workflows.tenancy); "
                                               "concurrency keys count running attempts by it.",
@@ -78,6 +80,10 @@ class Activity(FSMModelMixin, models.Model):
     slot_waiting_since = models.DateTimeField(
         null=True, blank=True, help_text="Waiting for a concurrency slot (AGENTOPS_ACTIVITY_CONCURRENCY) since then; "
                                          "empty when it is not waiting.",
+    )
+    slot_priority = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="Its workflow's priority while it waits for a concurrency slot (the order "
+                                         "of the queue; a changed priority applies to it at once).",
     )
     slot_granted_at = models.DateTimeField(
         null=True, blank=True, help_text="When a freed concurrency slot was handed to it; the slot is kept for it "
@@ -98,9 +104,13 @@ class Activity(FSMModelMixin, models.Model):
             models.Index(
                 fields=["workflow"], name="act_live_workflow_idx", condition=Q(status__in=["scheduled", "running"])
             ),
-            # Concurrency keys: attempts running per tenant, and the queue of those waiting for a slot.
+            # Concurrency keys: attempts running per tenant and per kind, slots just handed out, and
+            # the queue of those waiting for a slot, each tenant's in its order.
             models.Index(fields=["tenant"], name="act_running_tenant_idx", condition=Q(status="running")),
-            models.Index(fields=["slot_waiting_since"], name="act_slot_waiting_idx",
+            models.Index(fields=["kind"], name="act_running_kind_idx", condition=Q(status="running")),
+            models.Index(fields=["slot_granted_at"], name="act_slot_granted_idx",
+                         condition=Q(status="scheduled", slot_granted_at__isnull=False)),
+            models.Index(fields=["tenant", "-slot_priority", "slot_waiting_since", "id"], name="act_slot_waiting_idx",
                          condition=Q(status="scheduled", slot_waiting_since__isnull=False)),
         ]
 
@@ -118,7 +128,7 @@ class Activity(FSMModelMixin, models.Model):
         before), as ``tenant``; a wait for a concurrency slot ends."""
         self.attempt, self.lease_token, self.tenant = attempt, lease_token, tenant
         self.lease_expires_at, self.heartbeat_at = lease_expires_at, at
-        self.slot_waiting_since, self.slot_granted_at = None, None
+        self.slot_waiting_since, self.slot_granted_at, self.slot_priority = None, None, None
 
     @transition(field=status, source=Status.RUNNING, target=Status.SUCCEEDED)
     def succeed(self, *, result: Any, at: datetime) -> None:

@@ -18,6 +18,7 @@ from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import ActivityAttempt, UsageEntry, Workflow
 from workflows.selectors import spent_usd
+from workflows.services import slots
 from workflows.services.common import (
     amount_checked,
     event_record,
@@ -245,7 +246,8 @@ def workflow_budget_set(
 def workflow_priority_set(*, workflow_id: int, priority: int, user: Any = None, by: str = "") -> Result:
     """Change a workflow's priority (0–10): from its next activity attempt on, its model calls wait
     in that band of the shared rate limits, and at 9 or above they may pass the hourly budget
-    (never the total). A call already waiting keeps the band it asked in. Who changed it is recorded
+    (never the total). A call already waiting keeps the band it asked in; an activity waiting for
+    a concurrency slot takes its new place at once. Who changed it is recorded
     on the ``priority.changed`` event: ``user``'s name, else ``by``.
 
     Idempotent: the priority it already has returns ALREADY_APPLIED and records nothing. Raises
@@ -263,6 +265,7 @@ def workflow_priority_set(*, workflow_id: int, priority: int, user: Any = None, 
     now = clock.now()
     old, workflow.priority = workflow.priority, priority
     workflow_save(workflow, "priority", at=now)
+    slots.priority_changed(workflow.pk, priority)
     event_record(workflow=workflow, kind="priority.changed", at=now, by=username_of(user) or by.strip()[:150],
                  old=old, new=priority)
     return Result.of(workflow, Outcome.APPLIED, f"Workflow {workflow_id} has priority {priority} (was {old}) from its "

@@ -28,6 +28,7 @@ runs a query.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -37,12 +38,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, F, Q, Window
-from django.db.models.functions import RowNumber
+from django.db.models import Count, Q
 
 from workflows import clock, doorbells
 from workflows.models import Activity, Workflow
 from workflows.services.common import event_record
+from workflows.sql import concrete_field, db_value, quoted_column, quoted_table
 
 logger = logging.getLogger("agentops.slots")
 
@@ -121,7 +122,7 @@ def admit(workflow: Workflow, activity: Activity, *, tenant: str, now: datetime)
         return Admission(admitted=True, waited_ms=_waited_ms(since, now))  # the slot kept for it
     _lock()
     marked = Activity.objects.filter(pk=activity.pk, status=Activity.Status.SCHEDULED, attempt=activity.attempt).update(
-        slot_waiting_since=since or now, tenant=tenant)
+        slot_waiting_since=since or now, slot_priority=workflow.priority, tenant=tenant, kind=workflow.kind)
     if not marked:
         return ADMITTED  # claimed meanwhile: the claim finds nothing to do
     granted, used = _fill(keys, now=now)
@@ -156,6 +157,13 @@ def freed_all(rows: Iterable[tuple[str, str]], *, now: datetime) -> None:
         freed(tenant, kind, now=now)
 
 
+def priority_changed(workflow_id: int, priority: int) -> None:
+    """The workflow's activities waiting for a slot take their place in ``priority`` at once."""
+    if settings.AGENTOPS_ACTIVITY_CONCURRENCY:
+        Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED,
+                                slot_waiting_since__isnull=False).update(slot_priority=priority)
+
+
 def _waited_ms(since: datetime | None, now: datetime) -> int | None:
     return None if since is None else max(0, round((now - since).total_seconds() * 1000))
 
@@ -169,6 +177,7 @@ def _lock() -> None:
 @dataclass(frozen=True)
 class _Waiting:
     pk: int
+    workflow_id: int
     name: str
     tenant: str
     kind: str
@@ -176,21 +185,25 @@ class _Waiting:
     since: datetime
 
 
+WAITING_FIELDS = ("id", "workflow", "name", "tenant", "kind", "slot_priority", "slot_waiting_since")
+
+
 def _fill(trigger: Keys, *, now: datetime) -> tuple[list[tuple[int, str]], dict[str, int]]:
     """Choose which waiting activities near ``trigger`` (its tenant's, or its kind's) get the free
     slots of their keys, in order; the caller holds the lock. Returns them as (id, name), and the
-    slots each key of ``trigger`` holds, those handed out included."""
+    slots each key of ``trigger`` holds, those handed out included.
+
+    Reads the activity rows (their kind, tenant and priority are on them): the first PER_TENANT
+    waiting of each tenant, in the order of ``act_slot_waiting_idx`` (a paused workflow's passed
+    over), and the slots held under their keys."""
     hold = now - timedelta(seconds=grant_hold_seconds())
-    near = Q(tenant=trigger.tenant) | Q(workflow__kind=trigger.kind)
-    heads = Activity.objects.filter(near, status=Activity.Status.SCHEDULED, slot_waiting_since__isnull=False).filter(
-        Q(slot_granted_at__isnull=True) | Q(slot_granted_at__lte=hold)
-    ).exclude(workflow__status=Workflow.Status.PAUSED).annotate(
-        place=Window(RowNumber(), partition_by=[F("tenant")],
-                     order_by=[F("workflow__priority").desc(), F("slot_waiting_since").asc(), F("id").asc()]),
-    ).filter(place__lte=PER_TENANT).order_by("place", "-workflow__priority", "slot_waiting_since", "id")
-    waiting = [_Waiting(pk, name, tenant, kind, priority, since) for pk, name, tenant, kind, priority, since
-               in heads.values_list("id", "name", "tenant", "workflow__kind", "workflow__priority",
-                                    "slot_waiting_since")[:MAX_CANDIDATES] if since is not None]
+    with connection.cursor() as cursor:
+        cursor.execute(_heads_sql(), [
+            db_value(Activity, "status", Activity.Status.SCHEDULED), trigger.tenant, trigger.kind,
+            db_value(Activity, "slot_granted_at", hold), db_value(Workflow, "status", Workflow.Status.PAUSED),
+            PER_TENANT, MAX_CANDIDATES])
+        waiting = [_Waiting(pk, workflow_id, name, tenant, kind, priority or 0, since)
+                   for pk, workflow_id, name, tenant, kind, priority, since in cursor.fetchall()]
     used, share = _used({w.tenant for w in waiting} | {trigger.tenant}, {w.kind for w in waiting} | {trigger.kind},
                         hold=hold)
     table = settings.AGENTOPS_ACTIVITY_CONCURRENCY
@@ -209,12 +222,41 @@ def _fill(trigger: Keys, *, now: datetime) -> tuple[list[tuple[int, str]], dict[
     return granted, {key: used[key] for key, _ in trigger.caps}
 
 
+def _columns(*names: str) -> dict[str, str]:
+    return {name: quoted_column(concrete_field(Activity, name)) for name in names}
+
+
+@functools.cache
+def _heads_sql() -> str:
+    """The first PER_TENANT waiting activities of each tenant near a trigger, by priority then age,
+    of workflows not paused (parameters: the scheduled status, the tenant, the kind, the hand-out's
+    hold, the paused status, PER_TENANT, the limit)."""
+    c = _columns(*WAITING_FIELDS, "status", "slot_granted_at")
+    fields = ", ".join(c[name] for name in WAITING_FIELDS)
+    order = f"{c['slot_priority']} DESC, {c['slot_waiting_since']}, {c['id']}"
+    workflow_pk, workflow_status = (quoted_column(concrete_field(Workflow, name)) for name in ("id", "status"))
+    return (f"SELECT {', '.join(f'heads.{c[name]}' for name in WAITING_FIELDS)} FROM (SELECT {fields}, ROW_NUMBER() "
+            f"OVER (PARTITION BY {c['tenant']} ORDER BY {order}) AS place FROM {quoted_table(Activity)} "
+            f"WHERE {c['status']} = %s AND {c['slot_waiting_since']} IS NOT NULL "
+            f"AND ({c['tenant']} = %s OR {c['kind']} = %s) "
+            f"AND ({c['slot_granted_at']} IS NULL OR {c['slot_granted_at']} <= %s)) heads "
+            f"JOIN {quoted_table(Workflow)} w ON w.{workflow_pk} = heads.{c['workflow']} AND w.{workflow_status} <> %s "
+            f"WHERE place <= %s ORDER BY place, {', '.join(f'heads.{part}' for part in order.split(', '))} LIMIT %s")
+
+
 def _used(tenants: set[str], kinds: set[str], *, hold: datetime) -> tuple[Counter[str], Counter[tuple[str, str]]]:
-    """Slots held (running attempts, and slots handed out within ``hold``) by key, and by
-    (tenant, kind), for every key of ``tenants`` and ``kinds``."""
-    held = Q(status=Activity.Status.RUNNING) | Q(status=Activity.Status.SCHEDULED, slot_granted_at__gt=hold)
-    rows = Activity.objects.filter(held).filter(Q(tenant__in=tenants) | Q(workflow__kind__in=kinds)).values_list(
-        "tenant", "workflow__kind").annotate(n=Count("id")).order_by()
+    """Slots held by key, and by (tenant, kind), for every key of ``tenants`` and ``kinds``:
+    running attempts, and slots handed out within ``hold``."""
+    c = _columns("status", "slot_granted_at", "tenant", "kind")
+    some_tenants, some_kinds = ", ".join(["%s"] * len(tenants)), ", ".join(["%s"] * len(kinds))
+    sql = (f"SELECT {c['tenant']}, {c['kind']}, COUNT(*) FROM {quoted_table(Activity)} WHERE ({c['status']} = %s OR "
+           f"({c['status']} = %s AND {c['slot_granted_at']} > %s)) AND ({c['tenant']} IN ({some_tenants}) "
+           f"OR {c['kind']} IN ({some_kinds})) GROUP BY {c['tenant']}, {c['kind']}")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [db_value(Activity, "status", Activity.Status.RUNNING),
+                             db_value(Activity, "status", Activity.Status.SCHEDULED),
+                             db_value(Activity, "slot_granted_at", hold), *sorted(tenants), *sorted(kinds)])
+        rows = cursor.fetchall()
     used: Counter[str] = Counter()
     share: Counter[tuple[str, str]] = Counter()
     for tenant, kind, n in rows:
@@ -226,15 +268,29 @@ def _used(tenants: set[str], kinds: set[str], *, hold: datetime) -> tuple[Counte
     return used, share
 
 
+def _held(hold: datetime) -> Q:
+    """Rows that hold a slot: a running attempt, or a slot handed out within ``hold``."""
+    return Q(status=Activity.Status.RUNNING) | Q(status=Activity.Status.SCHEDULED, slot_granted_at__gt=hold)
+
+
 def _grant(granted: list[tuple[int, str]], *, now: datetime) -> None:
     """Keep a slot for each of ``granted`` and ring it after commit. A row another transaction
     holds locked (being voided, say) is skipped: it is looked at again at its recheck."""
     if not granted:
         return
     names = dict(granted)
-    free = list(Activity.objects.select_for_update(skip_locked=True).filter(
-        pk__in=names, status=Activity.Status.SCHEDULED, slot_waiting_since__isnull=False).values_list("pk", flat=True))
-    Activity.objects.filter(pk__in=free).update(slot_granted_at=now, next_attempt_at=now, dispatched_at=now)
+    c = _columns("id", "status", "slot_waiting_since", "slot_granted_at", "next_attempt_at", "dispatched_at")
+    table, ids = quoted_table(Activity), ", ".join(["%s"] * len(names))
+    waiting = f"{c['id']} IN ({ids}) AND {c['status']} = %s AND {c['slot_waiting_since']} IS NOT NULL"
+    params = [*names, db_value(Activity, "status", Activity.Status.SCHEDULED)]
+    at = db_value(Activity, "slot_granted_at", now)
+    # SQLite has one writer at a time: no row is locked by another.
+    skip_locked = " FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {c['slot_granted_at']} = %s, {c['next_attempt_at']} = %s, "
+                       f"{c['dispatched_at']} = %s WHERE {c['id']} IN (SELECT {c['id']} FROM {table} WHERE "
+                       f"{waiting}{skip_locked}) RETURNING {c['id']}", [at, at, at, *params])
+        free = [pk for (pk,) in cursor.fetchall()]
     for pk in free:
         doorbells.activity_run(activity_id=pk, name=names[pk])
     logger.info("slots.granted", extra={"activities": free})
@@ -249,11 +305,10 @@ def overview() -> dict[str, Any] | None:
     if not table:
         return None
     hold = clock.now() - timedelta(seconds=grant_hold_seconds())
-    held = Q(status=Activity.Status.RUNNING) | Q(status=Activity.Status.SCHEDULED, slot_granted_at__gt=hold)
-    running = Activity.objects.filter(held).values_list("tenant", "workflow__kind").annotate(n=Count("id")).order_by()
+    running = Activity.objects.filter(_held(hold)).values_list("tenant", "kind").annotate(n=Count("id")).order_by()
     waiting = Activity.objects.filter(status=Activity.Status.SCHEDULED, slot_waiting_since__isnull=False).filter(
         Q(slot_granted_at__isnull=True) | Q(slot_granted_at__lte=hold)).values_list(
-        "tenant", "workflow__kind", "workflow__priority").annotate(n=Count("id")).order_by()
+        "tenant", "kind", "slot_priority").annotate(n=Count("id")).order_by()
     keys: dict[str, dict[str, Any]] = {}
 
     def row(key: str, cap: int) -> dict[str, Any]:
@@ -267,5 +322,5 @@ def overview() -> dict[str, Any] | None:
             row(key, cap)["running"] += n
     for tenant, kind, priority, n in waiting:
         for key, cap in caps_for(tenant, kind, table).caps:
-            row(key, cap)["waiting"][(tenant, priority)] += n
+            row(key, cap)["waiting"][(tenant, priority or 0)] += n
     return {"keys": [{**keys[k], "waiting": dict(keys[k]["waiting"])} for k in sorted(keys)]}

@@ -116,7 +116,7 @@ def activity_schedule(
     """
     spec = registry.activity_type(command.name)
     activity = Activity(
-        workflow=workflow, name=command.name, node=node or workflow.current_node,
+        workflow=workflow, kind=workflow.kind, name=command.name, node=node or workflow.current_node,
         node_visit=workflow.node_visit if node_visit is None else node_visit,
         intent_version=workflow.intent_version,
         input=json_checked(command.input, what=f"Input of activity {command.name}"),
