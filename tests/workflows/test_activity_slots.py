@@ -318,6 +318,11 @@ def test_metrics_and_the_admin_show_each_key_its_use_and_who_waits(
     assert value("agentops_activity_slot_waiting", key=f"kind:{KIND}", tenant=tenant, priority="8") == 1
     assert value("agentops_activity_slot_waiting", key=f"kind:{KIND}", tenant=tenant, priority="5") == 1
 
+    waiting = Activity.objects.filter(status=Activity.Status.SCHEDULED, slot_waiting_since__isnull=False).first()
+    assert waiting is not None
+    card = admin_client.get(f"/admin/workflows/workflow/{waiting.workflow_id}/change/").content.decode()
+    assert "waiting for a concurrency slot since" in card
+
     page = admin_client.get("/admin/workflows/workflow/rate-limits/").content.decode()
     assert "Concurrent activities" in page
     assert f"<td>kind:{KIND}</td><td>1</td><td>1</td>" in page

@@ -27,8 +27,9 @@ class AttemptInline(admin.TabularInline):
 
 @admin.register(Activity)
 class ActivityAdmin(ReadOnlyAdmin):
-    list_display = ("id", "workflow_id", "name", "node", "status", "attempt", "max_attempts", "next_attempt_at")
-    list_filter = ("status", "name")
+    list_display = ("id", "workflow_id", "name", "node", "status", "attempt", "max_attempts", "next_attempt_at",
+                    "tenant", "slot_waiting_since")
+    list_filter = ("status", "name", "kind")
     search_fields = ("=id", "=workflow__id", "operation_id", "=idempotency_key")
     ordering = ("-pk",)
     inlines = (AttemptInline,)
