@@ -65,9 +65,11 @@ def configured_limits(scope: str) -> tuple[float, float, float]:
             float(row.get("output_tokens_per_minute", 0)))
 
 
-def concurrency_caps(tenant: str, kind: str) -> tuple[int, int]:
-    """AGENTOPS_MODEL_CALL_CONCURRENCY for the tenant and the kind (``*`` rows as defaults); 0: none."""
-    table: Mapping[str, int] = settings.AGENTOPS_MODEL_CALL_CONCURRENCY
+def concurrency_caps(tenant: str, kind: str, table: Mapping[str, int] | None = None) -> tuple[int, int]:
+    """The caps of a table of concurrency keys for the tenant and the kind (``*`` rows as defaults;
+    0: none): AGENTOPS_MODEL_CALL_CONCURRENCY's unless ``table`` is given (the activities' keys,
+    ``workflows.services.slots``, read the same way)."""
+    table = settings.AGENTOPS_MODEL_CALL_CONCURRENCY if table is None else table
     return (int(table.get(f"tenant:{tenant}", table.get("tenant:*", 0))),
             int(table.get(f"kind:{kind}", table.get("kind:*", 0))))
 

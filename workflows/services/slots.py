@@ -40,6 +40,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Q
 
+from agentops.ratelimits import concurrency_caps
 from workflows import clock, doorbells
 from workflows.models import Activity, Workflow
 from workflows.services.common import event_record
@@ -83,13 +84,10 @@ WAITING = Admission(admitted=False)
 
 def caps_for(tenant: str, kind: str, table: Mapping[str, int] | None = None) -> Keys:
     """The keys of AGENTOPS_ACTIVITY_CONCURRENCY that apply to ``tenant`` and ``kind`` (``*`` rows as defaults)."""
-    table = settings.AGENTOPS_ACTIVITY_CONCURRENCY if table is None else table
-    caps = []
-    for family, name in (("tenant", tenant), ("kind", kind)):
-        cap = table.get(f"{family}:{name}", table.get(f"{family}:*", 0))
-        if cap:
-            caps.append((f"{family}:{name}", int(cap)))
-    return Keys(tenant=tenant, kind=kind, caps=tuple(caps))
+    tenant_cap, kind_cap = concurrency_caps(
+        tenant, kind, settings.AGENTOPS_ACTIVITY_CONCURRENCY if table is None else table)
+    return Keys(tenant=tenant, kind=kind, caps=tuple(
+        (key, cap) for key, cap in ((f"tenant:{tenant}", tenant_cap), (f"kind:{kind}", kind_cap)) if cap))
 
 
 def grant_hold_seconds() -> int:
@@ -122,7 +120,7 @@ def admit(workflow: Workflow, activity: Activity, *, tenant: str, now: datetime)
         return Admission(admitted=True, waited_ms=_waited_ms(since, now))  # the slot kept for it
     _lock()
     marked = Activity.objects.filter(pk=activity.pk, status=Activity.Status.SCHEDULED, attempt=activity.attempt).update(
-        slot_waiting_since=since or now, slot_priority=workflow.priority, tenant=tenant, kind=workflow.kind)
+        slot_waiting_since=since or now, slot_priority=workflow.priority, tenant=tenant)
     if not marked:
         return ADMITTED  # claimed meanwhile: the claim finds nothing to do
     granted, used = _fill(keys, now=now)
