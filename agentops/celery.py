@@ -38,6 +38,9 @@ def mark_worker_process(sender: Any = None, **_: Any) -> None:
     from workflows.services import activities, common
 
     common.in_worker = True
+    if settings.AGENTOPS_MODEL_PROVIDER == "anthropic":
+        # The SDK takes seconds to import: once here, before the pool forks, not in a first model call.
+        import agentops.providers.anthropic  # noqa: F401
     pool = get_implementation(getattr(sender, "pool_cls", None) or "prefork")
     if isinstance(pool, type) and issubclass(pool, ThreadsPool):
         activities.io_chain_seconds = settings.AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS

@@ -265,8 +265,13 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_WORKER_SEND_TASK_EVENTS = True
-CELERY_TASK_SEND_SENT_EVENT = True
+# Celery's task events (received, started, succeeded; and sent, from publishers) are for Flower,
+# which turns them on in the workers it watches (its enable_events, on by default). Always on,
+# they cost each threads worker's consumer a publish per event: about a tenth of its CPU with
+# hundreds of model calls in flight (bench/README.md, "CPU per call, fourteenth session").
+AGENTOPS_CELERY_TASK_EVENTS = env_bool("AGENTOPS_CELERY_TASK_EVENTS", False)
+CELERY_WORKER_SEND_TASK_EVENTS = AGENTOPS_CELERY_TASK_EVENTS
+CELERY_TASK_SEND_SENT_EVENT = AGENTOPS_CELERY_TASK_EVENTS
 CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 

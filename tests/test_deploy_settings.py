@@ -107,3 +107,14 @@ def test_concurrency_keys_are_read_from_the_environment():
                          AGENTOPS_ACTIVITY_CONCURRENCY='{"tenant:*": 50, "kind:harness": 8}')
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "{'tenant:*': 50, 'kind:harness': 8}"
+
+
+@pytest.mark.parametrize(("value", "sent"), [(None, "False False"), ("true", "True True"), ("false", "False False")])
+def test_celery_task_events_are_for_flower_to_turn_on_unless_always_asked_for(value, sent):
+    """Off by default (Flower's enable_events turns the workers' on while it watches); the setting
+    sends both the workers' task events and the publishers' sent events."""
+    env = {"AGENTOPS_CELERY_TASK_EVENTS": value} if value is not None else {}
+    done = settings_read("from agentops.celery import app; "
+                         "print(app.conf.worker_send_task_events, app.conf.task_send_sent_event)", **env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == sent

@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -23,7 +22,7 @@ from agentops.ratelimits.limiter import RateLimitInfo
 from workflows.activity_context import ActivityContext
 from workflows.connections import connection_release_while_waiting
 from workflows.errors import AgentOpsError, Permanent
-from workflows.leases import LeaseLost
+from workflows.heartbeats import keep_alive
 
 log = logging.getLogger("agentops.budgets")
 
@@ -174,8 +173,9 @@ def metered_complete(
     added, and asks the provider nothing), checked against the budget (raising BudgetDeferred or BudgetExhausted at the
     limits), then charged with the reported usage, released when it was answered with an error
     or never sent, or left uncertain at its estimate when no answer was seen. While the call
-    waits for the answer a background thread heartbeats the lease (``keep_alive``), so the
-    lease can be short and a dead worker's attempt is taken over in seconds. Each request is
+    is prepared (the provider's token count) and waits for the answer, the process's heartbeat
+    thread beats the lease (``keep_alive``), so the lease can be short and a dead worker's
+    attempt is taken over in seconds. Each request is
     fenced (``ctx.fence``) in its reservation's transaction: an attempt whose work is no longer
     wanted raises LeaseLost instead of sending it (or, when the answer came back meanwhile,
     after recording what it cost). Each call that reached the provider is recorded as a
@@ -183,11 +183,14 @@ def metered_complete(
     of a failed call).
     """
     stand_ins = _stand_ins.get()
-    provider, ledger = stand_ins if stand_ins is not None else (provider_for(ctx), DATABASE_LEDGER)
-    input_tokens = _continued_conversation_tokens(ctx, system=system, messages=messages, tools=tools)
-    if input_tokens is None:
-        connection_release_while_waiting()  # the token count is a request to the provider too
-        input_tokens = provider.count_tokens(system=system, messages=messages, tools=tools)
+    # Under heartbeats too: the first call of a process imports the provider's SDK (seconds), and a
+    # token count is a request to the provider.
+    with keep_alive(ctx, f"preparing model call {call}") as beat:
+        provider, ledger = stand_ins if stand_ins is not None else (provider_for(ctx), DATABASE_LEDGER)
+        input_tokens = _continued_conversation_tokens(ctx, system=system, messages=messages, tools=tools)
+        if input_tokens is None:
+            input_tokens = provider.count_tokens(system=system, messages=messages, tools=tools)
+    beat.raise_if_lost()
     if input_tokens is None:
         input_tokens = estimated_input_tokens(system=system, messages=messages, tools=tools)
     estimate = estimate_usd(provider.model, input_tokens=input_tokens, max_tokens=max_tokens,
@@ -396,69 +399,6 @@ class LedgerMeter:
 
 USAGE_KEY_HEADER = "x-agentops-usage-key"
 DATABASE_LEDGER: Ledger = DatabaseLedger()
-
-
-class keep_alive:  # noqa: N801 - used as a context manager, like contextlib's
-    """Heartbeat ``ctx``'s lease from a background thread while the block runs (a model call's
-    wait for its answer, a tool), every third of the activity's lease, so a short lease holds
-    through a slow answer and only a dead worker lets it run out.
-
-    The thread uses its own database connection (closed when it stops; with the pool, given back
-    between beats, as the caller's is while it waits). A beat that finds the
-    attempt fenced off (taken over, or its work voided) stops beating; ``raise_if_lost`` then
-    raises LeaseLost in the caller, which must not go on with effects.
-    """
-
-    def __init__(self, ctx: ActivityContext, detail: str) -> None:
-        self.ctx, self.detail = ctx, detail[:200]
-        self.lost: LeaseLost | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{ctx.operation_id}", daemon=True)
-
-    def __enter__(self) -> keep_alive:
-        connection_release_while_waiting()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        # A beat in progress is one short UPDATE; do not wait on it forever if the database hangs.
-        self._thread.join(timeout=HEARTBEAT_JOIN_SECONDS)
-
-    def raise_if_lost(self) -> None:
-        if self.lost is not None:
-            raise self.lost
-
-    def _run(self) -> None:
-        from django.db import connections
-
-        try:
-            while not self._stop.wait(heartbeat_interval_seconds(self.ctx)):
-                try:
-                    self.ctx.heartbeat(self.detail)
-                except LeaseLost as exc:
-                    self.lost = exc
-                    return
-                except Exception:  # a database blip: the next beat tries again, the lease has slack
-                    log.warning("activity.heartbeat.failed", extra={"operation_id": self.ctx.operation_id},
-                                exc_info=True)
-                connection_release_while_waiting()
-        finally:
-            connections.close_all()
-
-
-HEARTBEAT_JOIN_SECONDS = 5.0
-
-
-def heartbeat_interval_seconds(ctx: ActivityContext) -> float:
-    """A third of the activity's lease: two beats may be missed before it runs out."""
-    from workflows import registry
-
-    try:
-        lease = registry.activity_type(ctx.claim.name).lease_seconds
-    except AgentOpsError:  # an activity of a test kit that is not registered
-        lease = None
-    return max(1.0, (lease or settings.AGENTOPS_LEASE_SECONDS) / 3)
 
 
 def _ms_since(started: float) -> int:

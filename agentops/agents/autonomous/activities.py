@@ -14,11 +14,12 @@ from typing import Any, TypedDict
 from django.conf import settings
 
 from agentops import sandbox, telemetry
-from agentops.budgets import MODEL_CALL_LEASE, keep_alive, metered_complete
+from agentops.budgets import MODEL_CALL_LEASE, metered_complete
 from agentops.providers.answers import AnswerTool, ask_structured
 from agentops.steering import steered
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent, Retryable
+from workflows.heartbeats import keep_alive
 from workflows.registry import RetryPolicy, activity
 
 MAX_TASKS = 12

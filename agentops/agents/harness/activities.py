@@ -23,12 +23,13 @@ from agentops import sandbox, telemetry
 from agentops.agents.harness import breakers, gitops, tools
 from agentops.agents.harness import checks as checks_mod
 from agentops.agents.harness.checks import CheckResult, Feature
-from agentops.budgets import cost_usd, keep_alive, metered_complete
+from agentops.budgets import cost_usd, metered_complete
 from agentops.providers import provider_for
 from agentops.steering import steered
 from workflows import clock
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent
+from workflows.heartbeats import keep_alive
 from workflows.registry import RetryPolicy, activity
 
 MAX_TURNS = 40
