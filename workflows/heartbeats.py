@@ -1,14 +1,16 @@
-"""Heartbeats while an activity waits: ``keep_alive``, and the one thread per process that beats.
+"""Heartbeats while an activity waits: ``keep_alive``, and the process's heartbeat thread.
 
 A model call waits seconds for its answer, a tool or a check runs for minutes; meanwhile the
 attempt's lease must be extended, or another worker takes the activity over. ``keep_alive(ctx,
-detail)`` registers the block with the process's ``Heartbeater``: one daemon thread that beats
+detail)`` registers the block with the process's ``Heartbeater``: a daemon thread that beats
 every registered lease a third of its activity's lease after the last beat, for as long as its
 block runs. A threads worker with a thousand calls in flight has one heartbeat thread, not a
-thousand started and joined: entering and leaving a block costs a lock and a heap entry.
+thousand started and joined: entering and leaving a block costs a lock and a heap entry. When
+beats fall behind (a slow database), up to ``BEATERS`` threads share them; a thread with nothing
+left to beat ends.
 
-The beats of one process run one after another on the heartbeater's own database connection
-(with the pool, given back after each round; without it, closed when nothing is left to beat).
+Each heartbeat thread beats on its own database connection (with the pool, given back after
+each round; without it, closed when the thread ends).
 A beat that finds the attempt fenced off (taken over, or its work voided) is the block's last:
 ``raise_if_lost`` then raises LeaseLost in the caller, which must not go on with effects. Any
 other failure of a beat (a database blip) is logged and the block is beaten again at its next
@@ -37,6 +39,12 @@ log = logging.getLogger("agentops.heartbeats")
 
 # How long leaving a block waits for its beat in progress (one short UPDATE) if the database hangs.
 BEAT_IN_PROGRESS_WAIT_SECONDS = 5.0
+# One thread beats a few hundred blocks in time. When a due beat has waited this long behind the
+# others (a slow database, a thousand calls of minutes each), another thread joins, up to BEATERS;
+# each takes at most ROUND blocks at once, so they share a backlog.
+BEHIND_SECONDS = 1.0
+BEATERS = 4
+ROUND = 16
 
 
 def heartbeat_interval_seconds(ctx: ActivityContext) -> float:
@@ -78,21 +86,27 @@ class keep_alive:  # noqa: N801 - used as a context manager, like contextlib's
 
 
 class Heartbeater:
-    """The process's heartbeat thread and its queue of blocks, earliest beat first."""
+    """The process's heartbeat threads (one, unless beats fall behind) and their queue of blocks,
+    earliest beat first."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._queue: list[tuple[float, int, keep_alive]] = []  # (beat at, monotonic; order; block)
         self._order = itertools.count()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     def add(self, block: keep_alive) -> None:
         with self._lock:
             self._push(block, time.monotonic() + block.interval)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="agentops-heartbeats", daemon=True)
-                self._thread.start()
+            self._threads = [thread for thread in self._threads if thread.is_alive()]
+            if not self._threads:
+                self._start()
+
+    def _start(self) -> None:
+        thread = threading.Thread(target=self._run, name="agentops-heartbeats", daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def remove(self, block: keep_alive) -> None:
         with self._lock:
@@ -109,44 +123,41 @@ class Heartbeater:
 
     def _due(self) -> list[keep_alive] | None:
         """Wait for the next beat; the blocks due, marked as being beaten. None when no block is left
-        (an ended block's entry is dropped when its turn comes)."""
+        (an ended block's entry is dropped when its turn comes): the calling thread then ends, and
+        the next block added starts one."""
         with self._lock:
             while True:
                 while self._queue and self._queue[0][2].done:
                     heapq.heappop(self._queue)
                 if not self._queue:
+                    self._threads.remove(threading.current_thread())
                     return None
                 now = time.monotonic()
                 if self._queue[0][0] <= now:
                     break
                 self._changed.wait(self._queue[0][0] - now)
-            due = []
-            while self._queue and self._queue[0][0] <= now:
+            due: list[keep_alive] = []
+            while self._queue and self._queue[0][0] <= now and len(due) < ROUND:
                 block = heapq.heappop(self._queue)[2]
                 if not block.done:
                     block.beating = True
                     block.beaten.clear()
                     due.append(block)
+            if self._queue and now - self._queue[0][0] > BEHIND_SECONDS and len(self._threads) < BEATERS:
+                self._start()
             return due
-
-    def _idle(self) -> None:
-        with self._lock:
-            while not self._queue:
-                self._changed.wait()
 
     def _run(self) -> None:
         from django.db import connection
 
-        while True:
-            due = self._due()
-            if due is None:
-                connection.close()  # nothing left to beat: hold no connection while idle
-                self._idle()
-                continue
-            try:
-                self._round(due)
-            except Exception:  # the heartbeater outlives any failure; each block is beaten again at its turn
-                log.exception("heartbeats.round.failed")
+        try:
+            while (due := self._due()) is not None:
+                try:
+                    self._round(due)
+                except Exception:  # the thread outlives any failure; each block is beaten again at its turn
+                    log.exception("heartbeats.round.failed")
+        finally:
+            connection.close()  # nothing left to beat: the thread ends and holds no connection
 
     def _round(self, due: list[keep_alive]) -> None:
         for block in due:
