@@ -69,8 +69,8 @@ class keep_alive:  # noqa: N801 - used as a context manager, like contextlib's
         self.lost: LeaseLost | None = None
         self.interval = heartbeat_interval_seconds(ctx)
         self.done = False  # the block ended: beat no more (the heap entry is dropped when it comes up)
-        self.beating = False  # the heartbeater is beating it right now
-        self.beaten = threading.Event()  # set by the heartbeater when a beat in progress is over
+        self.idle = threading.Event()  # set unless a heartbeat thread is beating it right now
+        self.idle.set()
 
     def __enter__(self) -> keep_alive:
         connection_release_while_waiting()
@@ -111,9 +111,8 @@ class Heartbeater:
     def remove(self, block: keep_alive) -> None:
         with self._lock:
             block.done = True
-            beating = block.beating
-        if beating:  # a beat in progress is one short UPDATE; do not wait on it forever if the database hangs
-            block.beaten.wait(BEAT_IN_PROGRESS_WAIT_SECONDS)
+        # A beat in progress is one short UPDATE; do not wait on it forever if the database hangs.
+        block.idle.wait(BEAT_IN_PROGRESS_WAIT_SECONDS)
 
     def _push(self, block: keep_alive, at: float) -> None:
         earliest = self._queue[0][0] if self._queue else None
@@ -140,8 +139,7 @@ class Heartbeater:
             while self._queue and self._queue[0][0] <= now and len(due) < ROUND:
                 block = heapq.heappop(self._queue)[2]
                 if not block.done:
-                    block.beating = True
-                    block.beaten.clear()
+                    block.idle.clear()
                     due.append(block)
             if self._queue and now - self._queue[0][0] > BEHIND_SECONDS and len(self._threads) < BEATERS:
                 self._start()
@@ -166,8 +164,7 @@ class Heartbeater:
                 lost = self._beat(block)
             finally:
                 with self._lock:
-                    block.beating = False
-                    block.beaten.set()
+                    block.idle.set()
                     if lost is not None:
                         block.lost = lost
                     elif not block.done:
