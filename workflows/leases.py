@@ -51,6 +51,10 @@ class Claim:
     tenant: str = ""
     kind: str = ""
     priority: int = 5
+    # Whether the workflow had a budget limit (total or hourly) when the attempt was claimed: only
+    # then does a model call ask the provider to count its input for the reservation
+    # (agentops.budgets.metered_complete). True (the test kit): it may have one.
+    budget_limited: bool = True
 
 
 class Lease(Protocol):

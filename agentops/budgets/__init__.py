@@ -166,8 +166,9 @@ def metered_complete(
 
     Every request the call sends (the SDK's in-process retries included) has its own ledger
     row, ``<operation_id>#<call>@<attempt>.<n>`` (``LedgerMeter``): reserved before it leaves the
-    process at an upper estimate (the provider's token count of the input, else one token per
-    four characters, all of it priced as a cache write of ``prefix_cache_ttl``, plus every
+    process at an upper estimate (the provider's token count of the input when the workflow had a
+    budget limit at the attempt's claim, else one token per four characters, all of it priced as a
+    cache write of ``prefix_cache_ttl``, plus every
     allowed output token; a later turn of the same conversation, whose messages extend the
     previous call's, adds that call's reported input and output to an estimate of what was
     added, and asks the provider nothing), checked against the budget (raising BudgetDeferred or BudgetExhausted at the
@@ -188,7 +189,9 @@ def metered_complete(
     with keep_alive(ctx, f"preparing model call {call}") as beat:
         provider, ledger = stand_ins if stand_ins is not None else (provider_for(ctx), DATABASE_LEDGER)
         input_tokens = _continued_conversation_tokens(ctx, system=system, messages=messages, tools=tools)
-        if input_tokens is None:
+        if input_tokens is None and ctx.claim.budget_limited:
+            # A count is a request too (a third of them, in a short conversation); it only makes the
+            # reservation exact, which matters only where a budget can refuse it.
             input_tokens = provider.count_tokens(system=system, messages=messages, tools=tools)
     beat.raise_if_lost()
     if input_tokens is None:

@@ -87,6 +87,37 @@ def test_a_request_is_reserved_at_the_counted_tokens_else_the_estimate(
     assert entry.cost_usd == cost_usd(MODEL, response.usage) <= entry.reserved_usd
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(("budget", "counted"), [
+    ({}, False), ({"budget_total_usd": Decimal("5")}, True), ({"budget_hourly_usd": Decimal("1")}, True),
+], ids=["no budget", "total budget", "hourly budget"])
+def test_only_a_workflow_with_a_budget_limit_has_its_input_counted(
+    claude: FakeAnthropicAPI, settings: Any, budget: dict[str, Decimal], counted: bool,
+) -> None:
+    """The count only makes a reservation exact, which matters where a budget can refuse it: an
+    attempt claimed while its workflow had no limit is reserved from the prompt's length, with
+    no request to the counting endpoint."""
+    from workflows import services
+    from workflows.models import Activity
+
+    settings.AGENTOPS_ANTHROPIC_COUNT_TOKENS = True
+    claude.script(fake.text("Three fixes and one new endpoint."))
+    workflow = services.workflow_launch(kind="autonomous", goal="Summarise the release", **budget)
+    activity = Activity.objects.get(workflow=workflow, status="scheduled")
+    claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="w", task_id="t")
+    assert claim is not None and claim.budget_limited is counted
+
+    metered_complete(ActivityContext(claim=claim, lease=FakeLease()), call=0, system=LONG_SYSTEM, messages=MESSAGES,
+                     max_tokens=300)
+
+    assert len(claude.counts) == (1 if counted else 0)
+    [entry] = UsageEntry.objects.filter(workflow=workflow)
+    tokens = (sum(tokens_of(block) for _, block in rendered_blocks(claude.requests[0].body)) if counted
+              else estimated_input_tokens(system=LONG_SYSTEM, messages=MESSAGES, tools=None))
+    assert entry.reserved_usd == estimate_usd(MODEL, input_tokens=tokens, max_tokens=300)
+    assert entry.status == "charged"
+
+
 def _context(workflow_id: int) -> ActivityContext:
     claim = Claim(activity_id=0, workflow_id=workflow_id, operation_id=f"wf-{workflow_id}/EXECUTION.1/i1/0",
                   name="summarise", attempt=1, lease_token="t", input={}, previous_attempt_lost=False)

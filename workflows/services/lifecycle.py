@@ -184,6 +184,7 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
         release_policy=workflow.release_policy, release_provisional=workflow.release_provisional,
         fallback_model=workflow.fallback_model, tenant=activity.tenant, kind=workflow.kind,
         priority=workflow.priority,
+        budget_limited=workflow.budget_total_usd is not None or workflow.budget_hourly_usd is not None,
         # Only a workflow with a fallback needs the streak: one query less on the hot path.
         throttled_in_a_row=throttled_streak(activity.pk, before=activity.attempt) if workflow.fallback_model else 0,
     )
