@@ -71,6 +71,22 @@ def row_insert(instance: models.Model) -> None:
     instance._state.adding, instance._state.db = False, connection.alias
 
 
+def row_insert_unless_exists(instance: models.Model, *, unique: str) -> bool:
+    """``row_insert`` unless a row with the same ``unique`` field (a column under a unique
+    constraint) exists: one ``INSERT … ON CONFLICT DO NOTHING``. True when inserted (the key set),
+    False when the other row was there, changing nothing."""
+    model = type(instance)
+    params = [_db_value(field, getattr(instance, field.attname)) for field in _fields_but_pk(model)]
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_unless_exists_sql(model, unique), params)
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    instance.pk = row[0]
+    instance._state.adding, instance._state.db = False, connection.alias
+    return True
+
+
 def row_update(model: type[models.Model], values: Mapping[str, Any], where: Where) -> int:
     """``model.objects.filter(**where).update(**values)``, for equality and one-of conditions;
     returns the rows updated."""
@@ -267,6 +283,18 @@ def _insert_returning_sql(model: type[models.Model]) -> str:
     returning = f" RETURNING {quoted_column(pk)}" if connection.features.can_return_columns_from_insert else ""
     return (f"INSERT INTO {quoted_table(model)} ({', '.join(quoted_column(f) for f in fields)}) "
             f"VALUES ({', '.join(['%s'] * len(fields))}){returning}")
+
+
+@functools.cache
+def _insert_unless_exists_sql(model: type[models.Model], unique: str) -> str:
+    pk, field = model._meta.pk, concrete_field(model, unique)
+    assert pk is not None
+    if not (field.unique and connection.features.can_return_columns_from_insert):
+        raise TypeError(f"{model.__name__}.{unique} is not unique, or the database returns no inserted key")
+    fields = _fields_but_pk(model)
+    return (f"INSERT INTO {quoted_table(model)} ({', '.join(quoted_column(f) for f in fields)}) "
+            f"VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT ({quoted_column(field)}) DO NOTHING "
+            f"RETURNING {quoted_column(pk)}")
 
 
 @functools.cache

@@ -162,7 +162,7 @@ def test_the_sql_of_a_transition_moves_only_rows_in_its_sources(
 # --- nothing else writes these statuses -------------------------------------------------------------
 
 LIFECYCLE_TABLES = {"Activity", "ActivityAttempt"}
-SQL_WRITES = {"row_update", "rows_insert", "row_insert"}
+SQL_WRITES = {"row_update", "rows_insert", "row_insert", "row_insert_unless_exists"}
 ORM_WRITES = {"update", "create", "get_or_create", "update_or_create", "bulk_create", "bulk_update"}
 MENTIONS = ("Activity", "activit", "attempt", "compensation")
 

@@ -11,9 +11,9 @@ from django_fsm import ConcurrentTransition
 
 from workflows import clock, services
 from workflows.errors import NotFound
-from workflows.models import Activity, Event, Workflow
+from workflows.models import Activity, Event, ProgressSample, Workflow
 from workflows.services.common import events_append, workflow_lock, workflow_save
-from workflows.sql import _db_value, row_get
+from workflows.sql import _db_value, row_get, row_insert_unless_exists
 
 pytestmark = pytest.mark.django_db
 
@@ -82,3 +82,27 @@ def test_events_appended_take_the_next_numbers_and_a_missing_workflow_changes_no
     with pytest.raises(NotFound):
         events_append(pk + 1000, [("test.one", now, {})])
     assert not Event.objects.filter(workflow_id=pk + 1000).exists()
+
+
+def test_an_insert_unless_exists_inserts_once_and_then_changes_nothing() -> None:
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    at = clock.now()
+    first = ProgressSample(workflow=workflow, operation_id="op-1", percent=40, confidence=0.5,
+                           achievements=["a"], created_at=at)
+
+    assert row_insert_unless_exists(first, unique="operation_id") is True
+    assert first.pk is not None and not first._state.adding
+    stored = ProgressSample.objects.get(operation_id="op-1")
+    assert (stored.pk, stored.percent, stored.achievements, stored.remaining) == (first.pk, 40, ["a"], [])
+
+    again = ProgressSample(workflow=workflow, operation_id="op-1", percent=90, confidence=0.9, created_at=at)
+    assert row_insert_unless_exists(again, unique="operation_id") is False
+    assert again.pk is None
+    assert list(ProgressSample.objects.values_list("operation_id", "percent")) == [("op-1", 40)]
+
+
+def test_an_insert_unless_exists_needs_a_unique_field() -> None:
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    sample = ProgressSample(workflow=workflow, operation_id="op-1", percent=40, confidence=0.5, created_at=clock.now())
+    with pytest.raises(TypeError, match="percent is not unique"):
+        row_insert_unless_exists(sample, unique="percent")

@@ -14,6 +14,7 @@ from workflows.models import Activity, Event, ProgressSample, Workflow
 from workflows.services.common import event_record, workflow_lock, workflow_save
 from workflows.services.failures import row_isolated
 from workflows.services.steps import STAGNATION_PAUSE_PREFIX, enter_node
+from workflows.sql import row_insert_unless_exists
 
 logger = logging.getLogger("agentops.progress")
 
@@ -48,14 +49,16 @@ def progress_record_once(*, workflow: Workflow, operation_id: str, result: Any, 
     """Store the sample of one verification. Idempotent: unique ``operation_id``."""
     progress = progress_validate(result)
     hours = progress.get("estimated_hours_left")
-    sample, _ = ProgressSample.objects.get_or_create(
-        operation_id=operation_id,
-        defaults={
-            "workflow": workflow, "percent": progress["percent"], "confidence": float(progress["confidence"]),
-            "achievements": progress.get("achievements", []), "remaining": progress.get("remaining", []),
-            "estimated_completion": now + timedelta(hours=hours) if hours is not None else None, "created_at": now,
-        },
+    sample = ProgressSample(
+        workflow=workflow, operation_id=operation_id, percent=progress["percent"],
+        confidence=float(progress["confidence"]), achievements=progress.get("achievements", []),
+        remaining=progress.get("remaining", []),
+        estimated_completion=now + timedelta(hours=hours) if hours is not None else None, created_at=now,
     )
+    # One statement where get_or_create takes four (a read, a savepoint around the insert): every
+    # verification of every autonomous agent stores one.
+    if not row_insert_unless_exists(sample, unique="operation_id"):
+        sample = ProgressSample.objects.get(operation_id=operation_id)
     return sample
 
 

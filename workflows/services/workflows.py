@@ -269,10 +269,11 @@ def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
         return advance_cancellation(workflow)
     definition = registry.definition(workflow.kind)
     goal = functools.cache(lambda: selectors.current_goal(workflow))
+    entered = False  # a visit this advance entered has no activities until it schedules one, which ends it
     for _ in range(MAX_STEPS_PER_ADVANCE):
         now = clock.now()
         ctx: engine.NodeContext[Any] = engine.NodeContext(
-            selectors.snapshot(workflow, goal), selectors.recorded_activities(workflow),
+            selectors.snapshot(workflow, goal), {} if entered else selectors.recorded_activities(workflow),
             functools.partial(selectors.recorded_waits, workflow))
         # A NonDeterminismError (the definition changed under this workflow) propagates to the
         # failure boundary: recorded, retried with backoff, then paused for a person.
@@ -289,6 +290,7 @@ def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
             return Outcome.SUSPENDED
         if isinstance(decision, engine.Goto):
             enter_node(workflow, decision.node, decision.updates, now=now)
+            entered = True
             if decision.pause:
                 _pause_for_definition(workflow, decision.pause, now=now)
                 return Outcome.APPLIED
