@@ -130,10 +130,12 @@ class AnthropicProvider:
         client = self._sdk()
         metering = _meter.set(meter)  # for Metered, the client's innermost middleware
         try:
+            message: object
             if on_delta is None:
-                message = client.messages.create(**request)
+                answer = client.messages.with_raw_response.create(**request)
+                message, request_id = answer.parse(to=dict[str, Any]), answer.request_id
             else:
-                message = self._streamed(client, request, on_delta)
+                message, request_id = self._streamed(client, request, on_delta)
         except anthropic.AnthropicError as exc:
             raise self._mapped(exc) from None
         except json.JSONDecodeError as exc:  # the SDK lets a 2xx body that is not JSON through as is
@@ -144,22 +146,20 @@ class AnthropicProvider:
             ) from None
         finally:
             _meter.reset(metering)
-        return self._response(message)
+        return self._response(message, str(request_id or ""))
 
     @staticmethod
     def _streamed(client: anthropic.Anthropic, request: dict[str, Any],
-                  on_delta: Callable[[dict[str, str]], None]) -> object:
+                  on_delta: Callable[[dict[str, str]], None]) -> tuple[object, str | None]:
         """The same call, streamed: each text and tool-input delta goes to ``on_delta`` as it comes;
-        the answer is the stream's final message, checked like any other."""
+        the answer is the stream's final message (as JSON) and its request id, checked like any other."""
         with client.messages.stream(**request) as stream:
             for event in stream:
                 if event.type == "text":
                     on_delta({"text": event.text})
                 elif event.type == "input_json":
                     on_delta({"tool_input": event.partial_json})
-            message = stream.get_final_message()
-            message._request_id = stream.request_id  # what ``create`` sets on its answer
-        return message
+            return stream.get_final_message().model_dump(mode="json", exclude_none=True), stream.request_id
 
     def count_tokens(
         self, *, system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
@@ -212,10 +212,12 @@ class AnthropicProvider:
             middleware=[NoLongInlineRetries(), Metered()],
         )
 
-    def _response(self, message: object) -> ModelResponse:
-        """Check the answer's shape (the SDK does not) and turn it into a ``ModelResponse``."""
-        request_id = str(getattr(message, "_request_id", "") or "")
+    def _response(self, message: object, request_id: str) -> ModelResponse:
+        """Check the answer's shape (the SDK does not) and turn it into a ``ModelResponse``.
 
+        ``message`` is the answer's JSON as decoded (a streamed answer's final message, dumped):
+        reading it is a tenth of what building the SDK's typed ``Message`` from it costs, on every call.
+        """
         def malformed(what: str) -> Retryable:
             # A truncated or foreign body (a proxy's error page, a cut connection) is a glitch of the
             # way there, not of the work: the activity's retry policy bounds how often it is tried.
@@ -225,57 +227,59 @@ class AnthropicProvider:
                 "ANTHROPIC_BASE_URL.", provider=self.name, request_id=request_id, retry_after_seconds=None,
             )
 
-        if not isinstance(message, anthropic.types.Message):
+        if not isinstance(message, dict) or message.get("type") != "message":
             raise malformed(f"a {type(message).__name__}, not a message")
-        if not isinstance(message.content, list):
+        blocks, stop_reason, usage = message.get("content"), message.get("stop_reason"), message.get("usage")
+        if not isinstance(blocks, list):
             raise malformed("no content list")
-        if not isinstance(message.stop_reason, str):
+        if not isinstance(stop_reason, str):
             raise malformed("no stop_reason")
-        usage = message.usage
-        if usage is None or not isinstance(usage.input_tokens, int) or not isinstance(usage.output_tokens, int):
+        if not (isinstance(usage, dict) and _is_count(usage.get("input_tokens"))
+                and _is_count(usage.get("output_tokens"))):
             raise malformed("no usage")
         texts: list[str] = []
         tool_calls: list[dict[str, Any]] = []
         content: list[dict[str, Any]] = []
-        blocks: list[Any] = list(message.content)  # checked field by field: the SDK does not validate
         for block in blocks:
-            kind = getattr(block, "type", None)
+            kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
-                text = getattr(block, "text", None)
+                text = block.get("text")
                 if not isinstance(text, str):
                     raise malformed("a text block without text")
                 texts.append(text)
                 content.append({"type": "text", "text": text})
             elif kind == "tool_use":
-                call = {"id": getattr(block, "id", None), "name": getattr(block, "name", None),
-                        "input": getattr(block, "input", None)}
+                call = {"id": block.get("id"), "name": block.get("name"), "input": block.get("input")}
                 if not (isinstance(call["id"], str) and isinstance(call["name"], str)
                         and isinstance(call["input"], dict)):
                     raise malformed("a tool_use block without id, name or input")
                 tool_calls.append(call)
                 content.append({"type": "tool_use", **call})
-            elif isinstance(kind, str) and hasattr(block, "model_dump"):
-                content.append(block.model_dump(mode="json", exclude_none=True))  # thinking, server tools: kept
+            elif isinstance(kind, str):
+                content.append(_without_nulls(block))  # thinking, server tools: kept, sent back as they came
             else:
                 raise malformed("a content block without a type")
+        cache_creation = usage.get("cache_creation")
         counted = Usage(
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cache_read_input_tokens=usage.cache_read_input_tokens or 0,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
-            cache_creation_1h_input_tokens=getattr(usage.cache_creation, "ephemeral_1h_input_tokens", 0) or 0,
+            input_tokens=usage["input_tokens"],
+            output_tokens=usage["output_tokens"],
+            cache_read_input_tokens=_count(usage, "cache_read_input_tokens"),
+            cache_creation_input_tokens=_count(usage, "cache_creation_input_tokens"),
+            cache_creation_1h_input_tokens=(_count(cache_creation, "ephemeral_1h_input_tokens")
+                                            if isinstance(cache_creation, dict) else 0),
         )
-        if message.stop_reason == "refusal":
-            details = message.stop_details
-            category = (details.category if details else None) or "unspecified"
-            explanation = f": {details.explanation}" if details and details.explanation else ""
+        if stop_reason == "refusal":
+            details = message.get("stop_details")
+            details = details if isinstance(details, dict) else {}
+            category = details.get("category") or "unspecified"
+            explanation = f": {details['explanation']}" if details.get("explanation") else ""
             raise Permanent(
                 f"{self.model} declined the request (refusal, category {category}){explanation}. Retrying the same "
                 "request will not change that; rephrase the goal or review what the workflow asked for.",
                 provider=self.name, stop_reason="refusal", category=category, request_id=request_id,
                 usage=dataclasses.asdict(counted),
             )
-        return ModelResponse(text="".join(texts), stop_reason=message.stop_reason, usage=counted,
+        return ModelResponse(text="".join(texts), stop_reason=stop_reason, usage=counted,
                              tool_calls=tool_calls, content=content, request_id=request_id)
 
     def _mapped(self, exc: anthropic.AnthropicError) -> AgentOpsError:
@@ -456,6 +460,25 @@ def rate_limit_info(headers: Any, *, status: int) -> RateLimitInfo | None:
     if not limits and not remaining and wait is None:
         return None
     return RateLimitInfo(limits=limits, remaining=remaining, retry_after_seconds=wait)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _count(fields: dict[str, Any], name: str) -> int:
+    """A token count of the answer's usage; 0 when it is absent (or not a count)."""
+    value = fields.get(name)
+    return value if isinstance(value, int) and _is_count(value) else 0
+
+
+def _without_nulls(value: Any) -> Any:
+    """A block of the answer as the SDK's ``model_dump(exclude_none=True)`` gives it: no null fields."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
 
 
 def retry_after_seconds(headers: Any) -> float | None:

@@ -175,6 +175,19 @@ def test_thinking_blocks_are_kept_for_the_round_trip(anthropic_api: FakeAnthropi
     assert response.assistant_turn()["content"] == response.content
 
 
+def test_a_server_tool_block_is_kept_without_its_null_fields(anthropic_api: FakeAnthropicAPI) -> None:
+    """A block agentops does not read is sent back as it came, less its null fields (as the SDK's
+    ``model_dump(exclude_none=True)`` gave it when answers were parsed into its types)."""
+    answer = Answer(content=[
+        {"type": "server_tool_use", "id": "srvtoolu_01", "name": "web_search", "input": {"query": "release notes"},
+         "caller": None, "extra": {"kept": 1, "dropped": None}},
+        {"type": "text", "text": "Found them."}], stop_reason="end_turn")
+    response = ask(make_provider(anthropic_api, answer))
+    assert response.content[0] == {"type": "server_tool_use", "id": "srvtoolu_01", "name": "web_search",
+                                   "input": {"query": "release notes"}, "extra": {"kept": 1}}
+    assert response.text == "Found them."
+
+
 # --- retryable failures -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("max_retries", [0, 1, 2])
