@@ -17,7 +17,7 @@ from workflows.sql import _db_value, row_get, row_insert_unless_exists
 
 pytestmark = pytest.mark.django_db
 
-SAMPLES = ("a value", 7, True, datetime(2026, 12, 3, 4, 50, tzinfo=UTC))
+SAMPLES = ("a value", 7, True, datetime(2026, 12, 3, 4, 50, tzinfo=UTC), None)
 
 
 def test_a_value_on_a_fast_path_is_what_the_field_would_store() -> None:
