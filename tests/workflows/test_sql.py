@@ -7,12 +7,13 @@ import pytest
 from django.apps import apps
 from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
 from django_fsm import ConcurrentTransition
 
 from workflows import clock, services
 from workflows.errors import NotFound
 from workflows.models import Activity, Event, ProgressSample, Workflow
-from workflows.services.common import events_append, workflow_lock, workflow_save
+from workflows.services.common import event_record, events_append, events_batched, workflow_lock, workflow_save
 from workflows.sql import _db_value, row_get, row_insert_unless_exists
 
 pytestmark = pytest.mark.django_db
@@ -82,6 +83,22 @@ def test_events_appended_take_the_next_numbers_and_a_missing_workflow_changes_no
     with pytest.raises(NotFound):
         events_append(pk + 1000, [("test.one", now, {})])
     assert not Event.objects.filter(workflow_id=pk + 1000).exists()
+
+
+def test_a_batch_of_events_is_written_with_the_workflows_sequence_in_one_statement() -> None:
+    pk = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
+    now = clock.now()
+    with transaction.atomic():
+        workflow = workflow_lock(pk)
+        before = workflow.event_seq
+        with CaptureQueriesContext(connection) as writes, events_batched(workflow):
+            for n in range(3):
+                event_record(workflow=workflow, kind="test.batched", at=now, n=n, text="it's \"quoted\"")
+    assert len(writes.captured_queries) == (1 if connection.vendor == "postgresql" else 2)
+    assert list(Event.objects.filter(workflow_id=pk, seq__gt=before).order_by("seq").values_list(
+        "seq", "kind", "data")) == [(before + n + 1, "test.batched", {"n": n, "text": "it's \"quoted\""})
+                                     for n in range(3)]
+    assert Workflow.objects.values_list("event_seq", flat=True).get(pk=pk) == before + 3
 
 
 def test_an_insert_unless_exists_inserts_once_and_then_changes_nothing() -> None:
