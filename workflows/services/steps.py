@@ -225,15 +225,19 @@ def wait_check_lengths(workflow: Workflow, command: engine.OpenWait) -> None:
             )
 
 
-def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: datetime) -> None:
+def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: datetime,
+               left_live: bool = True) -> None:
     """Leave the current node visit for a new visit of ``node``. Work the left visit still has
-    in flight (a replan leaves a running task behind) is voided, its possible effects compensated."""
+    in flight (a replan leaves a running task behind) is voided, its possible effects compensated.
+    ``left_live`` False: the caller read every activity of the visit under the row lock and none
+    was live, so they are not looked for again."""
     from workflows.services.cancellation import children_cancel_live  # it imports this module
 
     previous = workflow.current_node
-    left = live_work_void(workflow, now=now, reason=f"node {previous} (visit {workflow.node_visit}) was left",
-                          visit=workflow.node_visit)
-    commitments_compensate(workflow, left, now=now)
+    if left_live:
+        left = live_work_void(workflow, now=now, reason=f"node {previous} (visit {workflow.node_visit}) was left",
+                              visit=workflow.node_visit)
+        commitments_compensate(workflow, left, now=now)
     children_cancel_live(workflow, why=f"left node {previous} (visit {workflow.node_visit}) that started it",
                          by="node left", now=now, visit=workflow.node_visit)
     # Only what changed is written: long values once (blobs), the checkpoint as a delta

@@ -36,6 +36,7 @@ from workflows.services.failures import (
     handler_failures_clear,
 )
 from workflows.services.labels import labels_checked
+from workflows.services.lifecycle import LIVE
 from workflows.services.pauses import operator_resume_locked
 from workflows.services.steps import (
     MAX_GOAL_CHARS,
@@ -272,9 +273,11 @@ def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
     entered = False  # a visit this advance entered has no activities until it schedules one, which ends it
     for _ in range(MAX_STEPS_PER_ADVANCE):
         now = clock.now()
+        # Every activity of the visit, read under the row lock that every change of their status
+        # but a lease's (running to scheduled, live either way) holds.
+        recorded = {} if entered else selectors.recorded_activities(workflow)
         ctx: engine.NodeContext[Any] = engine.NodeContext(
-            selectors.snapshot(workflow, goal), {} if entered else selectors.recorded_activities(workflow),
-            functools.partial(selectors.recorded_waits, workflow))
+            selectors.snapshot(workflow, goal), recorded, functools.partial(selectors.recorded_waits, workflow))
         # A NonDeterminismError (the definition changed under this workflow) propagates to the
         # failure boundary: recorded, retried with backoff, then paused for a person.
         decision = engine.decide(definition, ctx)
@@ -289,7 +292,8 @@ def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
                 workflow_save(workflow, "status", at=now)
             return Outcome.SUSPENDED
         if isinstance(decision, engine.Goto):
-            enter_node(workflow, decision.node, decision.updates, now=now)
+            enter_node(workflow, decision.node, decision.updates, now=now,
+                       left_live=any(a.status in LIVE for a in recorded.values()))
             entered = True
             if decision.pause:
                 _pause_for_definition(workflow, decision.pause, now=now)
