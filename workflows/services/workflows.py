@@ -273,8 +273,8 @@ def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
     entered = False  # a visit this advance entered has no activities until it schedules one, which ends it
     for _ in range(MAX_STEPS_PER_ADVANCE):
         now = clock.now()
-        # Every activity of the visit, read under the row lock that every change of their status
-        # but a lease's (running to scheduled, live either way) holds.
+        # Every activity of the visit, read under the workflow's row lock, which every change of
+        # their status holds (a lease's expiry too).
         recorded = {} if entered else selectors.recorded_activities(workflow)
         ctx: engine.NodeContext[Any] = engine.NodeContext(
             selectors.snapshot(workflow, goal), recorded, functools.partial(selectors.recorded_waits, workflow))
