@@ -25,7 +25,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import anthropic
 from django.conf import settings
@@ -462,14 +462,14 @@ def rate_limit_info(headers: Any, *, status: int) -> RateLimitInfo | None:
     return RateLimitInfo(limits=limits, remaining=remaining, retry_after_seconds=wait)
 
 
-def _is_count(value: object) -> bool:
+def _is_count(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _count(fields: dict[str, Any], name: str) -> int:
     """A token count of the answer's usage; 0 when it is absent (or not a count)."""
     value = fields.get(name)
-    return value if isinstance(value, int) and _is_count(value) else 0
+    return value if _is_count(value) else 0
 
 
 def _without_nulls(value: Any) -> Any:
