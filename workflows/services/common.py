@@ -67,26 +67,36 @@ def events_append(workflow_id: int, events: list[tuple[str, datetime, dict[str, 
     if connection.vendor != "postgresql":
         events_insert(workflow_id, event_seq_take(workflow_id, len(events)), events)
         return
+    _events_with_seq(workflow_id, len(events), [(n, kind, at, data) for n, (kind, at, data) in enumerate(events)],
+                     numbered=False)
+
+
+def _events_with_seq(workflow_id: int, seq_param: int, rows: list[tuple[int, str, datetime, dict[str, Any]]], *,
+                     numbered: bool) -> None:
+    """Write the workflow's ``event_seq`` and insert ``rows`` (n, kind, time, data) in one
+    statement (PostgreSQL): ``numbered``, n is each event's number and ``seq_param`` the new
+    ``event_seq``; else the next ``seq_param`` numbers are taken and n counts from 0 among them."""
     data = concrete_field(Event, "data")
-    params: list[Any] = [len(events), workflow_id]
-    for n, (kind, at, payload) in enumerate(events):
+    params: list[Any] = [seq_param, workflow_id]
+    for n, kind, at, payload in rows:
         params += [n, kind, data.get_db_prep_save(payload, connection), at]
     with connection.cursor() as cursor:
-        cursor.execute(_events_append_sql(len(events)), params)
-        if cursor.rowcount != len(events):
+        cursor.execute(_events_with_seq_sql(len(rows), numbered), params)
+        if cursor.rowcount != len(rows):
             raise workflow_not_found(workflow_id)
 
 
 @functools.cache
-def _events_append_sql(count: int) -> str:
+def _events_with_seq_sql(count: int, numbered: bool) -> str:
     table, seq, id_ = quoted_table(Workflow), quoted_column(concrete_field(Workflow, "event_seq")), \
         quoted_column(concrete_field(Workflow, "id"))
     columns = ", ".join(quoted_column(concrete_field(Event, name))
                         for name in ("workflow", "seq", "kind", "data", "created_at"))
     rows = ", ".join(["(%s::integer, %s::text, %s::jsonb, %s::timestamptz)"] * count)
-    return (f"WITH taken AS (UPDATE {table} SET {seq} = {seq} + %s WHERE {id_} = %s RETURNING {id_}, {seq}) "
+    update, number = (f"{seq} = %s", "v.n") if numbered else (f"{seq} = {seq} + %s", f"taken.{seq} - {count} + 1 + v.n")
+    return (f"WITH taken AS (UPDATE {table} SET {update} WHERE {id_} = %s RETURNING {id_}, {seq}) "
             f"INSERT INTO {quoted_table(Event)} ({columns}) "
-            f"SELECT taken.{id_}, taken.{seq} - {count} + 1 + v.n, v.kind, v.data, v.created_at "
+            f"SELECT taken.{id_}, {number}, v.kind, v.data, v.created_at "
             f"FROM taken, (VALUES {rows}) AS v (n, kind, data, created_at)")
 
 
@@ -155,27 +165,8 @@ def _events_write(workflow: Workflow, events: list[Event]) -> None:
         events_insert(workflow.pk, events[0].seq, [(e.kind, e.created_at, e.data) for e in events])
         row_update(Workflow, {"event_seq": workflow.event_seq}, {"id": workflow.pk})
         return
-    data = concrete_field(Event, "data")
-    params: list[Any] = [workflow.event_seq, workflow.pk]
-    for event in events:
-        params += [event.seq, event.kind, data.get_db_prep_save(event.data, connection), event.created_at]
-    with connection.cursor() as cursor:
-        cursor.execute(_events_write_sql(len(events)), params)
-        if cursor.rowcount != len(events):
-            raise workflow_not_found(workflow.pk)
-
-
-@functools.cache
-def _events_write_sql(count: int) -> str:
-    table, seq, id_ = quoted_table(Workflow), quoted_column(concrete_field(Workflow, "event_seq")), \
-        quoted_column(concrete_field(Workflow, "id"))
-    columns = ", ".join(quoted_column(concrete_field(Event, name))
-                        for name in ("workflow", "seq", "kind", "data", "created_at"))
-    rows = ", ".join(["(%s::integer, %s::text, %s::jsonb, %s::timestamptz)"] * count)
-    return (f"WITH written AS (UPDATE {table} SET {seq} = %s WHERE {id_} = %s RETURNING {id_}) "
-            f"INSERT INTO {quoted_table(Event)} ({columns}) "
-            f"SELECT written.{id_}, v.seq, v.kind, v.data, v.created_at "
-            f"FROM written, (VALUES {rows}) AS v (seq, kind, data, created_at)")
+    _events_with_seq(workflow.pk, workflow.event_seq, [(e.seq, e.kind, e.created_at, e.data) for e in events],
+                     numbered=True)
 
 
 def events_pending(workflow: Workflow) -> int:
