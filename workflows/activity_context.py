@@ -9,11 +9,16 @@ from typing import Any
 from django.conf import settings
 
 from workflows import faults
-from workflows.leases import Claim, Lease, LeaseLost
+from workflows.leases import Claim, Fence, Lease, LeaseLost
 
 __all__ = ["ActivityContext", "Claim", "LeaseLost"]
 
 LEASE_LOST = "was taken over or its work is no longer wanted; stopping without recording a result"
+
+
+def _before(effect: str) -> str:
+    """What a fenced attempt shows it is doing (its heartbeat detail)."""
+    return f"before {effect}"[:200]
 
 
 @dataclass
@@ -108,8 +113,12 @@ class ActivityContext:
         send ``idempotency_key`` to a target that remembers a compensated key
         (docs/deploy-protocol.md, "tombstones"), so the late effect is refused.
         """
-        if not self.lease.heartbeat(self.claim, f"before {effect}"[:200]):
+        if not self.lease.heartbeat(self.claim, _before(effect)):
             raise self._lease_lost(f"{LEASE_LOST}; {effect} was not made")
+
+    def fence_of(self, effect: str) -> Fence:
+        """``fence(effect)`` as a value, for what records the effect to run (``Fence``)."""
+        return Fence(claim=self.claim, detail=_before(effect), check=lambda: self.fence(effect))
 
     @property
     def resume(self) -> dict[str, Any] | None:

@@ -5,7 +5,7 @@ imports nothing of theirs.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,6 +55,18 @@ class Claim:
     # then does a model call ask the provider to count its input for the reservation
     # (agentops.budgets.metered_complete). True (the test kit): it may have one.
     budget_limited: bool = True
+
+
+@dataclass(frozen=True)
+class Fence:
+    """``ctx.fence(effect)`` handed to what records the effect: ``check()`` raises LeaseLost unless
+    the attempt still holds its lease and its work is still wanted. ``claim`` and ``detail`` (what
+    the lease's row is written with) let the database ledger check the same lease inside the
+    statement that reserves a model request instead (``workflows.services.budgets``)."""
+
+    claim: Claim
+    detail: str
+    check: Callable[[], None]
 
 
 class Lease(Protocol):

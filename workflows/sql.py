@@ -54,10 +54,26 @@ def rows_insert(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) ->
     fields = _insert_fields(model, names)
     params = []
     for row in rows:
-        params += [_db_value(field, row[field.name] if field.name in row else field.get_default(), db)
-                   for field in fields]
+        params += _row_params(fields, row, db)
     with db.cursor() as cursor:
         cursor.execute(_insert_sql(model, names, len(rows)), params)
+
+
+def insert_select_sql(model: type[models.Model], names: tuple[str, ...]) -> str:
+    """``INSERT INTO <model's table> (<columns>) SELECT <a value each>`` of ``rows_insert`` for one
+    row, for a statement written by hand that adds ``FROM`` and a condition; its parameters are
+    ``insert_params``. The INSERT gives each value its column's type, as with ``VALUES`` (a value
+    too long for its column is refused, not cut)."""
+    return _insert_select_sql(model, names)
+
+
+def insert_params(model: type[models.Model], row: Mapping[str, Any]) -> list[Any]:
+    """The values of ``insert_select_sql`` for ``row`` (field name -> value), defaults for the others."""
+    return _row_params(_insert_fields(model, tuple(row)), row, _db())
+
+
+def _row_params(fields: Sequence[models.Field[Any, Any]], row: Mapping[str, Any], db: BaseDatabaseWrapper) -> list[Any]:
+    return [_db_value(field, row[field.name] if field.name in row else field.get_default(), db) for field in fields]
 
 
 def row_insert(instance: models.Model) -> None:
@@ -96,7 +112,7 @@ def row_update(model: type[models.Model], values: Mapping[str, Any], where: Wher
     db = _db()
     params = [_db_value(concrete_field(model, name), value, db) for name, value in values.items()]
     with db.cursor() as cursor:
-        cursor.execute(_update_sql(model, tuple(values), _shape(where)), params + _where_params(model, where, db))
+        cursor.execute(_update_sql(model, tuple(values), where_shape(where)), params + where_params(model, where, db))
         return int(cursor.rowcount)
 
 
@@ -104,7 +120,7 @@ def row_exists(model: type[models.Model], where: Where) -> bool:
     """``model.objects.filter(**where).exists()``, for equality and one-of conditions."""
     db = _db()
     with db.cursor() as cursor:
-        cursor.execute(_exists_sql(model, _shape(where)), _where_params(model, where, db))
+        cursor.execute(_exists_sql(model, where_shape(where)), where_params(model, where, db))
         return cursor.fetchone() is not None
 
 
@@ -113,7 +129,7 @@ def rows_select(model: type[models.Model], names: tuple[str, ...], where: Where)
     no field conversion is applied (a JSON column comes back as text; decode it with its field)."""
     db = _db()
     with db.cursor() as cursor:
-        cursor.execute(_select_sql(model, names, _shape(where)), _where_params(model, where, db))
+        cursor.execute(_select_sql(model, names, where_shape(where)), where_params(model, where, db))
         return list(cursor.fetchall())
 
 
@@ -187,12 +203,18 @@ def _get_sql(model: type[models.Model], lock: bool, related: str | None
     return sql, fields, related_fields
 
 
-def _shape(where: Where) -> tuple[tuple[str, int], ...]:
-    """The conditions' names, each with how many values it lists (0 for an equality)."""
+WhereShape = tuple[tuple[str, int], ...]
+
+
+def where_shape(where: Where) -> WhereShape:
+    """The conditions' names, each with how many values it lists (0 for an equality): what the
+    text of a condition depends on (``where_sql``), as a key to cache a statement's text by."""
     return tuple((name, len(value) if isinstance(value, tuple) else 0) for name, value in where.items())
 
 
-def _where_params(model: type[models.Model], where: Where, db: BaseDatabaseWrapper) -> list[Any]:
+def where_params(model: type[models.Model], where: Where, db: BaseDatabaseWrapper | None = None) -> list[Any]:
+    """The values of ``where`` as its fields store them, in the order of ``where_sql``'s ``%s``."""
+    db = db or _db()
     params: list[Any] = []
     for name, value in where.items():
         field = concrete_field(model, name.removesuffix(AT_MOST))
@@ -270,7 +292,8 @@ def _datetime(field: models.Field[Any, Any], value: datetime, db: BaseDatabaseWr
     return db.ops.adapt_datetimefield_value(value)
 
 
-def _where_sql(model: type[models.Model], shape: tuple[tuple[str, int], ...]) -> str:
+def where_sql(model: type[models.Model], shape: WhereShape) -> str:
+    """A condition of the shape ``where_shape`` gives, for SQL written by hand."""
     conditions = []
     for name, count in shape:
         column = quoted_column(concrete_field(model, name.removesuffix(AT_MOST)))
@@ -293,6 +316,13 @@ def _insert_sql(model: type[models.Model], names: tuple[str, ...], count: int) -
     row = "(" + ", ".join(["%s"] * len(fields)) + ")"
     columns = ", ".join(quoted_column(field) for field in fields)
     return f"INSERT INTO {quoted_table(model)} ({columns}) VALUES {', '.join([row] * count)}"
+
+
+@functools.cache
+def _insert_select_sql(model: type[models.Model], names: tuple[str, ...]) -> str:
+    fields = _insert_fields(model, names)
+    values = ", ".join(["%s"] * len(fields))
+    return f"INSERT INTO {quoted_table(model)} ({', '.join(quoted_column(f) for f in fields)}) SELECT {values}"
 
 
 @functools.cache
@@ -323,17 +353,17 @@ def _insert_unless_exists_sql(model: type[models.Model], unique: str) -> str:
 
 
 @functools.cache
-def _update_sql(model: type[models.Model], names: tuple[str, ...], shape: tuple[tuple[str, int], ...]) -> str:
+def _update_sql(model: type[models.Model], names: tuple[str, ...], shape: WhereShape) -> str:
     sets = ", ".join(f"{quoted_column(concrete_field(model, name))} = %s" for name in names)
-    return f"UPDATE {quoted_table(model)} SET {sets} WHERE {_where_sql(model, shape)}"
+    return f"UPDATE {quoted_table(model)} SET {sets} WHERE {where_sql(model, shape)}"
 
 
 @functools.cache
-def _select_sql(model: type[models.Model], names: tuple[str, ...], shape: tuple[tuple[str, int], ...]) -> str:
+def _select_sql(model: type[models.Model], names: tuple[str, ...], shape: WhereShape) -> str:
     columns = ", ".join(quoted_column(concrete_field(model, name)) for name in names)
-    return f"SELECT {columns} FROM {quoted_table(model)} WHERE {_where_sql(model, shape)}"
+    return f"SELECT {columns} FROM {quoted_table(model)} WHERE {where_sql(model, shape)}"
 
 
 @functools.cache
-def _exists_sql(model: type[models.Model], shape: tuple[tuple[str, int], ...]) -> str:
-    return f"SELECT 1 FROM {quoted_table(model)} WHERE {_where_sql(model, shape)} LIMIT 1"
+def _exists_sql(model: type[models.Model], shape: WhereShape) -> str:
+    return f"SELECT 1 FROM {quoted_table(model)} WHERE {where_sql(model, shape)} LIMIT 1"

@@ -6,7 +6,7 @@ import json
 import logging
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import ROUND_UP, Decimal
@@ -23,6 +23,7 @@ from workflows.activity_context import ActivityContext
 from workflows.connections import connection_release_while_waiting
 from workflows.errors import AgentOpsError, Permanent
 from workflows.heartbeats import keep_alive
+from workflows.leases import Fence
 
 log = logging.getLogger("agentops.budgets")
 
@@ -96,8 +97,8 @@ class Ledger(Protocol):
     (``DatabaseLedger``), or the test kit's ``workflows.testing.FakeLedger``."""
 
     def reserve(self, *, workflow_id: int, key: str, operation_id: str, attempt: int, provider: str, model: str,
-                estimate_usd: Decimal, fence: Callable[[], None]) -> bool:
-        """Hold ``estimate_usd`` for request ``key`` or raise BudgetDeferred/BudgetExhausted; runs ``fence`` first."""
+                estimate_usd: Decimal, fence: Fence) -> bool:
+        """Hold ``estimate_usd`` for request ``key`` or raise BudgetDeferred/BudgetExhausted; checks ``fence`` first."""
         ...
 
     def charge(self, *, key: str, cost_usd: Decimal, usage: dict[str, int], request_id: str) -> bool: ...
@@ -111,7 +112,7 @@ class DatabaseLedger:
     """The usage ledger of ``workflows.services.budgets`` (one row per request)."""
 
     def reserve(self, *, workflow_id: int, key: str, operation_id: str, attempt: int, provider: str, model: str,
-                estimate_usd: Decimal, fence: Callable[[], None]) -> bool:
+                estimate_usd: Decimal, fence: Fence) -> bool:
         from workflows.services.budgets import budget_reserve_ensure
 
         return budget_reserve_ensure(workflow_id=workflow_id, key=key, operation_id=operation_id, attempt=attempt,
@@ -352,7 +353,7 @@ class LedgerMeter:
         key = self.key(n)
         self.ledger.reserve(workflow_id=self.ctx.workflow_id, key=key, operation_id=self.ctx.operation_id,
                             attempt=self.ctx.attempt, provider=self.provider, model=self.model,
-                            estimate_usd=self.estimate, fence=lambda: self.ctx.fence(f"model call {self.call}"))
+                            estimate_usd=self.estimate, fence=self.ctx.fence_of(f"model call {self.call}"))
         connection_release_while_waiting()  # the request goes out now; the answer takes seconds
         self._open[n] = key
         self.sent += 1

@@ -6,12 +6,15 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from tests.conftest import drive, open_approval, release_params
 from workflows import clock, selectors, services
+from workflows.activity_context import ActivityContext, LeaseLost
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import Activity, Event, UsageEntry, Workflow
+from workflows.services.activities import DatabaseLease
 
 pytestmark = pytest.mark.django_db
 
@@ -194,3 +197,94 @@ def test_the_lease_sweep_turns_a_dead_attempts_reservation_uncertain(settings, t
     assert (entry.status, entry.amount_usd) == ("uncertain", Decimal("0.02"))
     assert "attempt that sent it stopped" in entry.outcome
     assert selectors.spent_usd(workflow) == Decimal("0.02")
+
+
+def running_attempt(tmp_path, settings, **budget):
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path
+    workflow = services.workflow_launch(kind="autonomous", goal="Write notes", **budget)
+    services.workflow_advance_if_runnable(workflow_id=workflow.pk)
+    activity = Activity.objects.get(workflow=workflow, name="plan_tasks")
+    claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="w1", task_id="t1")
+    assert claim is not None
+    return workflow, activity, ActivityContext(claim=claim, lease=DatabaseLease())
+
+
+def reserve_fenced(ctx: ActivityContext, request: int = 0, usd: str = "0.02") -> bool:
+    key = services.usage_key(operation_id=ctx.operation_id, call=0, attempt=ctx.attempt, request=request)
+    return services.budget_reserve_ensure(workflow_id=ctx.workflow_id, key=key, operation_id=ctx.operation_id,
+                                          attempt=ctx.attempt, provider="scripted", model="scripted/m",
+                                          estimate_usd=Decimal(usd), fence=ctx.fence_of("model call 0"))
+
+
+def test_a_fenced_reservation_without_budget_limits_is_one_statement_and_fences_like_the_locked_one(
+        tmp_path, settings):
+    workflow, activity, ctx = running_attempt(tmp_path, settings)
+    with CaptureQueriesContext(connection) as statements:
+        assert reserve_fenced(ctx) is True
+    if connection.vendor == "postgresql":
+        assert len(statements.captured_queries) == 1, "the fence, the limits and the reservation in one statement"
+    activity.refresh_from_db()
+    assert activity.heartbeat_detail == "before model call 0", "the fence extended the lease, as ctx.fence does"
+    assert reserve_fenced(ctx) is False, "the same request again: reserved already, changing nothing"
+    entry = UsageEntry.objects.get(workflow=workflow)
+    assert (entry.status, entry.reserved_usd, entry.attempt, entry.operation_id) == (
+        "reserved", Decimal("0.02"), ctx.attempt, ctx.operation_id)
+
+    services.workflow_cancel(workflow_id=workflow.pk, reason="not needed")
+    with pytest.raises(LeaseLost, match="model call 0 was not made"):
+        reserve_fenced(ctx, request=1)
+    assert UsageEntry.objects.filter(workflow=workflow).count() == 1
+
+
+def test_a_fenced_reservation_under_a_budget_limit_is_checked_under_the_lock(tmp_path, settings):
+    """A limit set after the launch (a person changing their mind) applies to the next request."""
+    workflow, _, ctx = running_attempt(tmp_path, settings)
+    assert reserve_fenced(ctx, request=0, usd="0.40") is True
+    Workflow.objects.filter(pk=workflow.pk).update(budget_total_usd=Decimal("0.50"))
+    with pytest.raises(BudgetExhausted):
+        reserve_fenced(ctx, request=1, usd="0.40")
+    assert reserve_fenced(ctx, request=2, usd="0.05") is True
+    assert sorted(UsageEntry.objects.filter(workflow=workflow).values_list("key", flat=True)) == [
+        services.usage_key(operation_id=ctx.operation_id, call=0, attempt=ctx.attempt, request=n) for n in (0, 2)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fenced_reservation_waiting_on_a_cancel_sees_it_once_the_cancel_commits(tmp_path, settings):
+    """The fence is the UPDATE of the activity's row: one that waited for a cancel holding that row
+    reads the row's latest version when the cancel commits, and reserves nothing."""
+    workflow, _, ctx = running_attempt(tmp_path, settings)
+    cancelling, commit, done = threading.Event(), threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def cancel() -> None:
+        try:
+            with transaction.atomic():
+                services.workflow_cancel(workflow_id=workflow.pk, reason="not needed")
+                cancelling.set()
+                commit.wait(10)
+        finally:
+            connection.close()
+
+    def send() -> None:
+        try:
+            outcome["reserved"] = reserve_fenced(ctx)
+        except LeaseLost as exc:
+            outcome["lost"] = str(exc)
+        finally:
+            done.set()
+            connection.close()
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    assert cancelling.wait(10)
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        assert not done.wait(0.5), "the reservation did not wait for the cancel's row lock"
+    finally:
+        commit.set()
+        canceller.join(10)
+        sender.join(10)
+
+    assert list(outcome) == ["lost"] and "was not made" in str(outcome["lost"])
+    assert not UsageEntry.objects.filter(workflow=workflow).exists()

@@ -2,9 +2,11 @@
 the next attempt, cleared on success."""
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
 
 from tests.workflows.test_chaining import chain_registered, launched  # noqa: F401  (a fixture)
 from workflows import clock, services
@@ -124,3 +126,55 @@ def test_a_note_that_is_not_json_refuses_the_checkpoint_and_changes_nothing():
     workflow.refresh_from_db()
     activity.refresh_from_db()
     assert (workflow.event_seq, activity.checkpoint) == (before, None)
+
+
+@pytest.mark.parametrize("write", ["note", "checkpoint"])
+def test_a_note_or_checkpoint_waiting_on_a_cancel_sees_it_once_the_cancel_commits(write):
+    """The fence is read after the workflow's row lock: a write that waited for a cancel holding
+    that lock sees the attempt voided when the cancel commits, and writes nothing (its statement
+    began before the cancel committed, so a fence read with that statement's snapshot would not)."""
+    workflow, activity, claim = claimed()
+    workflow.refresh_from_db()
+    seq_before = workflow.event_seq
+    cancelling, commit, done = threading.Event(), threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def cancel() -> None:
+        try:
+            with transaction.atomic():
+                services.workflow_cancel(workflow_id=workflow.pk, reason="not needed")
+                cancelling.set()
+                commit.wait(10)
+        finally:
+            connection.close()
+
+    def attempt_writes() -> None:
+        try:
+            if write == "note":
+                outcome["saved"] = services.activity_note_if_current(claim=claim, kind="tool.called",
+                                                                     data={"tool": "write_file"})
+            else:
+                outcome["saved"] = services.activity_checkpoint_if_current(claim=claim, state={"turn": 1})
+        finally:
+            done.set()
+            connection.close()
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    assert cancelling.wait(10)
+    writer = threading.Thread(target=attempt_writes)
+    writer.start()
+    try:
+        assert not done.wait(0.5), "the write did not wait for the cancel's row lock"
+    finally:
+        commit.set()
+        canceller.join(10)
+        writer.join(10)
+
+    assert outcome == {"saved": False}
+    workflow.refresh_from_db()
+    activity.refresh_from_db()
+    assert workflow.status == "cancelled" and activity.checkpoint is None
+    assert not Event.objects.filter(workflow=workflow, kind__in=["tool.called", "activity.checkpointed"]).exists()
+    assert list(Event.objects.filter(workflow=workflow).order_by("seq").values_list("seq", flat=True)) == list(
+        range(1, workflow.event_seq + 1)) and workflow.event_seq > seq_before

@@ -21,7 +21,6 @@ from workflows.services import lifecycle, slots
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import (
     event_record,
-    events_append,
     events_batched,
     json_checked,
     release_ensure,
@@ -275,14 +274,7 @@ def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detai
     now = clock.now()
     events = [*_checked_notes(claim, notes, at=now),
               ("activity.checkpointed", now, _attempt_data(claim, {"detail": detail[:200]}))]
-    with transaction.atomic():
-        # The workflow's row first (the events take its sequence), as every writer locks it.
-        events_append(claim.workflow_id, events)
-        if not lifecycle.lease_extend_if_current(claim, now=now, detail=detail, checkpoint=state,
-                                                 checkpointed_at=now):
-            transaction.set_rollback(True)
-            return False
-    return True
+    return lifecycle.notes_if_current(claim, events, checkpoint=(state, detail, now))
 
 
 def _attempt_data(claim: Claim, data: dict[str, Any]) -> dict[str, Any]:
@@ -325,15 +317,7 @@ def activity_note_if_current(*, claim: Claim, kind: str, data: dict[str, Any]) -
 
     Not idempotent: a retried attempt notes its own calls again, under its attempt number.
     """
-    events = _checked_notes(claim, [(kind, data)], at=clock.now())
-    with transaction.atomic():
-        # The workflow's row first (the events take its sequence): a voiding transaction holding it
-        # has committed by the time the fence is read.
-        events_append(claim.workflow_id, events)
-        if not lifecycle.fence_holds(claim):
-            transaction.set_rollback(True)
-            return False
-    return True
+    return lifecycle.notes_if_current(claim, _checked_notes(claim, [(kind, data)], at=clock.now()))
 
 
 def workflow_release_adopt_if_current(*, claim: Claim, release: dict[str, Any], why: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -16,9 +16,10 @@ from django.db.models import Exists, OuterRef
 from agentops.providers.base import Usage
 from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
-from workflows.models import ActivityAttempt, UsageEntry, Workflow
+from workflows.leases import Fence
+from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
 from workflows.selectors import spent_usd
-from workflows.services import slots
+from workflows.services import lifecycle, slots
 from workflows.services.common import (
     amount_checked,
     event_record,
@@ -28,7 +29,20 @@ from workflows.services.common import (
     workflow_save,
 )
 from workflows.services.steps import BUDGET_PAUSE_PREFIX, Outcome, Result, username_of, wake_locked
-from workflows.sql import concrete_field, quoted_column, quoted_table, row_update, rows_insert
+from workflows.sql import (
+    WhereShape,
+    concrete_field,
+    db_value,
+    insert_params,
+    insert_select_sql,
+    quoted_column,
+    quoted_table,
+    row_update,
+    rows_insert,
+    where_params,
+    where_shape,
+    where_sql,
+)
 
 HOUR = timedelta(hours=1)
 PRIORITY_PASSES_HOURLY = 9
@@ -39,10 +53,9 @@ def usage_key(*, operation_id: str, call: int, attempt: int, request: int) -> st
     return f"{operation_id}#{call}@{attempt}.{request}"
 
 
-@transaction.atomic
 def budget_reserve_ensure(
     *, workflow_id: int, key: str, operation_id: str, provider: str, model: str, estimate_usd: Decimal,
-    attempt: int = 0, fence: Callable[[], None] | None = None,
+    attempt: int = 0, fence: Fence | None = None,
 ) -> bool:
     """Hold the estimated cost of one request to a provider before it is sent, or refuse it at the limits.
 
@@ -53,22 +66,62 @@ def budget_reserve_ensure(
     total budget. True when this call reserved it, False when it was reserved already. Raises
     BudgetExhausted over the total, BudgetDeferred (with the time the hourly window frees up)
     over the hourly limit unless the workflow's priority is 9 or more. ``fence`` (an attempt's
-    ``ctx.fence``) runs under the lock first: the request is reserved only while the attempt may
-    still send it, in one transaction. Its statements are SQL (``workflows.sql``):
+    ``ctx.fence_of``) is checked under the lock first: the request is reserved only while the
+    attempt may still send it, in one transaction. Its statements are SQL (``workflows.sql``):
     every request of every model call makes them.
+
+    A workflow with neither limit needs no lock: on PostgreSQL the fence (the lease extended as
+    ``ctx.fence`` does, under the same condition) and the reservation are one statement, which
+    inserts the row only when the fence held and the workflow had no limit in the statement's
+    snapshot. A limit set meanwhile applies from the next request, as if set right after this
+    one. Any other outcome (the fence failed, a limit) takes the locked way, which decides.
     """
-    limits = _budget_lock(workflow_id, key)
+    row = {"workflow": workflow_id, "key": key, "operation_id": operation_id, "attempt": attempt,
+           "provider": provider, "model": model, "reserved_usd": estimate_usd, "created_at": clock.now()}
+    if fence is not None and connection.vendor == "postgresql":
+        reserved = _reserve_without_limits(fence, row)
+        if reserved is not None:
+            return reserved
+    return _reserve_locked(row, fence)
+
+
+def _reserve_without_limits(fence: Fence, row: dict[str, Any]) -> bool | None:
+    """The reservation of a workflow without budget limits in one statement (PostgreSQL): True or
+    False as ``budget_reserve_ensure``; None when the fence failed or the workflow has a limit."""
+    values, where = lifecycle.lease_extension(fence.claim, now=row["created_at"], detail=fence.detail)
+    params = [*(db_value(Activity, name, v) for name, v in values.items()), *where_params(Activity, where),
+              row["workflow"], *insert_params(UsageEntry, row)]
+    with connection.cursor() as cursor:
+        cursor.execute(_reserve_without_limits_sql(tuple(values), where_shape(where), tuple(row)), params)
+        fenced, unlimited, reserved = cursor.fetchone()
+    return bool(reserved) if fenced and unlimited else None
+
+
+@functools.cache
+def _reserve_without_limits_sql(names: tuple[str, ...], shape: WhereShape, columns: tuple[str, ...]) -> str:
+    sets = ", ".join(f"{quoted_column(concrete_field(Activity, name))} = %s" for name in names)
+    id_, total, hourly = (quoted_column(concrete_field(Workflow, name))
+                          for name in ("id", "budget_total_usd", "budget_hourly_usd"))
+    return (f"WITH fenced AS (UPDATE {quoted_table(Activity)} SET {sets} WHERE {where_sql(Activity, shape)} "
+            f"RETURNING 1), "
+            f"unlimited AS (SELECT 1 FROM {quoted_table(Workflow)} WHERE {id_} = %s AND {total} IS NULL "
+            f"AND {hourly} IS NULL), "
+            f"reserved AS ({insert_select_sql(UsageEntry, columns)} FROM fenced, unlimited "
+            f"ON CONFLICT ({quoted_column(concrete_field(UsageEntry, 'key'))}) DO NOTHING RETURNING 1) "
+            "SELECT EXISTS (SELECT 1 FROM fenced), EXISTS (SELECT 1 FROM unlimited), EXISTS (SELECT 1 FROM reserved)")
+
+
+@transaction.atomic
+def _reserve_locked(row: dict[str, Any], fence: Fence | None) -> bool:
+    limits = _budget_lock(row["workflow"], row["key"])
     if fence is not None:
-        fence()
+        fence.check()
     if limits.reserved:
         return False
-    now = clock.now()
-    _check_total(limits, estimate_usd)
+    _check_total(limits, row["reserved_usd"])
     if limits.priority < PRIORITY_PASSES_HOURLY:
-        _check_hourly(limits, estimate_usd, now=now)
-    rows_insert(UsageEntry, [{"workflow": workflow_id, "key": key, "operation_id": operation_id, "attempt": attempt,
-                              "provider": provider, "model": model, "reserved_usd": estimate_usd,
-                              "created_at": now}])
+        _check_hourly(limits, row["reserved_usd"], now=row["created_at"])
+    rows_insert(UsageEntry, [row])
     return True
 
 

@@ -3,20 +3,34 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django_fsm import ConcurrentTransition
 
 from agentops import providers
 from workflows.errors import InvalidInput, NotFound
 from workflows.models import BehavioralRelease, Event, Workflow
-from workflows.sql import concrete_field, quoted_column, quoted_table, row_exists, row_get, row_update, rows_insert
+from workflows.sql import (
+    Where,
+    WhereShape,
+    concrete_field,
+    db_value,
+    quoted_column,
+    quoted_table,
+    row_exists,
+    row_get,
+    row_update,
+    rows_insert,
+    where_params,
+    where_shape,
+    where_sql,
+)
 
 MAX_JSON_BYTES = 1_000_000
 
@@ -67,34 +81,81 @@ def events_append(workflow_id: int, events: list[tuple[str, datetime, dict[str, 
     if connection.vendor != "postgresql":
         events_insert(workflow_id, event_seq_take(workflow_id, len(events)), events)
         return
-    _events_with_seq(workflow_id, len(events), [(n, kind, at, data) for n, (kind, at, data) in enumerate(events)],
-                     numbered=False)
+    if _events_with_seq(workflow_id, len(events), _numbered(events), numbered=False) != len(events):
+        raise workflow_not_found(workflow_id)
 
 
-def _events_with_seq(workflow_id: int, seq_param: int, rows: list[tuple[int, str, datetime, dict[str, Any]]], *,
-                     numbered: bool) -> None:
-    """Write the workflow's ``event_seq`` and insert ``rows`` (n, kind, time, data) in one
-    statement (PostgreSQL): ``numbered``, n is each event's number and ``seq_param`` the new
-    ``event_seq``; else the next ``seq_param`` numbers are taken and n counts from 0 among them."""
-    data = concrete_field(Event, "data")
-    params: list[Any] = [seq_param, workflow_id]
-    for n, kind, at, payload in rows:
-        params += [n, kind, data.get_db_prep_save(payload, connection), at]
-    with connection.cursor() as cursor:
-        cursor.execute(_events_with_seq_sql(len(rows), numbered), params)
-        if cursor.rowcount != len(rows):
-            raise workflow_not_found(workflow_id)
+def _numbered(events: list[tuple[str, datetime, dict[str, Any]]]) -> list[tuple[int, str, datetime, dict[str, Any]]]:
+    return [(n, kind, at, data) for n, (kind, at, data) in enumerate(events)]
+
+
+def events_append_while(workflow_id: int, events: list[tuple[str, datetime, dict[str, Any]]], *,
+                        model: type[models.Model], where: Where, values: Mapping[str, Any] | None = None) -> bool:
+    """``events_append`` while a row of ``model`` matches ``where``, read after the workflow's row
+    lock is taken, so a transaction that changed that row while holding the lock has committed by
+    then and is seen; ``values`` are written to the row too when given. True when appended;
+    False, writing nothing, when no row matches. An attempt's notes and checkpoints are fenced
+    this way (``where``: the attempt's lease) on every turn.
+
+    One statement on PostgreSQL: the workflow's row locked, then the row locked (``FOR SHARE``) or
+    updated under the condition, whose latest version PostgreSQL checks again after the lock,
+    then the sequence numbers taken and the events inserted, each only when the one before gave a
+    row. Elsewhere a transaction of the same steps."""
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            events_append(workflow_id, events)
+            if not (row_update(model, values, where) if values else row_exists(model, where)):
+                transaction.set_rollback(True)
+                return False
+        return True
+    fence_params = [workflow_id, *(db_value(model, name, v) for name, v in (values or {}).items()),
+                    *where_params(model, where)]
+    return bool(_events_with_seq(workflow_id, len(events), _numbered(events), numbered=False,
+                                 fenced=_fenced_sql(model, tuple(values or ()), where_shape(where)),
+                                 fence_params=fence_params))
 
 
 @functools.cache
-def _events_with_seq_sql(count: int, numbered: bool) -> str:
+def _fenced_sql(model: type[models.Model], names: tuple[str, ...], shape: WhereShape) -> str:
+    """The workflow's row locked, then the row of ``model`` matching the condition locked, or
+    updated (``names``), only after that: ``events_append_while``'s CTEs ahead of ``taken``."""
+    table, id_ = quoted_table(Workflow), quoted_column(concrete_field(Workflow, "id"))
+    after_lock = f"{where_sql(model, shape)} AND EXISTS (SELECT 1 FROM locked)"
+    if names:
+        sets = ", ".join(f"{quoted_column(concrete_field(model, name))} = %s" for name in names)
+        fenced = f"UPDATE {quoted_table(model)} SET {sets} WHERE {after_lock} RETURNING 1"
+    else:
+        fenced = f"SELECT 1 FROM {quoted_table(model)} WHERE {after_lock} FOR SHARE"
+    return f"locked AS (SELECT {id_} FROM {table} WHERE {id_} = %s FOR UPDATE), fenced AS ({fenced}), "
+
+
+def _events_with_seq(workflow_id: int, seq_param: int, rows: list[tuple[int, str, datetime, dict[str, Any]]], *,
+                     numbered: bool, fenced: str = "", fence_params: list[Any] | None = None) -> int:
+    """Write the workflow's ``event_seq`` and insert ``rows`` (n, kind, time, data) in one
+    statement (PostgreSQL): ``numbered``, n is each event's number and ``seq_param`` the new
+    ``event_seq``; else the next ``seq_param`` numbers are taken and n counts from 0 among them.
+    ``fenced`` (``_fenced_sql``, with its ``fence_params``) comes first. Returns the events inserted."""
+    data = concrete_field(Event, "data")
+    params: list[Any] = [*(fence_params or ()), seq_param, workflow_id]
+    for n, kind, at, payload in rows:
+        params += [n, kind, data.get_db_prep_save(payload, connection), at]
+    with connection.cursor() as cursor:
+        cursor.execute(_events_with_seq_sql(len(rows), numbered, fenced), params)
+        return int(cursor.rowcount)
+
+
+@functools.cache
+def _events_with_seq_sql(count: int, numbered: bool, fenced: str = "") -> str:
+    """``fenced``: CTEs ahead of ``taken``, the last named ``fenced``; the numbers are taken (and
+    the events inserted) only when it gave a row."""
     table, seq, id_ = quoted_table(Workflow), quoted_column(concrete_field(Workflow, "event_seq")), \
         quoted_column(concrete_field(Workflow, "id"))
+    only_if = " AND EXISTS (SELECT 1 FROM fenced)" if fenced else ""
     columns = ", ".join(quoted_column(concrete_field(Event, name))
                         for name in ("workflow", "seq", "kind", "data", "created_at"))
     rows = ", ".join(["(%s::integer, %s::text, %s::jsonb, %s::timestamptz)"] * count)
     update, number = (f"{seq} = %s", "v.n") if numbered else (f"{seq} = {seq} + %s", f"taken.{seq} - {count} + 1 + v.n")
-    return (f"WITH taken AS (UPDATE {table} SET {update} WHERE {id_} = %s RETURNING {id_}, {seq}) "
+    return (f"WITH {fenced}taken AS (UPDATE {table} SET {update} WHERE {id_} = %s{only_if} RETURNING {id_}, {seq}) "
             f"INSERT INTO {quoted_table(Event)} ({columns}) "
             f"SELECT taken.{id_}, {number}, v.kind, v.data, v.created_at "
             f"FROM taken, (VALUES {rows}) AS v (n, kind, data, created_at)")
@@ -165,8 +226,9 @@ def _events_write(workflow: Workflow, events: list[Event]) -> None:
         events_insert(workflow.pk, events[0].seq, [(e.kind, e.created_at, e.data) for e in events])
         row_update(Workflow, {"event_seq": workflow.event_seq}, {"id": workflow.pk})
         return
-    _events_with_seq(workflow.pk, workflow.event_seq, [(e.seq, e.kind, e.created_at, e.data) for e in events],
-                     numbered=True)
+    rows = [(e.seq, e.kind, e.created_at, e.data) for e in events]
+    if _events_with_seq(workflow.pk, workflow.event_seq, rows, numbered=True) != len(events):
+        raise workflow_not_found(workflow.pk)
 
 
 def events_pending(workflow: Workflow) -> int:

@@ -33,7 +33,7 @@ from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Refused
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Workflow
 from workflows.services import slots
-from workflows.services.common import event_record
+from workflows.services.common import event_record, events_append_while
 from workflows.sql import row_exists, row_insert, row_update, rows_insert
 
 LIVE = (Activity.Status.SCHEDULED, Activity.Status.RUNNING)
@@ -220,19 +220,46 @@ def _attempt_row(claim: Claim) -> dict[str, Any]:
     return {"activity": claim.activity_id, "number": claim.attempt}
 
 
+def _running(claim: Claim) -> dict[str, Any]:
+    return {**_fence(claim), "status": Activity.Status.RUNNING.value}
+
+
 def fence_holds(claim: Claim) -> bool:
     """Whether the claim still holds the activity row (running, its attempt and lease token)."""
-    return row_exists(Activity, {**_fence(claim), "status": Activity.Status.RUNNING.value})
+    return row_exists(Activity, _running(claim))
 
 
-def lease_extend_if_current(claim: Claim, *, now: datetime, detail: str, **fields: Any) -> bool:
-    """Extend a running attempt's lease, writing ``fields`` too (a checkpoint); False when it is
-    fenced off: taken over, or its work voided (cancel, a new goal, its node left, the workflow
-    ended), since voiding moves the activity's own row. The conditional UPDATE waits for a voiding
-    transaction that holds the row and then sees its outcome, so no check races it."""
-    values = {"heartbeat_at": now, "heartbeat_detail": detail[:200],
-              "lease_expires_at": lease_expiry(registry.activity_type(claim.name), now), **fields}
-    return bool(row_update(Activity, values, {**_fence(claim), "status": Activity.Status.RUNNING.value}))
+def lease_extend_if_current(claim: Claim, *, now: datetime, detail: str) -> bool:
+    """Extend a running attempt's lease; False when it is fenced off: taken over, or its work
+    voided (cancel, a new goal, its node left, the workflow ended), since voiding moves the
+    activity's own row. The conditional UPDATE waits for a voiding transaction that holds the row
+    and then sees its outcome, so no check races it."""
+    return bool(row_update(Activity, _lease_values(claim, now=now, detail=detail), _running(claim)))
+
+
+def lease_extension(claim: Claim, *, now: datetime, detail: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What ``lease_extend_if_current`` writes to the activity row, and the condition it writes it
+    under: for a statement that extends the lease as its fence (a model request's reservation)."""
+    return _lease_values(claim, now=now, detail=detail), _running(claim)
+
+
+def _lease_values(claim: Claim, *, now: datetime, detail: str) -> dict[str, Any]:
+    return {"heartbeat_at": now, "heartbeat_detail": detail[:200],
+            "lease_expires_at": lease_expiry(registry.activity_type(claim.name), now)}
+
+
+def notes_if_current(claim: Claim, events: list[tuple[str, datetime, dict[str, Any]]], *,
+                     checkpoint: tuple[dict[str, Any], str, datetime] | None = None) -> bool:
+    """Append ``events`` (kind, time, data) to the workflow's history while the claim holds the
+    lease, fenced as ``fence_holds`` is but read after the workflow's row lock (a voiding
+    transaction holding it has committed by then); with ``checkpoint`` (state, detail, time) the
+    state is saved and the lease extended as ``lease_extend_if_current`` does, in the same
+    statement (``events_append_while``). False, writing nothing, when the attempt is fenced off."""
+    values = None
+    if checkpoint is not None:
+        state, detail, now = checkpoint
+        values = {**_lease_values(claim, now=now, detail=detail), "checkpoint": state, "checkpointed_at": now}
+    return events_append_while(claim.workflow_id, events, model=Activity, where=_running(claim), values=values)
 
 
 def activity_succeed_if_current(claim: Claim, *, result: Any, now: datetime) -> bool:

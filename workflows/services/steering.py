@@ -31,7 +31,7 @@ from workflows.leases import Claim
 from workflows.models import Activity, SteerMessage, Workflow
 from workflows.models.steering import ENDED_WITHOUT_RESULT, MAX_STEER_CHARS
 from workflows.services import lifecycle
-from workflows.services.common import event_record, events_append, text_checked, workflow_lock
+from workflows.services.common import event_record, text_checked, workflow_lock
 from workflows.services.steps import Outcome, username_of
 from workflows.sql import concrete_field, quoted_column, quoted_table
 
@@ -166,9 +166,7 @@ def steering_take_if_current(*, claim: Claim, call: int) -> list[dict[str, Any]]
             events.append(("steer.delivered", now, {"seq": row.seq, "operation_id": claim.operation_id,
                                                    "attempt": claim.attempt, "call": call, "by": row.sender,
                                                    **({"again": True} if again else {})}))
-        # The workflow's row first (the events take its sequence), then the fence, as a note does.
-        events_append(claim.workflow_id, events)
-        if not lifecycle.fence_holds(claim):
+        if not lifecycle.notes_if_current(claim, events):
             transaction.set_rollback(True)
             return None
         SteerMessage.objects.bulk_update(rows, ["activity", "call", "taken_at"])

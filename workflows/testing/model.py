@@ -18,6 +18,7 @@ from django.conf import settings
 
 from agentops.providers.base import ModelResponse, RequestMeter, Usage
 from workflows.errors import BudgetDeferred, BudgetExhausted, Throttled
+from workflows.leases import Fence
 
 __all__ = ["FakeLedger", "FakeModel", "LedgerEntry", "Reply", "Throttle", "cut_off"]
 
@@ -146,8 +147,8 @@ class FakeLedger:
                     for e in self.entries.values() if e.status != "released"), Decimal(0))
 
     def reserve(self, *, workflow_id: int, key: str, operation_id: str, attempt: int, provider: str, model: str,
-                estimate_usd: Decimal, fence: Any) -> bool:
-        fence()
+                estimate_usd: Decimal, fence: Fence) -> bool:
+        fence.check()
         if key in self.entries:
             return False
         for limit, error in ((self.total_usd, BudgetExhausted), (self.hourly_usd, BudgetDeferred)):
