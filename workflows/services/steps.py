@@ -242,9 +242,7 @@ def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: d
                          by="node left", now=now, visit=workflow.node_visit)
     # Only what changed is written: long values once (blobs), the checkpoint as a delta
     # (workflows.statestore); the row keeps the stored form of the whole state.
-    last = (rows_select(Checkpoint, ("state_hash", "chain_bytes"), {"id": workflow.checkpoint_id})
-            if workflow.checkpoint_id is not None else [])
-    written = statestore.state_write(workflow, updates, previous=last[0] if last else None,
+    written = statestore.state_write(workflow, updates, previous=_last_checkpoint_chain(workflow),
                                      what=f"State written by node {previous}", now=now)
     workflow.enter_node(node, at=now)
     checkpoint = Checkpoint(
@@ -257,6 +255,18 @@ def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: d
     event_record(workflow=workflow, kind="node.entered", at=now, node=node, previous=previous,
                  visit=workflow.node_visit)
     workflow_save(workflow, "state", "current_node", "node_visit", "checkpoint", at=now)
+
+
+def _last_checkpoint_chain(workflow: Workflow) -> tuple[str, int] | None:
+    """The state hash and chain length of the workflow's last checkpoint: from the instance when
+    this transaction wrote it (an advance that enters two nodes), else read."""
+    if workflow.checkpoint_id is None:
+        return None
+    cached = Workflow._meta.get_field("checkpoint").get_cached_value(workflow, None)
+    if cached is not None and cached.pk == workflow.checkpoint_id:
+        return cached.state_hash, cached.chain_bytes
+    rows = rows_select(Checkpoint, ("state_hash", "chain_bytes"), {"id": workflow.checkpoint_id})
+    return (rows[0][0], rows[0][1]) if rows else None
 
 
 def complete_locked(workflow: Workflow, result: Any, *, now: datetime) -> None:
