@@ -15,6 +15,7 @@ from workflows.activity_context import ActivityContext, LeaseLost
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.models import Activity, Event, UsageEntry, Workflow
 from workflows.services.activities import DatabaseLease
+from workflows.services.common import workflow_lock
 
 pytestmark = pytest.mark.django_db
 
@@ -249,19 +250,23 @@ def test_a_fenced_reservation_under_a_budget_limit_is_checked_under_the_lock(tmp
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_fenced_reservation_waiting_on_a_cancel_sees_it_once_the_cancel_commits(tmp_path, settings):
-    """The fence is the UPDATE of the activity's row: one that waited for a cancel holding that row
-    reads the row's latest version when the cancel commits, and reserves nothing."""
+def test_a_fenced_reservation_waits_for_a_cancel_holding_the_workflow_and_then_sees_it(tmp_path, settings):
+    """The reservation takes the workflow's row before the activity's, as every writer does: a
+    cancel that holds the workflow's row when the reservation starts, and only then voids the
+    activity, is waited for (not deadlocked with), and the reservation sees the void."""
     workflow, _, ctx = running_attempt(tmp_path, settings)
-    cancelling, commit, done = threading.Event(), threading.Event(), threading.Event()
+    holding, go_on, done = threading.Event(), threading.Event(), threading.Event()
     outcome: dict[str, object] = {}
 
     def cancel() -> None:
         try:
             with transaction.atomic():
-                services.workflow_cancel(workflow_id=workflow.pk, reason="not needed")
-                cancelling.set()
-                commit.wait(10)
+                workflow_lock(workflow.pk)
+                holding.set()
+                go_on.wait(10)
+                outcome["cancel"] = services.workflow_cancel(workflow_id=workflow.pk, reason="not needed").outcome.value
+        except Exception as exc:  # noqa: BLE001 - a deadlock's error is what this test looks for
+            outcome["cancel"] = repr(exc)
         finally:
             connection.close()
 
@@ -270,21 +275,24 @@ def test_a_fenced_reservation_waiting_on_a_cancel_sees_it_once_the_cancel_commit
             outcome["reserved"] = reserve_fenced(ctx)
         except LeaseLost as exc:
             outcome["lost"] = str(exc)
+        except Exception as exc:  # noqa: BLE001
+            outcome["reserved"] = repr(exc)
         finally:
             done.set()
             connection.close()
 
     canceller = threading.Thread(target=cancel)
     canceller.start()
-    assert cancelling.wait(10)
+    assert holding.wait(10)
     sender = threading.Thread(target=send)
     sender.start()
     try:
-        assert not done.wait(0.5), "the reservation did not wait for the cancel's row lock"
+        assert not done.wait(0.5), "the reservation did not wait for the workflow's row lock"
     finally:
-        commit.set()
-        canceller.join(10)
-        sender.join(10)
+        go_on.set()
+        canceller.join(15)
+        sender.join(15)
 
-    assert list(outcome) == ["lost"] and "was not made" in str(outcome["lost"])
+    assert outcome.get("cancel") == "applied", outcome
+    assert set(outcome) == {"cancel", "lost"} and "was not made" in str(outcome["lost"]), outcome
     assert not UsageEntry.objects.filter(workflow=workflow).exists()

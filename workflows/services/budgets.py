@@ -70,11 +70,12 @@ def budget_reserve_ensure(
     attempt may still send it, in one transaction. Its statements are SQL (``workflows.sql``):
     every request of every model call makes them.
 
-    A workflow with neither limit needs no lock: on PostgreSQL the fence (the lease extended as
-    ``ctx.fence`` does, under the same condition) and the reservation are one statement, which
-    inserts the row only when the fence held and the workflow had no limit in the statement's
-    snapshot. A limit set meanwhile applies from the next request, as if set right after this
-    one. Any other outcome (the fence failed, a limit) takes the locked way, which decides.
+    A workflow with neither budget limit needs no row lock of its own: on PostgreSQL the limits
+    read (the row share-locked, as the new row's foreign key does anyway), the fence (the lease
+    extended as ``ctx.fence`` does, under the same condition) and the reservation are one
+    statement, which inserts the row only when the workflow had no limit and the fence held. A
+    limit being set meanwhile is waited for and seen. Any other outcome (a limit, the fence
+    failed) takes the locked way, which decides.
     """
     row = {"workflow": workflow_id, "key": key, "operation_id": operation_id, "attempt": attempt,
            "provider": provider, "model": model, "reserved_usd": estimate_usd, "created_at": clock.now()}
@@ -89,8 +90,8 @@ def _reserve_without_limits(fence: Fence, row: dict[str, Any]) -> bool | None:
     """The reservation of a workflow without budget limits in one statement (PostgreSQL): True or
     False as ``budget_reserve_ensure``; None when the fence failed or the workflow has a limit."""
     values, where = lifecycle.lease_extension(fence.claim, now=row["created_at"], detail=fence.detail)
-    params = [*(db_value(Activity, name, v) for name, v in values.items()), *where_params(Activity, where),
-              row["workflow"], *insert_params(UsageEntry, row)]
+    params = [row["workflow"], *(db_value(Activity, name, v) for name, v in values.items()),
+              *where_params(Activity, where), *insert_params(UsageEntry, row)]
     with connection.cursor() as cursor:
         cursor.execute(_reserve_without_limits_sql(tuple(values), where_shape(where), tuple(row)), params)
         fenced, unlimited, reserved = cursor.fetchone()
@@ -99,14 +100,18 @@ def _reserve_without_limits(fence: Fence, row: dict[str, Any]) -> bool | None:
 
 @functools.cache
 def _reserve_without_limits_sql(names: tuple[str, ...], shape: WhereShape, columns: tuple[str, ...]) -> str:
+    """The workflow's row first (``FOR KEY SHARE``, what the new row's foreign key takes anyway: it
+    waits for a writer holding the row's lock), then the activity's, the order every writer takes
+    them in: a cancel holding the workflow's row and waiting for the activity's never waits on
+    this statement in turn."""
     sets = ", ".join(f"{quoted_column(concrete_field(Activity, name))} = %s" for name in names)
     id_, total, hourly = (quoted_column(concrete_field(Workflow, name))
                           for name in ("id", "budget_total_usd", "budget_hourly_usd"))
-    return (f"WITH fenced AS (UPDATE {quoted_table(Activity)} SET {sets} WHERE {where_sql(Activity, shape)} "
-            f"RETURNING 1), "
-            f"unlimited AS (SELECT 1 FROM {quoted_table(Workflow)} WHERE {id_} = %s AND {total} IS NULL "
-            f"AND {hourly} IS NULL), "
-            f"reserved AS ({insert_select_sql(UsageEntry, columns)} FROM fenced, unlimited "
+    return (f"WITH unlimited AS (SELECT 1 FROM {quoted_table(Workflow)} WHERE {id_} = %s AND {total} IS NULL "
+            f"AND {hourly} IS NULL FOR KEY SHARE), "
+            f"fenced AS (UPDATE {quoted_table(Activity)} SET {sets} WHERE {where_sql(Activity, shape)} "
+            "AND EXISTS (SELECT 1 FROM unlimited) RETURNING 1), "
+            f"reserved AS ({insert_select_sql(UsageEntry, columns)} FROM fenced "
             f"ON CONFLICT ({quoted_column(concrete_field(UsageEntry, 'key'))}) DO NOTHING RETURNING 1) "
             "SELECT EXISTS (SELECT 1 FROM fenced), EXISTS (SELECT 1 FROM unlimited), EXISTS (SELECT 1 FROM reserved)")
 
