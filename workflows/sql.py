@@ -59,12 +59,15 @@ def rows_insert(model: type[models.Model], rows: Sequence[Mapping[str, Any]]) ->
         cursor.execute(_insert_sql(model, names, len(rows)), params)
 
 
+@functools.cache
 def insert_select_sql(model: type[models.Model], names: tuple[str, ...]) -> str:
     """``INSERT INTO <model's table> (<columns>) SELECT <a value each>`` of ``rows_insert`` for one
     row, for a statement written by hand that adds ``FROM`` and a condition; its parameters are
     ``insert_params``. The INSERT gives each value its column's type, as with ``VALUES`` (a value
     too long for its column is refused, not cut)."""
-    return _insert_select_sql(model, names)
+    fields = _insert_fields(model, names)
+    values = ", ".join(["%s"] * len(fields))
+    return f"INSERT INTO {quoted_table(model)} ({', '.join(quoted_column(f) for f in fields)}) SELECT {values}"
 
 
 def insert_params(model: type[models.Model], row: Mapping[str, Any]) -> list[Any]:
@@ -319,13 +322,6 @@ def _insert_sql(model: type[models.Model], names: tuple[str, ...], count: int) -
 
 
 @functools.cache
-def _insert_select_sql(model: type[models.Model], names: tuple[str, ...]) -> str:
-    fields = _insert_fields(model, names)
-    values = ", ".join(["%s"] * len(fields))
-    return f"INSERT INTO {quoted_table(model)} ({', '.join(quoted_column(f) for f in fields)}) SELECT {values}"
-
-
-@functools.cache
 def _fields_but_pk(model: type[models.Model]) -> list[models.Field[Any, Any]]:
     return [field for field in model._meta.concrete_fields if field is not model._meta.pk]
 
@@ -352,10 +348,14 @@ def _insert_unless_exists_sql(model: type[models.Model], unique: str) -> str:
             f"RETURNING {quoted_column(pk)}")
 
 
+def set_sql(model: type[models.Model], names: tuple[str, ...]) -> str:
+    """``<column> = %s, …`` for the fields ``names``: an UPDATE's SET, for SQL written by hand."""
+    return ", ".join(f"{quoted_column(concrete_field(model, name))} = %s" for name in names)
+
+
 @functools.cache
 def _update_sql(model: type[models.Model], names: tuple[str, ...], shape: WhereShape) -> str:
-    sets = ", ".join(f"{quoted_column(concrete_field(model, name))} = %s" for name in names)
-    return f"UPDATE {quoted_table(model)} SET {sets} WHERE {where_sql(model, shape)}"
+    return f"UPDATE {quoted_table(model)} SET {set_sql(model, names)} WHERE {where_sql(model, shape)}"
 
 
 @functools.cache

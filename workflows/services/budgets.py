@@ -39,6 +39,7 @@ from workflows.sql import (
     quoted_table,
     row_update,
     rows_insert,
+    set_sql,
     where_params,
     where_shape,
     where_sql,
@@ -104,13 +105,12 @@ def _reserve_without_limits_sql(names: tuple[str, ...], shape: WhereShape, colum
     waits for a writer holding the row's lock), then the activity's, the order every writer takes
     them in: a cancel holding the workflow's row and waiting for the activity's never waits on
     this statement in turn."""
-    sets = ", ".join(f"{quoted_column(concrete_field(Activity, name))} = %s" for name in names)
     id_, total, hourly = (quoted_column(concrete_field(Workflow, name))
                           for name in ("id", "budget_total_usd", "budget_hourly_usd"))
     return (f"WITH unlimited AS (SELECT 1 FROM {quoted_table(Workflow)} WHERE {id_} = %s AND {total} IS NULL "
             f"AND {hourly} IS NULL FOR KEY SHARE), "
-            f"fenced AS (UPDATE {quoted_table(Activity)} SET {sets} WHERE {where_sql(Activity, shape)} "
-            "AND EXISTS (SELECT 1 FROM unlimited) RETURNING 1), "
+            f"fenced AS (UPDATE {quoted_table(Activity)} SET {set_sql(Activity, names)} "
+            f"WHERE {where_sql(Activity, shape)} AND EXISTS (SELECT 1 FROM unlimited) RETURNING 1), "
             f"reserved AS ({insert_select_sql(UsageEntry, columns)} FROM fenced "
             f"ON CONFLICT ({quoted_column(concrete_field(UsageEntry, 'key'))}) DO NOTHING RETURNING 1) "
             "SELECT EXISTS (SELECT 1 FROM fenced), EXISTS (SELECT 1 FROM unlimited), EXISTS (SELECT 1 FROM reserved)")

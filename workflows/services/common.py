@@ -27,6 +27,7 @@ from workflows.sql import (
     row_get,
     row_update,
     rows_insert,
+    set_sql,
     where_params,
     where_shape,
     where_sql,
@@ -91,9 +92,9 @@ def _numbered(events: list[tuple[str, datetime, dict[str, Any]]]) -> list[tuple[
 
 def events_append_while(workflow_id: int, events: list[tuple[str, datetime, dict[str, Any]]], *,
                         model: type[models.Model], where: Where, values: Mapping[str, Any] | None = None) -> bool:
-    """``events_append`` while a row of ``model`` matches ``where``, read after the workflow's row
-    lock is taken, so a transaction that changed that row while holding the lock has committed by
-    then and is seen; ``values`` are written to the row too when given. True when appended;
+    """``events_append`` (one event or more) while a row of ``model`` matches ``where``, read after
+    the workflow's row lock is taken, so a transaction that changed that row while holding the
+    lock has committed by then and is seen; ``values`` are written to the row too when given. True when appended;
     False, writing nothing, when no row matches. An attempt's notes and checkpoints are fenced
     this way (``where``: the attempt's lease) on every turn.
 
@@ -122,8 +123,7 @@ def _fenced_sql(model: type[models.Model], names: tuple[str, ...], shape: WhereS
     table, id_ = quoted_table(Workflow), quoted_column(concrete_field(Workflow, "id"))
     after_lock = f"{where_sql(model, shape)} AND EXISTS (SELECT 1 FROM locked)"
     if names:
-        sets = ", ".join(f"{quoted_column(concrete_field(model, name))} = %s" for name in names)
-        fenced = f"UPDATE {quoted_table(model)} SET {sets} WHERE {after_lock} RETURNING 1"
+        fenced = f"UPDATE {quoted_table(model)} SET {set_sql(model, names)} WHERE {after_lock} RETURNING 1"
     else:
         fenced = f"SELECT 1 FROM {quoted_table(model)} WHERE {after_lock} FOR SHARE"
     return f"locked AS (SELECT {id_} FROM {table} WHERE {id_} = %s FOR UPDATE), fenced AS ({fenced}), "
