@@ -118,7 +118,8 @@ class ActivityContext:
 
     def fence_of(self, effect: str) -> Fence:
         """``fence(effect)`` as a value, for what records the effect to run (``Fence``)."""
-        return Fence(claim=self.claim, detail=_before(effect), check=lambda: self.fence(effect))
+        return Fence(claim=self.claim if self.lease.fence_in_sql else None, detail=_before(effect),
+                     check=lambda: self.fence(effect))
 
     @property
     def resume(self) -> dict[str, Any] | None:

@@ -62,9 +62,11 @@ class Fence:
     """``ctx.fence(effect)`` handed to what records the effect: ``check()`` raises LeaseLost unless
     the attempt still holds its lease and its work is still wanted. ``claim`` and ``detail`` (what
     the lease's row is written with) let the database ledger check the same lease inside the
-    statement that reserves a model request instead (``workflows.services.budgets``)."""
+    statement that reserves a model request instead (``workflows.services.budgets``); ``claim``
+    is None when the lease is not the database's (``Lease.fence_in_sql``): then only ``check``
+    can tell."""
 
-    claim: Claim
+    claim: Claim | None
     detail: str
     check: Callable[[], None]
 
@@ -72,6 +74,13 @@ class Fence:
 class Lease(Protocol):
     """How a running attempt reaches durable state. Each call is fenced by the claim: it returns
     False, changing nothing, once the attempt was taken over or its workflow is cancelling."""
+
+    @property
+    def fence_in_sql(self) -> bool:
+        """True when a fenced call is the condition on the activity's row ``(status=running,
+        attempt, lease_token)`` and nothing else (the services' database lease), so a statement
+        may check it itself (``Fence``)."""
+        ...
 
     def heartbeat(self, claim: Claim, detail: str) -> bool: ...
 

@@ -107,6 +107,10 @@ def _execute(spec: registry.ActivityType[Any, Any], ctx: ActivityContext) -> Any
 class DatabaseLease:
     """The lease of an attempt running on a worker: each call is a fenced write (see the services below)."""
 
+    @property
+    def fence_in_sql(self) -> bool:
+        return True
+
     def heartbeat(self, claim: Claim, detail: str) -> bool:
         return activity_heartbeat_if_current(claim=claim, detail=detail)
 

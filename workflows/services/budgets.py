@@ -16,7 +16,7 @@ from django.db.models import Exists, OuterRef
 from agentops.providers.base import Usage
 from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
-from workflows.leases import Fence
+from workflows.leases import Claim, Fence
 from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
 from workflows.selectors import spent_usd
 from workflows.services import lifecycle, slots
@@ -80,17 +80,18 @@ def budget_reserve_ensure(
     """
     row = {"workflow": workflow_id, "key": key, "operation_id": operation_id, "attempt": attempt,
            "provider": provider, "model": model, "reserved_usd": estimate_usd, "created_at": clock.now()}
-    if fence is not None and connection.vendor == "postgresql":
-        reserved = _reserve_without_limits(fence, row)
+    if fence is not None and fence.claim is not None and connection.vendor == "postgresql":
+        reserved = _reserve_without_limits(fence.claim, fence.detail, row)
         if reserved is not None:
             return reserved
     return _reserve_locked(row, fence)
 
 
-def _reserve_without_limits(fence: Fence, row: dict[str, Any]) -> bool | None:
-    """The reservation of a workflow without budget limits in one statement (PostgreSQL): True or
-    False as ``budget_reserve_ensure``; None when the fence failed or the workflow has a limit."""
-    values, where = lifecycle.lease_extension(fence.claim, now=row["created_at"], detail=fence.detail)
+def _reserve_without_limits(claim: Claim, detail: str, row: dict[str, Any]) -> bool | None:
+    """The reservation of a workflow without budget limits in one statement (PostgreSQL), fenced
+    by ``claim``'s lease: True or False as ``budget_reserve_ensure``; None when the workflow has a
+    limit or the fence failed."""
+    values, where = lifecycle.lease_extension(claim, now=row["created_at"], detail=detail)
     params = [row["workflow"], *(db_value(Activity, name, v) for name, v in values.items()),
               *where_params(Activity, where), *insert_params(UsageEntry, row)]
     with connection.cursor() as cursor:

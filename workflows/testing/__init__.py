@@ -86,6 +86,10 @@ class FakeLease:
     steer: list[str] = field(default_factory=list)
     steered: list[tuple[int, list[dict[str, Any]]]] = field(default_factory=list)
 
+    @property
+    def fence_in_sql(self) -> bool:
+        return False
+
     def cancel(self) -> None:
         """From now on every heartbeat, checkpoint and note reports the lease lost."""
         self.cancelled = True
