@@ -45,6 +45,51 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
         db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
 
 
+
+def write_while_held(hold: Callable[[], object], write: Callable[[], object], *,
+                     then: Callable[[], object] = lambda: None) -> tuple[object, object]:
+    """Run ``hold`` in a transaction of one thread and keep it open; meanwhile run ``write`` in
+    another and assert it waits for that transaction's locks (not done half a second later); then
+    run ``then`` in the held transaction and commit it. Returns what the held transaction's last
+    call and ``write`` returned, or the exception each raised. Needs ``transaction=True``."""
+    held, go_on, done = threading.Event(), threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def holder() -> None:
+        try:
+            with transaction.atomic():
+                hold()
+                held.set()
+                go_on.wait(10)
+                outcome["held"] = then()
+        except Exception as exc:  # noqa: BLE001 - returned for the test to judge (a deadlock's error, say)
+            outcome["held"] = exc
+        finally:
+            held.set()
+            connection.close()
+
+    def writer() -> None:
+        try:
+            outcome["write"] = write()
+        except Exception as exc:  # noqa: BLE001 - returned for the test to judge
+            outcome["write"] = exc
+        finally:
+            done.set()
+            connection.close()
+
+    holding = threading.Thread(target=holder)
+    holding.start()
+    assert held.wait(10)
+    writing = threading.Thread(target=writer)
+    writing.start()
+    try:
+        assert not done.wait(0.5), "the write did not wait for the held transaction's locks"
+    finally:
+        go_on.set()
+        holding.join(15)
+        writing.join(15)
+    return outcome.get("held"), outcome.get("write")
+
 # Left as they are: the post_migrate signal below writes back any of their rows a test removed.
 KEPT_TABLES = {"django_content_type", "auth_permission"}
 

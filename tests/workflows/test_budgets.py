@@ -6,10 +6,10 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from tests.conftest import drive, open_approval, release_params
+from tests.conftest import drive, open_approval, release_params, write_while_held
 from workflows import clock, selectors, services
 from workflows.activity_context import ActivityContext, LeaseLost
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
@@ -255,44 +255,10 @@ def test_a_fenced_reservation_waits_for_a_cancel_holding_the_workflow_and_then_s
     cancel that holds the workflow's row when the reservation starts, and only then voids the
     activity, is waited for (not deadlocked with), and the reservation sees the void."""
     workflow, _, ctx = running_attempt(tmp_path, settings)
-    holding, go_on, done = threading.Event(), threading.Event(), threading.Event()
-    outcome: dict[str, object] = {}
+    cancelled, reserved = write_while_held(
+        lambda: workflow_lock(workflow.pk), lambda: reserve_fenced(ctx),
+        then=lambda: services.workflow_cancel(workflow_id=workflow.pk, reason="not needed").outcome.value)
 
-    def cancel() -> None:
-        try:
-            with transaction.atomic():
-                workflow_lock(workflow.pk)
-                holding.set()
-                go_on.wait(10)
-                outcome["cancel"] = services.workflow_cancel(workflow_id=workflow.pk, reason="not needed").outcome.value
-        except Exception as exc:  # noqa: BLE001 - a deadlock's error is what this test looks for
-            outcome["cancel"] = repr(exc)
-        finally:
-            connection.close()
-
-    def send() -> None:
-        try:
-            outcome["reserved"] = reserve_fenced(ctx)
-        except LeaseLost as exc:
-            outcome["lost"] = str(exc)
-        except Exception as exc:  # noqa: BLE001
-            outcome["reserved"] = repr(exc)
-        finally:
-            done.set()
-            connection.close()
-
-    canceller = threading.Thread(target=cancel)
-    canceller.start()
-    assert holding.wait(10)
-    sender = threading.Thread(target=send)
-    sender.start()
-    try:
-        assert not done.wait(0.5), "the reservation did not wait for the workflow's row lock"
-    finally:
-        go_on.set()
-        canceller.join(15)
-        sender.join(15)
-
-    assert outcome.get("cancel") == "applied", outcome
-    assert set(outcome) == {"cancel", "lost"} and "was not made" in str(outcome["lost"]), outcome
+    assert cancelled == "applied", cancelled
+    assert isinstance(reserved, LeaseLost) and "was not made" in str(reserved), reserved
     assert not UsageEntry.objects.filter(workflow=workflow).exists()

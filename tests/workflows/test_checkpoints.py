@@ -2,12 +2,11 @@
 the next attempt, cleared on success."""
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
 
+from tests.conftest import write_while_held
 from tests.workflows.test_chaining import chain_registered, launched  # noqa: F401  (a fixture)
 from workflows import clock, services
 from workflows.errors import InvalidInput
@@ -136,42 +135,16 @@ def test_a_note_or_checkpoint_waiting_on_a_cancel_sees_it_once_the_cancel_commit
     workflow, activity, claim = claimed()
     workflow.refresh_from_db()
     seq_before = workflow.event_seq
-    cancelling, commit, done = threading.Event(), threading.Event(), threading.Event()
-    outcome: dict[str, object] = {}
 
-    def cancel() -> None:
-        try:
-            with transaction.atomic():
-                services.workflow_cancel(workflow_id=workflow.pk, reason="not needed")
-                cancelling.set()
-                commit.wait(10)
-        finally:
-            connection.close()
+    def attempt_writes() -> bool:
+        if write == "note":
+            return services.activity_note_if_current(claim=claim, kind="tool.called", data={"tool": "write_file"})
+        return services.activity_checkpoint_if_current(claim=claim, state={"turn": 1})
 
-    def attempt_writes() -> None:
-        try:
-            if write == "note":
-                outcome["saved"] = services.activity_note_if_current(claim=claim, kind="tool.called",
-                                                                     data={"tool": "write_file"})
-            else:
-                outcome["saved"] = services.activity_checkpoint_if_current(claim=claim, state={"turn": 1})
-        finally:
-            done.set()
-            connection.close()
+    _, saved = write_while_held(lambda: services.workflow_cancel(workflow_id=workflow.pk, reason="not needed"),
+                                attempt_writes)
 
-    canceller = threading.Thread(target=cancel)
-    canceller.start()
-    assert cancelling.wait(10)
-    writer = threading.Thread(target=attempt_writes)
-    writer.start()
-    try:
-        assert not done.wait(0.5), "the write did not wait for the cancel's row lock"
-    finally:
-        commit.set()
-        canceller.join(10)
-        writer.join(10)
-
-    assert outcome == {"saved": False}
+    assert saved is False
     workflow.refresh_from_db()
     activity.refresh_from_db()
     assert workflow.status == "cancelled" and activity.checkpoint is None
