@@ -33,7 +33,8 @@ class Activity(FSMModelMixin, models.Model):
         FAILED = "failed"
         CANCELLED = "cancelled"
 
-    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="activities")
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="activities",
+                                 db_index=False)  # act_workflow_visit_idx leads with it
     operation_id = models.CharField(
         max_length=200, unique=True,
         help_text="Stable identity across attempts and workers, within this installation.",
@@ -97,7 +98,11 @@ class Activity(FSMModelMixin, models.Model):
         verbose_name_plural = "activities"
         indexes = [
             models.Index(fields=["next_attempt_at"], name="act_scheduled_due_idx", condition=Q(status="scheduled")),
-            models.Index(fields=["lease_expires_at"], name="act_running_lease_idx", condition=Q(status="running")),
+            # Running attempts, by concurrency key (workflows/services/slots.py counts them here) and for the
+            # lease sweep, which reads each one's lease_expires_at. No index holds a column that a lease
+            # extension writes (lease_expires_at, heartbeat_at, heartbeat_detail, checkpoint, checkpointed_at):
+            # so a heartbeat, a fence or a checkpoint is a HOT update, which writes no index entry.
+            models.Index(fields=["tenant", "kind"], name="act_running_key_idx", condition=Q(status="running")),
             models.Index(fields=["workflow", "node_visit"], name="act_workflow_visit_idx"),
             # The idle-workflow sweep asks "which workflows have live work?"; without this index it
             # scanned every activity row (5.3x slower beat tick with 100,000 parked workflows).
@@ -105,8 +110,7 @@ class Activity(FSMModelMixin, models.Model):
                 fields=["workflow"], name="act_live_workflow_idx", condition=Q(status__in=["scheduled", "running"])
             ),
             # Concurrency keys: slots just handed out, and the queue of those waiting for a slot, each
-            # tenant's in its order. (Running attempts are counted through act_running_lease_idx: an
-            # index of its own on every running row would cost each heartbeat two more index entries.)
+            # tenant's in its order.
             models.Index(fields=["slot_granted_at"], name="act_slot_granted_idx",
                          condition=Q(status="scheduled", slot_granted_at__isnull=False)),
             models.Index(fields=["tenant", "-slot_priority", "slot_waiting_since", "id"], name="act_slot_waiting_idx",
@@ -172,7 +176,8 @@ class ActivityAttempt(FSMModelMixin, models.Model):
         STALE = "stale", "Stale: finished after its lease was taken over; result discarded"
         CANCELLED = "cancelled", "Cancelled: its work was no longer wanted (cancel, new goal, node left, failure)"
 
-    activity = models.ForeignKey(Activity, on_delete=models.CASCADE, related_name="attempts")
+    activity = models.ForeignKey(Activity, on_delete=models.CASCADE, related_name="attempts",
+                                 db_index=False)  # uniq_attempt_number leads with it
     number = models.PositiveIntegerField(help_text="1 for the first attempt.")
     lease_token = models.CharField(max_length=32)
     worker = models.CharField(max_length=200, blank=True, help_text="Celery worker hostname and pid.")

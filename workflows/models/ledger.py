@@ -26,7 +26,8 @@ class UsageEntry(models.Model):
         UNCERTAIN = "uncertain", "Uncertain: no answer was seen; the estimate counts until the usage is known"
         RELEASED = "released", "Released: answered with an error (not billed), or never sent; counts nothing"
 
-    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="usage")
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="usage",
+                                 db_index=False)  # usage_workflow_time_idx leads with it
     key = models.CharField(
         max_length=240, unique=True,
         help_text="<operation_id>#<call>@<attempt>.<n>: one request; unique (constraint on the column).",
@@ -82,7 +83,8 @@ class UsageEntry(models.Model):
 class ProgressSample(models.Model):
     """A model-assessed progress reading, taken after a verification."""
 
-    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="progress")
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="progress",
+                                 db_index=False)  # progress_workflow_time_idx leads with it
     operation_id = models.CharField(max_length=200, unique=True, help_text="Activity that assessed it.")
     percent = models.PositiveSmallIntegerField(help_text="0–100.")
     achievements = models.JSONField(default=list, blank=True)

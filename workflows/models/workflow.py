@@ -166,12 +166,12 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
                   "format); `manage.py agent export-history ID` prints it.",
     )
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children",
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children", db_index=False,
         help_text="The workflow that started this one as a child (ctx.child); empty for a workflow launched by a "
                   "person, a schedule or the API.",
     )
-    parent_wait = models.ForeignKey(
-        "Wait", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+    parent_wait = models.ForeignKey(  # indexed by uniq_child_per_wait
+        "Wait", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False,
         help_text="The parent's child wait this workflow answers (its operation id is the child's identity); "
                   "unique: starting a child twice starts one (constraint uniq_child_per_wait).",
     )
@@ -182,7 +182,7 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     )
 
     forked_from = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks",
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks", db_index=False,
         help_text="The workflow this one was forked from (`agent fork`); empty for a launch.",
     )
     forked_from_visit = models.PositiveIntegerField(
@@ -211,6 +211,10 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
                 fields=["updated_at"], name="wf_finished_unarchived_idx",
                 condition=Q(status__in=["completed", "failed", "cancelled"], history_archived_at__isnull=True),
             ),
+            # A child's and a fork's link, where there is one: most workflows have neither, and their
+            # rows' writes add no entry here.
+            models.Index(fields=["parent"], name="wf_parent_idx", condition=Q(parent__isnull=False)),
+            models.Index(fields=["forked_from"], name="wf_forked_from_idx", condition=Q(forked_from__isnull=False)),
         ]
 
     def __str__(self) -> str:
@@ -326,7 +330,8 @@ class Checkpoint(models.Model):
     """The durable state at a semantic boundary: what the node entry changed (``delta``), or the
     whole state (``delta`` empty), in stored form (``workflows.statestore``)."""
 
-    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="checkpoints")
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="checkpoints",
+                                 db_index=False)  # checkpoint_workflow_visit_idx leads with it
     node = models.CharField(max_length=60, help_text="Node being entered.")
     node_visit = models.PositiveIntegerField()
     intent_version = models.PositiveIntegerField()
@@ -357,7 +362,8 @@ class Checkpoint(models.Model):
 class Event(models.Model):
     """Append-only history, with a contiguous sequence per workflow."""
 
-    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="events")
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="events",
+                                 db_index=False)  # uniq_event_seq leads with it
     seq = models.PositiveIntegerField(help_text="1, 2, 3, … per workflow, without gaps.")
     kind = models.CharField(max_length=60, help_text="Dotted event name, e.g. 'activity.succeeded'.")
     data = models.JSONField(default=dict, blank=True)
@@ -375,7 +381,8 @@ class StateBlob(models.Model):
     """A large value of a workflow's state or of an activity's result, stored once and referenced by
     its digest (``workflows.statestore``): a long string, or one element of a long list as JSON."""
 
-    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="blobs")
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="blobs",
+                                 db_index=False)  # uniq_state_blob leads with it
     digest = models.CharField(max_length=32, help_text="First 32 hex digits of the SHA-256 of the text.")
     data = models.TextField(help_text="The text: the string itself, or the JSON of a list element.")
     chars = models.PositiveIntegerField(help_text="Length of the text.")

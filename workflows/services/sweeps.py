@@ -83,7 +83,9 @@ def _activity_ring_if_undispatched(pk: int, dispatched_at: datetime | None, name
 
 
 def leases_reap_expired() -> int:
-    """Mark attempts whose lease ran out as lost and re-drive them (index ``act_running_lease_idx``);
+    """Mark attempts whose lease ran out as lost and re-drive them (the running ones are read through
+    ``act_running_key_idx``, each one's expiry checked: an index on the expiry would make every
+    heartbeat write an index entry);
     then mark the model requests those attempts (or any attempt that stopped) left in flight as
     uncertain in the usage ledger (index ``usage_reserved_idx``)."""
     ids = Activity.objects.filter(status=Activity.Status.RUNNING, lease_expires_at__lt=clock.now())
