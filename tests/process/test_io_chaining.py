@@ -29,12 +29,18 @@ SLOW_SECONDS = 1.5
 
 
 class SlowAgent(ClaudeForAutonomous):
-    """One task per agent (write a note, then report), every answer after SLOW_SECONDS."""
+    """One task per agent (write a note, then report), every answer after SLOW_SECONDS; the plan's
+    after ``plan_seconds``."""
+
+    def __init__(self, *, plan_seconds: float = SLOW_SECONDS) -> None:
+        super().__init__()
+        self.plan_seconds = plan_seconds
 
     def __call__(self, body: dict[str, Any]) -> Answer:
-        answer = (structured(body, {"tasks": TASKS[:1]}, preamble="Here is the plan:")
-                  if task_of(body) == "plan_tasks" else super().__call__(body))
-        answer.delay_seconds = SLOW_SECONDS
+        planning = task_of(body) == "plan_tasks"
+        answer = structured(body, {"tasks": TASKS[:1]}, preamble="Here is the plan:") if planning else super().__call__(
+            body)
+        answer.delay_seconds = self.plan_seconds if planning else SLOW_SECONDS
         return answer
 
     def work(self, body: dict[str, Any]) -> Answer:
@@ -43,9 +49,9 @@ class SlowAgent(ClaudeForAutonomous):
         return fake.text("Wrote notes/note.md.")
 
 
-def start(cluster: Any, claude_api: FakeAnthropicAPI, agents: int) -> list[int]:
+def start(cluster: Any, claude_api: FakeAnthropicAPI, agents: int, *, plan_seconds: float = SLOW_SECONDS) -> list[int]:
     """Launch ``agents`` slow agents; start a threads worker "io" on the I/O queue, a prefork one and the beat."""
-    claude_api.responder = SlowAgent()
+    claude_api.responder = SlowAgent(plan_seconds=plan_seconds)
     cluster.extra_env.update({
         "AGENTOPS_MODEL_PROVIDER": "anthropic", "ANTHROPIC_API_KEY": "sk-ant-test-0000-secret",
         "ANTHROPIC_BASE_URL": claude_api.url, "AGENTOPS_MODEL": "claude-sonnet-5-5",
@@ -83,7 +89,9 @@ def test_a_threads_worker_runs_each_agents_model_calls_in_one_task(cluster: Any,
 
 def test_a_warm_shutdown_finishes_the_running_activity_and_hands_the_next_to_the_broker(
         cluster: Any, claude_api: FakeAnthropicAPI) -> None:
-    [workflow_id] = start(cluster, claude_api, 1)
+    # The plan's answer takes long enough for the SIGTERM to arrive while it is awaited, however
+    # slowly a loaded machine notices the plan running and delivers the signal.
+    [workflow_id] = start(cluster, claude_api, 1, plan_seconds=8.0)
     io = next(p for p in cluster.live() if p.name == "io")
     cluster.wait_for(lambda: Activity.objects.filter(workflow_id=workflow_id, name="plan_tasks",
                                                      status="running").exists(), timeout=30, what="the plan running")
