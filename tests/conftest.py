@@ -45,7 +45,6 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
         db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
 
 
-
 def write_while_held(hold: Callable[[], object], write: Callable[[], object], *,
                      then: Callable[[], object] = lambda: None) -> tuple[object, object]:
     """Run ``hold`` in a transaction of one thread and keep it open; meanwhile run ``write`` in
@@ -89,6 +88,7 @@ def write_while_held(hold: Callable[[], object], write: Callable[[], object], *,
         holding.join(15)
         writing.join(15)
     return outcome.get("held"), outcome.get("write")
+
 
 # Left as they are: the post_migrate signal below writes back any of their rows a test removed.
 KEPT_TABLES = {"django_content_type", "auth_permission"}

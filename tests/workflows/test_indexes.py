@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from django.db import connection, transaction
 
-from tests.workflows.test_chaining import chain_registered, launched  # noqa: F401  (a fixture)
+from tests.workflows.test_chaining import chain_registered  # noqa: F401  (a fixture)
+from tests.workflows.test_checkpoints import claimed
 from workflows import services
 from workflows.models import (
     Activity,
@@ -18,7 +19,6 @@ from workflows.models import (
     UsageEntry,
     Workflow,
 )
-from workflows.services.activities import activity_claim_if_runnable
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -39,9 +39,7 @@ def _updates(table: str) -> tuple[int, int]:
 
 @pytest.mark.usefixtures("rung", "chain_registered")
 def test_a_heartbeat_and_a_checkpoint_update_the_activity_in_place():
-    workflow, activity = launched(steps=1)
-    claim = activity_claim_if_runnable(activity_id=activity.pk, worker="w1", task_id="t")
-    assert claim is not None
+    _, activity, claim = claimed()
     table = Activity._meta.db_table
 
     with transaction.atomic():
