@@ -83,9 +83,9 @@ def _activity_ring_if_undispatched(pk: int, dispatched_at: datetime | None, name
 
 
 def leases_reap_expired() -> int:
-    """Mark attempts whose lease ran out as lost and re-drive them (the running ones are read through
-    ``act_running_key_idx``, each one's expiry checked: an index on the expiry would make every
-    heartbeat write an index entry);
+    """Mark attempts whose lease ran out as lost and re-drive them (every running one is read through
+    a partial index on running rows, ``act_running_key_idx`` or ``act_live_workflow_idx``, and its
+    expiry checked: an index on the expiry would make every heartbeat write an index entry);
     then mark the model requests those attempts (or any attempt that stopped) left in flight as
     uncertain in the usage ledger (index ``usage_reserved_idx``)."""
     ids = Activity.objects.filter(status=Activity.Status.RUNNING, lease_expires_at__lt=clock.now())
