@@ -83,6 +83,7 @@ def test_limits_are_learned_from_the_answers_headers(claude: FakeAnthropicAPI, s
 
 def test_a_429_is_never_charged_nor_an_attempt_and_its_retry_after_holds_every_call(
     claude: FakeAnthropicAPI, shared: Any, workspaces: Path, settings: Any, time_machine: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A 429 with retry-after 2 s: its attempt is throttled and given back, its ledger row
     released (nothing charged); the next attempts wait for the 2 s in the limiter and are not sent
@@ -91,12 +92,14 @@ def test_a_429_is_never_charged_nor_an_attempt_and_its_retry_after_holds_every_c
     settings.AGENTOPS_RATE_LIMIT_MAX_WAIT_SECONDS = 0.5
     settings.AGENTOPS_THROTTLE_BACKOFF_SECONDS = 0.2
     time_machine.move_to(clock.now(), tick=False)
+    # The limiter on the test's clock, as the retry windows are: moved only by the test, so how
+    # fast this machine runs the rounds changes nothing of what the limiter sees.
+    monkeypatch.setattr(ratelimits.limiter(), "clock", lambda: clock.now().timestamp())
     claude.script(fake.rate_limited(retry_after=2))
     claude.responder = ClaudeForAutonomous()
     workflow = launch(workspaces)
 
     run_until_done(workflow.pk, time_machine, rounds=400)
-
     assert Workflow.objects.get(pk=workflow.pk).status == "completed"
     assert [r.status for r in claude.requests].count(429) == 1, "the limiter held every later call"
     planning = Activity.objects.get(workflow=workflow, name="plan_tasks")

@@ -16,10 +16,12 @@ def drive(workflow_id: int, *, max_rounds: int = 50, worker: str = "in-process",
     (a benchmark does not wait out backoffs)."""
     for _ in range(max_rounds):
         services.workflow_advance_if_runnable(workflow_id=workflow_id)
-        due = Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED)
+        scheduled = Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED)
         if retries_now:
-            due.update(next_attempt_at=clock.now() - timedelta(seconds=1))
-        ids = list(due.values_list("pk", flat=True))
+            scheduled.update(next_attempt_at=clock.now() - timedelta(seconds=1))
+        # Only what is due: a claim of one waiting for its retry window is refused, and asking again
+        # and again would only record the refusals (a test moves the clock to the window instead).
+        ids = list(scheduled.filter(next_attempt_at__lte=clock.now()).values_list("pk", flat=True))
         if not ids:
             break
         for pk in ids:
