@@ -4,12 +4,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 
 from workflows import faults
 from workflows.leases import Claim, Fence, Lease, LeaseLost
+
+if TYPE_CHECKING:
+    from workflows.sql import RowWrite
 
 __all__ = ["ActivityContext", "Claim", "LeaseLost"]
 
@@ -150,7 +153,16 @@ class ActivityContext:
 
     def note(self, kind: str, **data: Any) -> None:
         """Record an event in the workflow's history for this attempt (raises LeaseLost when fenced off)."""
-        if not self.lease.note(self.claim, kind, data):
+        self.note_with(None, kind, **data)
+
+    def note_with(self, also: RowWrite | None, kind: str, **data: Any) -> None:
+        """``note(kind, **data)``, and the write ``also`` made whether or not the note is (the
+        engine's: a model call's charge, which its ``model.called`` note records): in the note's own
+        statement when the lease fences in SQL, else first and alone."""
+        if also is not None and not self.lease.fence_in_sql:
+            also.run()
+            also = None
+        if not self.lease.note(self.claim, kind, data, also=also):
             raise self._lease_lost(LEASE_LOST)
 
     def steering(self, *, call: int) -> list[dict[str, Any]]:

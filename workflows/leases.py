@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from workflows.errors import Permanent
+
+if TYPE_CHECKING:
+    from workflows.sql import RowWrite
 
 
 class LeaseLost(Permanent):
@@ -87,7 +90,10 @@ class Lease(Protocol):
     def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str,
                    notes: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool: ...
 
-    def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool: ...
+    def note(self, claim: Claim, kind: str, data: dict[str, Any], also: RowWrite | None = None) -> bool:
+        """Record the event; ``also`` (a model call's charge, given only when ``fence_in_sql``) is
+        written whether or not the note is, in its statement."""
+        ...
 
     def adopt_release(self, claim: Claim, release: dict[str, Any], why: str) -> bool: ...
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import functools
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -112,11 +113,32 @@ def row_insert_unless_exists(instance: models.Model, *, unique: str) -> bool:
 def row_update(model: type[models.Model], values: Mapping[str, Any], where: Where) -> int:
     """``model.objects.filter(**where).update(**values)``, for equality and one-of conditions;
     returns the rows updated."""
-    db = _db()
-    params = [_db_value(concrete_field(model, name), value, db) for name, value in values.items()]
-    with db.cursor() as cursor:
-        cursor.execute(_update_sql(model, tuple(values), where_shape(where)), params + where_params(model, where, db))
-        return int(cursor.rowcount)
+    return RowWrite(model, values, where).run()
+
+
+@dataclass(frozen=True)
+class RowWrite:
+    """``row_update(model, values, where)`` as a value: a write another statement can make too, as
+    one of its CTEs (``workflows.services.common.events_append_while``'s ``also``), or ``run`` alone."""
+
+    model: type[models.Model]
+    values: Mapping[str, Any]
+    where: Where
+
+    def run(self) -> int:
+        """Make the write alone; returns the rows updated."""
+        with _db().cursor() as cursor:
+            cursor.execute(self.sql(), self.params())
+            return int(cursor.rowcount)
+
+    def sql(self) -> str:
+        """The UPDATE's text (without RETURNING), for a CTE."""
+        return _update_sql(self.model, tuple(self.values), where_shape(self.where))
+
+    def params(self) -> list[Any]:
+        db = _db()
+        return [*(_db_value(concrete_field(self.model, name), value, db) for name, value in self.values.items()),
+                *where_params(self.model, self.where, db)]
 
 
 def row_exists(model: type[models.Model], where: Where) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import ROUND_UP, Decimal
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 from opentelemetry.trace import SpanKind
@@ -24,6 +24,9 @@ from workflows.connections import connection_release_while_waiting
 from workflows.errors import AgentOpsError, Permanent
 from workflows.heartbeats import keep_alive
 from workflows.leases import Fence
+
+if TYPE_CHECKING:
+    from workflows.sql import RowWrite
 
 log = logging.getLogger("agentops.budgets")
 
@@ -257,7 +260,7 @@ def _metered_call(ctx: ActivityContext, provider: Any, meter: LedgerMeter, span:
     if gate is not None:
         gate.finish(input_tokens=usage.input_tokens + usage.cache_creation_input_tokens,
                     output_tokens=usage.output_tokens)
-    cost = meter.charge(response)
+    cost, charge = meter.charge(response)
     telemetry.annotate(span, {
         "gen_ai.response.model": provider.model, "gen_ai.response.id": response.request_id or None,
         "gen_ai.response.finish_reasons": [response.stop_reason],
@@ -265,9 +268,12 @@ def _metered_call(ctx: ActivityContext, provider: Any, meter: LedgerMeter, span:
         "gen_ai.usage.cache_read.input_tokens": usage.cache_read_input_tokens,
         "gen_ai.usage.cache_creation.input_tokens": usage.cache_creation_input_tokens,
         "agentops.cost_usd": float(cost), "agentops.requests": meter.sent})
+    if beat.lost is not None and charge is not None:
+        charge.run()  # the provider billed it: charged even though the attempt stops here
     beat.raise_if_lost()
     _conversation_remember(ctx, system=system, messages=messages, tools=tools, usage=usage)
-    ctx.note("model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
+    # The charge in the note's statement: charged whether or not the attempt still holds its lease.
+    ctx.note_with(charge, "model.called", call=call, model=provider.model, latency_ms=_ms_since(started),
              request_id=response.request_id, stop_reason=response.stop_reason, input_tokens=usage.input_tokens,
              output_tokens=usage.output_tokens, cache_read_tokens=usage.cache_read_input_tokens,
              cache_write_tokens=usage.cache_creation_input_tokens,
@@ -377,11 +383,12 @@ class LedgerMeter:
         else:
             self.ledger.release(key=key, reason=f"never reached the provider: {reason}")
 
-    def charge(self, response: ModelResponse) -> Decimal:
-        """Charge the request that brought ``response``; returns its cost."""
+    def charge(self, response: ModelResponse) -> tuple[Decimal, RowWrite | None]:
+        """Charge the request that brought ``response``; returns its cost, and the database
+        ledger's charge as a write still to make (in the statement of the call's ``model.called``
+        note: ``ActivityContext.note_with``), None when the ledger charged it now."""
         cost = cost_usd(self.model, response.usage)
-        self._settle(usage=response.usage, request_id=response.request_id)
-        return cost
+        return cost, self._settle(usage=response.usage, request_id=response.request_id, deferred=True)
 
     def failed(self, error: BaseException) -> None:
         """Settle what a failed call leaves open: an answer whose usage the error carries (a
@@ -392,13 +399,21 @@ class LedgerMeter:
         for n in list(self._open):
             self.lost(n, sent=True, reason=f"no usable answer ({type(error).__name__})")
 
-    def _settle(self, *, usage: Usage, request_id: str) -> None:
+    def _settle(self, *, usage: Usage, request_id: str, deferred: bool = False) -> RowWrite | None:
         n = self._ok[0] if self._ok is not None else max(self._open, default=0)
         key = self._open.pop(n, None) or self.key(n)
-        self.ledger.charge(key=key, cost_usd=cost_usd(self.model, usage), usage=usage_fields(usage),
-                           request_id=request_id or (self._ok[1] if self._ok else ""))
+        charge: dict[str, Any] = {"key": key, "cost_usd": cost_usd(self.model, usage), "usage": usage_fields(usage),
+                                  "request_id": request_id or (self._ok[1] if self._ok else "")}
+        write = None
+        if deferred and self.ledger is DATABASE_LEDGER:
+            from workflows.services.budgets import budget_charge_write
+
+            write = budget_charge_write(**charge)
+        else:
+            self.ledger.charge(**charge)
         for other in list(self._open):  # a provider that reported no outcome for them: unknown
             self.lost(other, sent=True, reason="no outcome reported")
+        return write
 
 
 USAGE_KEY_HEADER = "x-agentops-usage-key"

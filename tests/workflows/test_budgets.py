@@ -16,6 +16,7 @@ from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, Tran
 from workflows.models import Activity, Event, UsageEntry, Workflow
 from workflows.services.activities import DatabaseLease
 from workflows.services.common import workflow_lock
+from workflows.sql import RowWrite
 
 pytestmark = pytest.mark.django_db
 
@@ -210,8 +211,12 @@ def running_attempt(tmp_path, settings, **budget):
     return workflow, activity, ActivityContext(claim=claim, lease=DatabaseLease())
 
 
+def key_of(ctx: ActivityContext, request: int) -> str:
+    return services.usage_key(operation_id=ctx.operation_id, call=0, attempt=ctx.attempt, request=request)
+
+
 def reserve_fenced(ctx: ActivityContext, request: int = 0, usd: str = "0.02") -> bool:
-    key = services.usage_key(operation_id=ctx.operation_id, call=0, attempt=ctx.attempt, request=request)
+    key = key_of(ctx, request)
     return services.budget_reserve_ensure(workflow_id=ctx.workflow_id, key=key, operation_id=ctx.operation_id,
                                           attempt=ctx.attempt, provider="scripted", model="scripted/m",
                                           estimate_usd=Decimal(usd), fence=ctx.fence_of("model call 0"))
@@ -262,3 +267,36 @@ def test_a_fenced_reservation_waits_for_a_cancel_holding_the_workflow_and_then_s
     assert cancelled == "applied", cancelled
     assert isinstance(reserved, LeaseLost) and "was not made" in str(reserved), reserved
     assert not UsageEntry.objects.filter(workflow=workflow).exists()
+
+
+def test_a_calls_charge_and_its_note_are_one_statement_and_the_charge_holds_when_the_note_is_fenced_off(
+        tmp_path, settings):
+    """A model call's charge rides on its model.called note (``ctx.note_with``); the provider billed
+    the request whether or not the attempt still holds its lease, so a note fenced off by a cancel
+    writes nothing but the charge."""
+    workflow, activity, ctx = running_attempt(tmp_path, settings)
+    usage = {"input_tokens": 120, "output_tokens": 30, "cache_read_tokens": 0, "cache_write_tokens": 0,
+             "cache_write_1h_tokens": 0}
+
+    def charge(request: int) -> RowWrite:
+        assert reserve_fenced(ctx, request=request) is True
+        return services.budget_charge_write(key=key_of(ctx, request), cost_usd=Decimal("0.0012"), usage=usage,
+                                            request_id=f"req_{request}")
+
+    first = charge(0)
+    before = Activity.objects.get(pk=activity.pk).lease_expires_at
+    with CaptureQueriesContext(connection) as statements:
+        ctx.note_with(first, "model.called", call=0)
+    if connection.vendor == "postgresql":
+        assert len(statements.captured_queries) == 1, "the charge, the fence and the note in one statement"
+    assert Activity.objects.get(pk=activity.pk).lease_expires_at > before, "a note extends the lease"
+    second = charge(1)
+    services.workflow_cancel(workflow_id=workflow.pk, reason="not needed")
+    with pytest.raises(LeaseLost):
+        ctx.note_with(second, "model.called", call=1)
+
+    entries = UsageEntry.objects.filter(workflow=workflow).order_by("key")
+    assert [(e.status, e.cost_usd, e.request_id, e.input_tokens) for e in entries] == [
+        ("charged", Decimal("0.0012"), "req_0", 120), ("charged", Decimal("0.0012"), "req_1", 120)]
+    noted = Event.objects.filter(workflow=workflow, kind="model.called").values_list("data__call", flat=True)
+    assert list(noted) == [0], "the fenced-off note wrote nothing but its charge"

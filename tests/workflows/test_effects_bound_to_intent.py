@@ -24,6 +24,7 @@ from workflows.errors import Retryable
 from workflows.models import Activity, ActivityAttempt, Commitment, Event, UsageEntry, Workflow
 from workflows.services import RunOutcome
 from workflows.services.activities import DatabaseLease
+from workflows.sql import RowWrite
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rung")]
 
@@ -212,26 +213,32 @@ def test_a_replan_stops_the_running_task_at_its_next_fence(workspaces):
     assert services.activity_heartbeat_if_current(claim=claim) is False
 
 
-class StopsBeforeTools(DatabaseLease):
-    """The database lease of a worker that loses its lease between the model's answer and its
-    first tool call (as when the goal changes at that moment)."""
+class VoidedWhenAnswered(DatabaseLease):
+    """The database lease of an attempt whose work is voided (a new goal) the moment the model's
+    answer comes back, before the call's model.called note: the fence of the answer's first tool."""
 
-    def heartbeat(self, claim: Claim, detail: str) -> bool:
-        return not detail.startswith("before tool") and super().heartbeat(claim, detail)
+    def note(self, claim: Claim, kind: str, data: dict[str, Any], also: RowWrite | None = None) -> bool:
+        if kind == "model.called":
+            services.workflow_supersede(workflow_id=claim.workflow_id, goal="Something else")
+        return super().note(claim, kind, data, also=also)
 
 
 def test_a_superseded_attempt_runs_no_tool(workspaces):
     """Issue 10.6: the model asked for write_file, then the attempt lost its lease. Before, the
-    file was written before the fenced note. Now the fence comes first and nothing is written."""
+    file was written before the fenced note. Now the call's note is the tool's fence: it raises
+    LeaseLost, nothing is written, and the request the provider answered is charged all the same."""
     workflow, task = at_first_task()
     claim = services.activity_claim_if_runnable(activity_id=task.pk, worker="w1", task_id="t1")
-    ctx = ActivityContext(claim=claim, lease=StopsBeforeTools())
+    ctx = ActivityContext(claim=claim, lease=VoidedWhenAnswered())
 
-    with pytest.raises(LeaseLost, match="tool write_file was not made"):
+    with pytest.raises(LeaseLost, match="no longer wanted"):
         execute_task.execute(ctx, claim.input)
 
     assert not list(Path(workspaces).rglob("*.md"))
-    assert not Event.objects.filter(workflow=workflow, kind="tool.called").exists()
+    assert not Event.objects.filter(workflow=workflow, kind__in=("tool.called", "model.called"),
+                                    data__operation_id=claim.operation_id).exists()
+    entry = UsageEntry.objects.get(operation_id=claim.operation_id)
+    assert entry.status == "charged" and entry.cost_usd is not None, "billed by the provider: charged"
 
 
 def test_tool_output_with_nul_characters_is_stored_as_text(tmp_path):

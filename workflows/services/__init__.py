@@ -12,6 +12,7 @@ from workflows.services.activities import (
 )
 from workflows.services.budgets import (
     budget_charge_once,
+    budget_charge_write,
     budget_release_once,
     budget_reserve_ensure,
     budget_uncertain_once,
@@ -64,6 +65,7 @@ __all__ = [
     "activity_result_record_if_current",
     "activity_run_if_runnable",
     "budget_charge_once",
+    "budget_charge_write",
     "budget_release_once",
     "budget_reserve_ensure",
     "budget_uncertain_once",

@@ -31,7 +31,7 @@ from workflows.services.lifecycle import RunOutcome
 from workflows.services.progress import progress_record_once, progress_validate
 from workflows.services.steps import COMPENSATION_NODE, ChainSlot, commitment_compensated_by
 from workflows.services.workflows import advance_locked
-from workflows.sql import row_get
+from workflows.sql import RowWrite, row_get
 from workflows.tenancy import workflow_tenant
 
 logger = logging.getLogger("agentops.activities")
@@ -118,8 +118,8 @@ class DatabaseLease:
                    notes: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
         return activity_checkpoint_if_current(claim=claim, state=state, detail=detail, notes=notes)
 
-    def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool:
-        return activity_note_if_current(claim=claim, kind=kind, data=data)
+    def note(self, claim: Claim, kind: str, data: dict[str, Any], also: RowWrite | None = None) -> bool:
+        return activity_note_if_current(claim=claim, kind=kind, data=data, also=also)
 
     def adopt_release(self, claim: Claim, release: dict[str, Any], why: str) -> bool:
         return workflow_release_adopt_if_current(claim=claim, release=release, why=why)
@@ -316,12 +316,14 @@ def activity_lease_expire_if_due(*, activity_id: int) -> bool:
     return True
 
 
-def activity_note_if_current(*, claim: Claim, kind: str, data: dict[str, Any]) -> bool:
-    """Append an event on behalf of a running attempt (e.g. each tool call), fenced like a result.
+def activity_note_if_current(*, claim: Claim, kind: str, data: dict[str, Any], also: RowWrite | None = None) -> bool:
+    """Append an event on behalf of a running attempt (e.g. each tool call), fenced like a result;
+    ``also`` (a model call's charge) is written whether or not the attempt still holds its lease,
+    in the same statement on PostgreSQL.
 
     Not idempotent: a retried attempt notes its own calls again, under its attempt number.
     """
-    return lifecycle.notes_if_current(claim, _checked_notes(claim, [(kind, data)], at=clock.now()))
+    return lifecycle.notes_if_current(claim, _checked_notes(claim, [(kind, data)], at=clock.now()), also=also)
 
 
 def workflow_release_adopt_if_current(*, claim: Claim, release: dict[str, Any], why: str) -> bool:

@@ -30,6 +30,7 @@ from workflows.services.common import (
 )
 from workflows.services.steps import BUDGET_PAUSE_PREFIX, Outcome, Result, username_of, wake_locked
 from workflows.sql import (
+    RowWrite,
     WhereShape,
     concrete_field,
     db_value,
@@ -223,10 +224,18 @@ def budget_charge_once(*, key: str, cost_usd: Decimal, usage: dict[str, int], re
     Idempotent: conditional UPDATE on status reserved or uncertain; recording the same
     request again updates nothing, so a request is never counted twice. SQL, as the reservation.
     """
-    return bool(row_update(UsageEntry, {
+    return bool(budget_charge_write(key=key, cost_usd=cost_usd, usage=usage, request_id=request_id,
+                                    http_status=http_status).run())
+
+
+def budget_charge_write(*, key: str, cost_usd: Decimal, usage: dict[str, int], request_id: str = "",
+                        http_status: int | None = 200) -> RowWrite:
+    """``budget_charge_once`` as a write not yet made: a model call's charge goes in the statement
+    of its ``model.called`` note (``ActivityContext.note_with``)."""
+    return RowWrite(UsageEntry, {
         "status": UsageEntry.Status.CHARGED.value, "cost_usd": cost_usd, "charged_at": clock.now(),
         "request_id": request_id[:120], "http_status": http_status, "outcome": "", **usage,
-    }, {"key": key, "status": OPEN}))
+    }, {"key": key, "status": OPEN})
 
 
 def budget_release_once(*, key: str, reason: str, http_status: int | None = None, request_id: str = "") -> bool:

@@ -17,6 +17,7 @@ from agentops import providers
 from workflows.errors import InvalidInput, NotFound
 from workflows.models import BehavioralRelease, Event, Workflow
 from workflows.sql import (
+    RowWrite,
     Where,
     WhereShape,
     concrete_field,
@@ -91,28 +92,36 @@ def _numbered(events: list[tuple[str, datetime, dict[str, Any]]]) -> list[tuple[
 
 
 def events_append_while(workflow_id: int, events: list[tuple[str, datetime, dict[str, Any]]], *,
-                        model: type[models.Model], where: Where, values: Mapping[str, Any] | None = None) -> bool:
+                        model: type[models.Model], where: Where, values: Mapping[str, Any] | None = None,
+                        also: RowWrite | None = None) -> bool:
     """``events_append`` (one event or more) while a row of ``model`` matches ``where``, read after
     the workflow's row lock is taken, so a transaction that changed that row while holding the
     lock has committed by then and is seen; ``values`` are written to the row too when given. True when appended;
     False, writing nothing, when no row matches. An attempt's notes and checkpoints are fenced
-    this way (``where``: the attempt's lease) on every turn.
+    this way (``where``: the attempt's lease) on every turn. ``also`` is written whether or not
+    the row matches (a model call's charge, which its note records: the provider billed it either
+    way).
 
     One statement on PostgreSQL: the workflow's row locked, then the row locked (``FOR SHARE``) or
     updated under the condition, whose latest version PostgreSQL checks again after the lock,
     then the sequence numbers taken and the events inserted, each only when the one before gave a
-    row. Elsewhere a transaction of the same steps."""
+    row; ``also`` is a CTE nothing reads, which PostgreSQL runs to completion after the rest, so
+    the workflow's row is locked first, as by every writer. Elsewhere ``also`` alone, then a
+    transaction of the same steps."""
     if connection.vendor != "postgresql":
+        if also is not None:
+            also.run()
         with transaction.atomic():
             events_append(workflow_id, events)
             if not (row_update(model, values, where) if values else row_exists(model, where)):
                 transaction.set_rollback(True)
                 return False
         return True
-    fence_params = [workflow_id, *(db_value(model, name, v) for name, v in (values or {}).items()),
-                    *where_params(model, where)]
+    fence_params = [*(also.params() if also is not None else ()), workflow_id,
+                    *(db_value(model, name, v) for name, v in (values or {}).items()), *where_params(model, where)]
+    fenced = _fenced_sql(model, tuple(values or ()), where_shape(where))
     return bool(_events_with_seq(workflow_id, len(events), _numbered(events), numbered=False,
-                                 fenced=_fenced_sql(model, tuple(values or ()), where_shape(where)),
+                                 fenced=f"also AS ({also.sql()}), {fenced}" if also is not None else fenced,
                                  fence_params=fence_params))
 
 

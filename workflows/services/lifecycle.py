@@ -28,13 +28,13 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
-from workflows import registry
+from workflows import clock, registry
 from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Refused, Throttled
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Workflow
 from workflows.services import slots
 from workflows.services.common import event_record, events_append_while
-from workflows.sql import row_exists, row_insert, row_update, rows_insert
+from workflows.sql import RowWrite, row_exists, row_insert, row_update, rows_insert
 
 LIVE = (Activity.Status.SCHEDULED, Activity.Status.RUNNING)
 # The throttle streak looks this many attempts back.
@@ -249,17 +249,22 @@ def _lease_values(claim: Claim, *, now: datetime, detail: str) -> dict[str, Any]
 
 
 def notes_if_current(claim: Claim, events: list[tuple[str, datetime, dict[str, Any]]], *,
-                     checkpoint: tuple[dict[str, Any], str, datetime] | None = None) -> bool:
+                     checkpoint: tuple[dict[str, Any], str, datetime] | None = None,
+                     also: RowWrite | None = None) -> bool:
     """Append ``events`` (kind, time, data) to the workflow's history while the claim holds the
     lease, fenced as ``fence_holds`` is but read after the workflow's row lock (a voiding
-    transaction holding it has committed by then); with ``checkpoint`` (state, detail, time) the
-    state is saved and the lease extended as ``lease_extend_if_current`` does, in the same
-    statement (``events_append_while``). False, writing nothing, when the attempt is fenced off."""
-    values = None
+    transaction holding it has committed by then), and extend the lease as a heartbeat does (its
+    detail kept), in the same statement (``events_append_while``); with ``checkpoint`` (state,
+    detail, time) the state is saved and the detail written too. False, writing nothing, when the
+    attempt is fenced off; ``also`` (a model call's charge) is written either way."""
     if checkpoint is not None:
         state, detail, now = checkpoint
         values = {**_lease_values(claim, now=now, detail=detail), "checkpoint": state, "checkpointed_at": now}
-    return events_append_while(claim.workflow_id, events, model=Activity, where=_running(claim), values=values)
+    else:
+        now = events[0][1] if events else clock.now()
+        values = {"heartbeat_at": now, "lease_expires_at": lease_expiry(registry.activity_type(claim.name), now)}
+    return events_append_while(claim.workflow_id, events, model=Activity, where=_running(claim), values=values,
+                               also=also)
 
 
 def activity_succeed_if_current(claim: Claim, *, result: Any, now: datetime) -> bool:

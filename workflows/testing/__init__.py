@@ -21,7 +21,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from workflows import codec, engine, registry
 from workflows.activity_context import ActivityContext
@@ -29,6 +29,9 @@ from workflows.errors import NonDeterminismError
 from workflows.leases import Claim, LeaseLost
 from workflows.registry import ActivityType
 from workflows.testing.model import FakeLedger, FakeModel, Reply, Throttle, cut_off
+
+if TYPE_CHECKING:
+    from workflows.sql import RowWrite
 
 Step = engine.Step  # one recorded step of a run's history, as ``WorkflowRun.history`` lists them
 
@@ -108,7 +111,9 @@ class FakeLease:
         self.checkpoints.append(json.loads(json.dumps(state)))  # stored as JSON, as the database would
         return True
 
-    def note(self, claim: Claim, kind: str, data: dict[str, Any]) -> bool:
+    def note(self, claim: Claim, kind: str, data: dict[str, Any], also: RowWrite | None = None) -> bool:
+        if also is not None:  # the context gives one only to a lease that fences in SQL; made as asked
+            also.run()
         if self.cancelled:
             return False
         self.notes.append((kind, json.loads(json.dumps(data))))

@@ -184,9 +184,11 @@ def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
         messages.append(response.assistant_turn())
         results = []
         tool_notes: list[tuple[str, dict[str, Any]]] = []  # recorded with the turn's checkpoint
-        for call in response.tool_calls:
-            # A taken-over or unwanted attempt must not touch the workspace the current one uses.
-            ctx.fence(f"tool {call['name']}")
+        for n, call in enumerate(response.tool_calls):
+            # A taken-over or unwanted attempt must not touch the workspace the current one uses. The
+            # first tool's fence is the call's model.called note, metered_complete's last write.
+            if n:
+                ctx.fence(f"tool {call['name']}")
             with (telemetry.tool_span(call["name"]) as span,
                   keep_alive(ctx, f"task {task['id']} turn {turn + 1}: tool {call['name']}") as beat):
                 ok, output, isolation = run_tool_isolated(root, call["name"], call.get("input") or {})

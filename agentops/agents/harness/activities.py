@@ -642,10 +642,11 @@ def _loop(ctx: ActivityContext, session: tools.Session, *, system: str, brief: s
             return turn + 1
         messages.append(response.assistant_turn())
         results: list[dict[str, Any]] = []
-        for call in response.tool_calls:
+        for n, call in enumerate(response.tool_calls):
             name, args = call["name"], call.get("input") or {}
             asked = args  # what the model asked for: the repeat breaker compares these
-            ctx.fence(f"tool {name}")
+            if n:  # the first tool's fence is the call's model.called note, metered_complete's last write
+                ctx.fence(f"tool {name}")
             if name not in allowed:
                 ok, output = False, f"tool {name!r} is not available in this session"
             else:
