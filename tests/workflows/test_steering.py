@@ -5,6 +5,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from agentops.providers.scripted import ScriptedProvider
 from tests.conftest import drive, one_event_kind
@@ -160,3 +162,38 @@ def test_bad_steers_are_refused_and_change_nothing(requester) -> None:
         with pytest.raises(TransitionRefused, match="whose model calls do not read steer messages"):
             services.workflow_steer(workflow_id=quiet.pk, message=STEER)
     assert not SteerMessage.objects.exists()
+
+
+def test_a_message_sent_while_a_tool_runs_reaches_the_next_call_and_an_unsteered_turn_asks_nothing(
+        requests, monkeypatch) -> None:
+    """A tool turn's checkpoint says whether the workflow has steer messages: the next model call asks
+    the steering question only when it has (on PostgreSQL). A message sent while a tool runs, before
+    that checkpoint, is in the task's very next call."""
+    from agentops.agents.autonomous import activities
+
+    run_tool = activities.run_tool_isolated
+    tools: list[str] = []
+    sent: list[int] = []
+
+    def steering_meanwhile(root: Any, name: str, args: dict[str, Any]) -> Any:
+        tools.append(name)
+        if len(tools) == 2:  # a later tool turn: the turns before it found no message
+            sent.append(services.workflow_steer(workflow_id=workflow.pk, message=STEER, by="shell:ops").seq)
+        return run_tool(root, name, args)
+
+    monkeypatch.setattr(activities, "run_tool_isolated", steering_meanwhile)
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    with CaptureQueriesContext(connection) as queries:
+        workflow = drive(workflow.pk)
+
+    assert workflow.status == "completed", workflow.reason
+    assert sent == [1]
+    steered = [n for n, r in enumerate(requests) if carries(r, STEER)]
+    delivered = Event.objects.get(workflow=workflow, kind="steer.delivered")
+    task = Activity.objects.get(operation_id=delivered.data["operation_id"])
+    assert task.name == "execute_task" and delivered.data["call"] >= 1, "taken by the turn after the tool"
+    assert steered and requests[steered[0]]["messages"][-1]["content"].startswith("<steering>")
+    if connection.vendor == "postgresql":
+        calls = Event.objects.filter(workflow=workflow, kind="model.called").count()
+        asked = sum(q["sql"].startswith('SELECT 1 FROM "workflows_steermessage"') for q in queries.captured_queries)
+        assert asked < calls, f"{asked} steering questions for {calls} model calls: none answered by a checkpoint"

@@ -20,6 +20,7 @@ from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
 from workflows.services import lifecycle, slots
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import (
+    Appended,
     event_record,
     events_batched,
     json_checked,
@@ -104,8 +105,19 @@ def _execute(spec: registry.ActivityType[Any, Any], ctx: ActivityContext) -> Any
     return spec.execute(ctx, ctx.claim.input)
 
 
+# How long a checkpoint's word that its workflow has no steer message answers the attempt's next
+# steering question (``DatabaseLease.steering``): the next model call's, asked right after it.
+STEER_PROBE_SECONDS = 1.0
+
+
 class DatabaseLease:
-    """The lease of an attempt running on a worker: each call is a fenced write (see the services below)."""
+    """The lease of an attempt running on a worker: each call is a fenced write (see the services
+    below). A checkpoint also tells whether the workflow has any steer message; when it has none,
+    the steering question that follows it within STEER_PROBE_SECONDS (the next model call's, on
+    every turn of a tool loop) is answered from that, without a statement of its own."""
+
+    def __init__(self) -> None:
+        self._unsteered_at: float | None = None  # time.monotonic() of a checkpoint that found no steer message
 
     @property
     def fence_in_sql(self) -> bool:
@@ -116,7 +128,9 @@ class DatabaseLease:
 
     def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str,
                    notes: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
-        return activity_checkpoint_if_current(claim=claim, state=state, detail=detail, notes=notes)
+        saved = _checkpoint(claim, state, detail, notes, steer_probe=True)
+        self._unsteered_at = time.monotonic() if saved.steer_messages is False else None
+        return saved.ok
 
     def note(self, claim: Claim, kind: str, data: dict[str, Any], also: RowWrite | None = None) -> bool:
         return activity_note_if_current(claim=claim, kind=kind, data=data, also=also)
@@ -127,6 +141,9 @@ class DatabaseLease:
     def steering(self, claim: Claim, call: int) -> list[dict[str, Any]] | None:
         from workflows.services.steering import steering_take_if_current
 
+        unsteered_at, self._unsteered_at = self._unsteered_at, None  # answers one question
+        if unsteered_at is not None and time.monotonic() - unsteered_at < STEER_PROBE_SECONDS:
+            return []
         return steering_take_if_current(claim=claim, call=call)
 
 
@@ -272,13 +289,18 @@ def activity_checkpoint_if_current(*, claim: Claim, state: dict[str, Any], detai
     replaces the state. Raises InvalidInput (changing nothing) for state that is not a JSON
     object under 1 MB, or a note that is not JSON.
     """
+    return bool(_checkpoint(claim, state, detail, notes))
+
+
+def _checkpoint(claim: Claim, state: dict[str, Any], detail: str, notes: Sequence[tuple[str, dict[str, Any]]], *,
+                steer_probe: bool = False) -> Appended:
     if not isinstance(state, dict):
         raise InvalidInput(f"A checkpoint of {claim.name} must be a JSON object; got {type(state).__name__}.")
     state = json_checked(state, what=f"The checkpoint of activity {claim.name}")
     now = clock.now()
     events = [*_checked_notes(claim, notes, at=now),
               ("activity.checkpointed", now, _attempt_data(claim, {"detail": detail[:200]}))]
-    return lifecycle.notes_if_current(claim, events, checkpoint=(state, detail, now))
+    return lifecycle.notes_if_current(claim, events, checkpoint=(state, detail, now), steer_probe=steer_probe)
 
 
 def _attempt_data(claim: Claim, data: dict[str, Any]) -> dict[str, Any]:
@@ -323,7 +345,7 @@ def activity_note_if_current(*, claim: Claim, kind: str, data: dict[str, Any], a
 
     Not idempotent: a retried attempt notes its own calls again, under its attempt number.
     """
-    return lifecycle.notes_if_current(claim, _checked_notes(claim, [(kind, data)], at=clock.now()), also=also)
+    return bool(lifecycle.notes_if_current(claim, _checked_notes(claim, [(kind, data)], at=clock.now()), also=also))
 
 
 def workflow_release_adopt_if_current(*, claim: Claim, release: dict[str, Any], why: str) -> bool:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -15,7 +16,7 @@ from django_fsm import ConcurrentTransition
 
 from agentops import providers
 from workflows.errors import InvalidInput, NotFound
-from workflows.models import BehavioralRelease, Event, Workflow
+from workflows.models import BehavioralRelease, Event, SteerMessage, Workflow
 from workflows.sql import (
     RowWrite,
     Where,
@@ -83,7 +84,7 @@ def events_append(workflow_id: int, events: list[tuple[str, datetime, dict[str, 
     if connection.vendor != "postgresql":
         events_insert(workflow_id, event_seq_take(workflow_id, len(events)), events)
         return
-    if _events_with_seq(workflow_id, len(events), _numbered(events), numbered=False) != len(events):
+    if _events_with_seq(workflow_id, len(events), _numbered(events), numbered=False)[0] != len(events):
         raise workflow_not_found(workflow_id)
 
 
@@ -91,9 +92,22 @@ def _numbered(events: list[tuple[str, datetime, dict[str, Any]]]) -> list[tuple[
     return [(n, kind, at, data) for n, (kind, at, data) in enumerate(events)]
 
 
+@dataclass(frozen=True)
+class Appended:
+    """What ``events_append_while`` did: ``ok`` (true as a whole), the events appended because the
+    row matched; with ``steer_probe``, ``steer_messages``: whether the workflow had any steer
+    message then (None: not asked, or not known on this database)."""
+
+    ok: bool
+    steer_messages: bool | None = None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
 def events_append_while(workflow_id: int, events: list[tuple[str, datetime, dict[str, Any]]], *,
                         model: type[models.Model], where: Where, values: Mapping[str, Any] | None = None,
-                        also: RowWrite | None = None) -> bool:
+                        also: RowWrite | None = None, steer_probe: bool = False) -> Appended:
     """``events_append`` (one event or more) while a row of ``model`` matches ``where``, read after
     the workflow's row lock is taken, so a transaction that changed that row while holding the
     lock has committed by then and is seen; ``values`` are written to the row too when given. True when appended;
@@ -106,8 +120,9 @@ def events_append_while(workflow_id: int, events: list[tuple[str, datetime, dict
     updated under the condition, whose latest version PostgreSQL checks again after the lock,
     then the sequence numbers taken and the events inserted, each only when the one before gave a
     row; ``also`` is a CTE nothing reads, which PostgreSQL runs to completion after the rest, so
-    the workflow's row is locked first, as by every writer. Elsewhere ``also`` alone, then a
-    transaction of the same steps."""
+    the workflow's row is locked first, as by every writer; ``steer_probe``, the inserted events
+    return whether the workflow has steer messages. Elsewhere ``also`` alone, then a transaction
+    of the same steps."""
     if connection.vendor != "postgresql":
         if also is not None:
             also.run()
@@ -115,14 +130,23 @@ def events_append_while(workflow_id: int, events: list[tuple[str, datetime, dict
             events_append(workflow_id, events)
             if not (row_update(model, values, where) if values else row_exists(model, where)):
                 transaction.set_rollback(True)
-                return False
-        return True
+                return Appended(False)
+        return Appended(True)
     fence_params = [*(also.params() if also is not None else ()), workflow_id,
                     *(db_value(model, name, v) for name, v in (values or {}).items()), *where_params(model, where)]
     fenced = _fenced_sql(model, tuple(values or ()), where_shape(where))
-    return bool(_events_with_seq(workflow_id, len(events), _numbered(events), numbered=False,
-                                 fenced=f"also AS ({also.sql()}), {fenced}" if also is not None else fenced,
-                                 fence_params=fence_params))
+    count, probed = _events_with_seq(workflow_id, len(events), _numbered(events), numbered=False,
+                                     fenced=f"also AS ({also.sql()}), {fenced}" if also is not None else fenced,
+                                     fence_params=fence_params, returning=_steer_probe_sql() if steer_probe else "")
+    return Appended(bool(count), bool(probed) if count and steer_probe else None)
+
+
+@functools.cache
+def _steer_probe_sql() -> str:
+    """For an event just inserted: whether its workflow has any steer message (``RETURNING``)."""
+    steer, workflow = quoted_table(SteerMessage), quoted_column(concrete_field(SteerMessage, "workflow"))
+    event_workflow = f"{quoted_table(Event)}.{quoted_column(concrete_field(Event, 'workflow'))}"
+    return f"EXISTS (SELECT 1 FROM {steer} WHERE {steer}.{workflow} = {event_workflow})"
 
 
 @functools.cache
@@ -139,22 +163,25 @@ def _fenced_sql(model: type[models.Model], names: tuple[str, ...], shape: WhereS
 
 
 def _events_with_seq(workflow_id: int, seq_param: int, rows: list[tuple[int, str, datetime, dict[str, Any]]], *,
-                     numbered: bool, fenced: str = "", fence_params: list[Any] | None = None) -> int:
+                     numbered: bool, fenced: str = "", fence_params: list[Any] | None = None,
+                     returning: str = "") -> tuple[int, Any]:
     """Write the workflow's ``event_seq`` and insert ``rows`` (n, kind, time, data) in one
     statement (PostgreSQL): ``numbered``, n is each event's number and ``seq_param`` the new
     ``event_seq``; else the next ``seq_param`` numbers are taken and n counts from 0 among them.
-    ``fenced`` (``_fenced_sql``, with its ``fence_params``) comes first. Returns the events inserted."""
+    ``fenced`` (``_fenced_sql``, with its ``fence_params``) comes first. Returns the events
+    inserted, and ``returning`` (an expression over an inserted event) of the first one, or None."""
     data = concrete_field(Event, "data")
     params: list[Any] = [*(fence_params or ()), seq_param, workflow_id]
     for n, kind, at, payload in rows:
         params += [n, kind, data.get_db_prep_save(payload, connection), at]
     with connection.cursor() as cursor:
-        cursor.execute(_events_with_seq_sql(len(rows), numbered, fenced), params)
-        return int(cursor.rowcount)
+        cursor.execute(_events_with_seq_sql(len(rows), numbered, fenced, returning), params)
+        first = cursor.fetchone() if returning else None
+        return int(cursor.rowcount), first[0] if first else None
 
 
 @functools.cache
-def _events_with_seq_sql(count: int, numbered: bool, fenced: str = "") -> str:
+def _events_with_seq_sql(count: int, numbered: bool, fenced: str = "", returning: str = "") -> str:
     """``fenced``: CTEs ahead of ``taken``, the last named ``fenced``; the numbers are taken (and
     the events inserted) only when it gave a row."""
     table, seq, id_ = quoted_table(Workflow), quoted_column(concrete_field(Workflow, "event_seq")), \
@@ -167,7 +194,8 @@ def _events_with_seq_sql(count: int, numbered: bool, fenced: str = "") -> str:
     return (f"WITH {fenced}taken AS (UPDATE {table} SET {update} WHERE {id_} = %s{only_if} RETURNING {id_}, {seq}) "
             f"INSERT INTO {quoted_table(Event)} ({columns}) "
             f"SELECT taken.{id_}, {number}, v.kind, v.data, v.created_at "
-            f"FROM taken, (VALUES {rows}) AS v (n, kind, data, created_at)")
+            f"FROM taken, (VALUES {rows}) AS v (n, kind, data, created_at)"
+            + (f" RETURNING {returning}" if returning else ""))
 
 
 def workflow_save(workflow: Workflow, *fields: str, at: datetime) -> None:
@@ -236,7 +264,7 @@ def _events_write(workflow: Workflow, events: list[Event]) -> None:
         row_update(Workflow, {"event_seq": workflow.event_seq}, {"id": workflow.pk})
         return
     rows = [(e.seq, e.kind, e.created_at, e.data) for e in events]
-    if _events_with_seq(workflow.pk, workflow.event_seq, rows, numbered=True) != len(events):
+    if _events_with_seq(workflow.pk, workflow.event_seq, rows, numbered=True)[0] != len(events):
         raise workflow_not_found(workflow.pk)
 
 

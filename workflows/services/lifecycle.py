@@ -33,7 +33,7 @@ from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Refused
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Workflow
 from workflows.services import slots
-from workflows.services.common import event_record, events_append_while
+from workflows.services.common import Appended, event_record, events_append_while
 from workflows.sql import RowWrite, row_exists, row_insert, row_update, rows_insert
 
 LIVE = (Activity.Status.SCHEDULED, Activity.Status.RUNNING)
@@ -250,13 +250,14 @@ def _lease_values(claim: Claim, *, now: datetime, detail: str) -> dict[str, Any]
 
 def notes_if_current(claim: Claim, events: list[tuple[str, datetime, dict[str, Any]]], *,
                      checkpoint: tuple[dict[str, Any], str, datetime] | None = None,
-                     also: RowWrite | None = None) -> bool:
+                     also: RowWrite | None = None, steer_probe: bool = False) -> Appended:
     """Append ``events`` (kind, time, data) to the workflow's history while the claim holds the
     lease, fenced as ``fence_holds`` is but read after the workflow's row lock (a voiding
     transaction holding it has committed by then), and extend the lease as a heartbeat does (its
     detail kept), in the same statement (``events_append_while``); with ``checkpoint`` (state,
     detail, time) the state is saved and the detail written too. False, writing nothing, when the
-    attempt is fenced off; ``also`` (a model call's charge) is written either way."""
+    attempt is fenced off; ``also`` (a model call's charge) is written either way. ``steer_probe``:
+    the answer says whether the workflow has steer messages too (``Appended``)."""
     if checkpoint is not None:
         state, detail, now = checkpoint
         values = {**_lease_values(claim, now=now, detail=detail), "checkpoint": state, "checkpointed_at": now}
@@ -264,7 +265,7 @@ def notes_if_current(claim: Claim, events: list[tuple[str, datetime, dict[str, A
         now = events[0][1] if events else clock.now()
         values = {"heartbeat_at": now, "lease_expires_at": lease_expiry(registry.activity_type(claim.name), now)}
     return events_append_while(claim.workflow_id, events, model=Activity, where=_running(claim), values=values,
-                               also=also)
+                               also=also, steer_probe=steer_probe)
 
 
 def activity_succeed_if_current(claim: Claim, *, result: Any, now: datetime) -> bool:
