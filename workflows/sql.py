@@ -163,10 +163,22 @@ def row_get(model: type[M], pk: Any, *, lock: bool = False, related: str | None 
     when there is no such row: the instance as the ORM would load it (each column through its
     field's conversion from the database), ``related`` (a foreign key that cannot be null) joined
     and cached on it. ``lock`` locks the row, not the related one, where the database can."""
+    got = _row_get(model, pk, lock, related, "")
+    return None if got is None else got[0]
+
+
+def row_get_with(model: type[M], pk: Any, extra: str, *, lock: bool = False, related: str | None = None
+                 ) -> tuple[M, Any] | None:
+    """``row_get``, and in the same statement the value of ``extra``: an SQL expression over the
+    row (its table by name, ``quoted_table``), as the driver returns it; None when there is no row."""
+    return _row_get(model, pk, lock, related, extra)
+
+
+def _row_get(model: type[M], pk: Any, lock: bool, related: str | None, extra: str) -> tuple[M, Any] | None:
     db = _db()
     if lock and db.get_autocommit():
         raise TransactionManagementError("row_get(lock=True) locks a row for a transaction; call it inside one.")
-    sql, fields, related_fields = _get_sql(model, lock, related)
+    sql, fields, related_fields = _get_sql(model, lock, related, extra)
     with db.cursor() as cursor:
         cursor.execute(sql, [_db_value(model._meta.pk, pk, db)])
         row = cursor.fetchone()
@@ -176,8 +188,9 @@ def row_get(model: type[M], pk: Any, *, lock: bool = False, related: str | None 
     if related is not None:
         key = model._meta.get_field(related)
         assert isinstance(key, models.ForeignKey) and not isinstance(key.related_model, str)
-        key.set_cached_value(instance, _from_row(key.related_model, related_fields, row[len(fields):], db))
-    return instance
+        key.set_cached_value(instance, _from_row(key.related_model, related_fields,
+                                                 row[len(fields):len(fields) + len(related_fields)], db))
+    return instance, row[-1] if extra else None
 
 
 Converter = tuple["models.Field[Any, Any]", Any, tuple[Any, ...]]  # a field, its column, its conversions
@@ -203,7 +216,7 @@ def _converters(model: type[models.Model]) -> list[Converter]:
 
 
 @functools.cache
-def _get_sql(model: type[models.Model], lock: bool, related: str | None
+def _get_sql(model: type[models.Model], lock: bool, related: str | None, extra: str = ""
              ) -> tuple[str, list[Converter], list[Converter]]:
     """The statement of ``row_get`` and the conversions of its columns, made once per shape and process."""
     fields = _converters(model)
@@ -221,6 +234,8 @@ def _get_sql(model: type[models.Model], lock: bool, related: str | None
         columns += [f"{other_table}.{quoted_column(field)}" for field, _, _ in related_fields]
         join = (f" INNER JOIN {other_table} ON {other_table}.{quoted_column(key.target_field)}"
                 f" = {table}.{quoted_column(key)}")
+    if extra:
+        columns.append(f"({extra})")
     locking = ""
     if lock and connection.features.has_select_for_update:
         locking = f" FOR UPDATE OF {table}" if connection.features.has_select_for_update_of else " FOR UPDATE"

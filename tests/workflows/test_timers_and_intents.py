@@ -274,3 +274,30 @@ def test_bad_new_goal_is_refused(goal, message):
     workflow.refresh_from_db()
     assert (workflow.updated_at, workflow.event_seq, workflow.intent_version) == before
     assert Wait.objects.get(workflow=workflow).status == "open"
+
+
+@pytest.mark.django_db
+def test_the_goal_read_with_the_row_lock_is_the_current_versions_and_a_new_goal_is_read_again(settings, tmp_path):
+    """An advance reads the goal with the workflow's row lock (one statement fewer); a goal that
+    changed since (a new intent version on the instance) is read from its own row, never the old one."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from workflows import selectors
+    from workflows.services.common import workflow_lock
+
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    with transaction.atomic():
+        locked = workflow_lock(workflow.pk, goal=True)
+        with CaptureQueriesContext(connection) as statements:
+            assert selectors.current_goal(locked) == "Prepare onboarding notes"
+        assert statements.captured_queries == [], "read with the lock"
+    services.workflow_supersede(workflow_id=workflow.pk, goal="Prepare offboarding notes")
+    with transaction.atomic():
+        locked = workflow_lock(workflow.pk, goal=True)
+        assert selectors.current_goal(locked) == "Prepare offboarding notes"
+        Intent.objects.create(workflow=locked, version=locked.intent_version + 1, goal="A third goal",
+                              created_at=clock.now())
+        locked.intent_version += 1
+        assert selectors.current_goal(locked) == "A third goal", "the version read with the lock is not this one"

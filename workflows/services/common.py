@@ -16,7 +16,7 @@ from django_fsm import ConcurrentTransition
 
 from agentops import providers
 from workflows.errors import InvalidInput, NotFound
-from workflows.models import BehavioralRelease, Event, SteerMessage, Workflow
+from workflows.models import BehavioralRelease, Event, Intent, SteerMessage, Workflow
 from workflows.sql import (
     RowWrite,
     Where,
@@ -27,6 +27,7 @@ from workflows.sql import (
     quoted_table,
     row_exists,
     row_get,
+    row_get_with,
     row_update,
     rows_insert,
     set_sql,
@@ -38,12 +39,30 @@ from workflows.sql import (
 MAX_JSON_BYTES = 1_000_000
 
 
-def workflow_lock(workflow_id: int) -> Workflow:
-    """Lock the workflow row for the rest of the transaction (every writer locks it first)."""
-    workflow = row_get(Workflow, workflow_id, lock=True, related="release")
+def workflow_lock(workflow_id: int, *, goal: bool = False) -> Workflow:
+    """Lock the workflow row for the rest of the transaction (every writer locks it first); with
+    ``goal``, its current goal is read in the same statement (``selectors.current_goal``), for a
+    caller that advances it: node handlers read it on every advance."""
+    if not goal:
+        workflow = row_get(Workflow, workflow_id, lock=True, related="release")
+    else:
+        got = row_get_with(Workflow, workflow_id, _goal_sql(), lock=True, related="release")
+        workflow = None if got is None else got[0]
+        if workflow is not None and got is not None and got[1] is not None:
+            workflow.goal_read = (workflow.intent_version, str(got[1]))
     if workflow is None:
         raise workflow_not_found(workflow_id)
     return workflow
+
+
+@functools.cache
+def _goal_sql() -> str:
+    """The goal of the locked workflow's current intent version, as a subquery of its row's read."""
+    def column(model: type[models.Model], name: str) -> str:
+        return f"{quoted_table(model)}.{quoted_column(concrete_field(model, name))}"
+
+    return (f"SELECT {column(Intent, 'goal')} FROM {quoted_table(Intent)} WHERE {column(Intent, 'workflow')} = "
+            f"{column(Workflow, 'id')} AND {column(Intent, 'version')} = {column(Workflow, 'intent_version')}")
 
 
 def workflow_not_found(workflow_id: int) -> NotFound:
