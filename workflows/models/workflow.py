@@ -71,6 +71,9 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
 
     TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
     CANCELLABLE = (Status.CREATED, Status.RUNNING, Status.WAITING, Status.PAUSED)
+    # Not a column: (intent version, goal) as read with the row lock (``workflow_lock(goal=True)``),
+    # which ``selectors.current_goal`` answers from while the workflow is at that version.
+    goal_read: tuple[int, str] | None = None
 
     kind = models.CharField(max_length=60, db_index=True, help_text="Workflow definition kind, e.g. 'release'.")
     definition_version = models.PositiveIntegerField(

@@ -47,9 +47,11 @@ def workflow_lock(workflow_id: int, *, goal: bool = False) -> Workflow:
         workflow = row_get(Workflow, workflow_id, lock=True, related="release")
     else:
         got = row_get_with(Workflow, workflow_id, _goal_sql(), lock=True, related="release")
-        workflow = None if got is None else got[0]
-        if workflow is not None and got is not None and got[1] is not None:
-            workflow.goal_read = (workflow.intent_version, str(got[1]))
+        workflow = None
+        if got is not None:
+            workflow, text = got
+            if text is not None:
+                workflow.goal_read = (workflow.intent_version, str(text))
     if workflow is None:
         raise workflow_not_found(workflow_id)
     return workflow
@@ -125,20 +127,20 @@ class Appended:
 
 
 def events_append_while(workflow_id: int, events: list[tuple[str, datetime, dict[str, Any]]], *,
-                        model: type[models.Model], where: Where, values: Mapping[str, Any] | None = None,
+                        model: type[models.Model], where: Where, values: Mapping[str, Any],
                         also: RowWrite | None = None, steer_probe: bool = False) -> Appended:
     """``events_append`` (one event or more) while a row of ``model`` matches ``where``, read after
     the workflow's row lock is taken, so a transaction that changed that row while holding the
-    lock has committed by then and is seen; ``values`` are written to the row too when given. True when appended;
-    False, writing nothing, when no row matches. An attempt's notes and checkpoints are fenced
-    this way (``where``: the attempt's lease) on every turn. ``also`` is written whether or not
-    the row matches (a model call's charge, which its note records: the provider billed it either
-    way).
+    lock has committed by then and is seen; ``values`` are written to that row. Truthy when
+    appended; falsy, writing nothing, when no row matches. An attempt's notes and checkpoints are
+    fenced this way (``where``: the attempt's lease; ``values``: its extension) on every turn.
+    ``also`` is written whether or not the row matches (a model call's charge, which its note
+    records: the provider billed it either way).
 
-    One statement on PostgreSQL: the workflow's row locked, then the row locked (``FOR SHARE``) or
-    updated under the condition, whose latest version PostgreSQL checks again after the lock,
-    then the sequence numbers taken and the events inserted, each only when the one before gave a
-    row; ``also`` is a CTE nothing reads, which PostgreSQL runs to completion after the rest, so
+    One statement on PostgreSQL: the workflow's row locked, then the row updated under the
+    condition, whose latest version PostgreSQL checks again after the lock, then the sequence
+    numbers taken and the events inserted, each only when the one before gave a row; ``also`` is
+    a CTE nothing reads, which PostgreSQL runs to completion after the rest, so
     the workflow's row is locked first, as by every writer; ``steer_probe``, the inserted events
     return whether the workflow has steer messages. Elsewhere ``also`` alone, then a transaction
     of the same steps."""
@@ -147,13 +149,13 @@ def events_append_while(workflow_id: int, events: list[tuple[str, datetime, dict
             also.run()
         with transaction.atomic():
             events_append(workflow_id, events)
-            if not (row_update(model, values, where) if values else row_exists(model, where)):
+            if not row_update(model, values, where):
                 transaction.set_rollback(True)
                 return Appended(False)
         return Appended(True)
     fence_params = [*(also.params() if also is not None else ()), workflow_id,
-                    *(db_value(model, name, v) for name, v in (values or {}).items()), *where_params(model, where)]
-    fenced = _fenced_sql(model, tuple(values or ()), where_shape(where))
+                    *(db_value(model, name, v) for name, v in values.items()), *where_params(model, where)]
+    fenced = _fenced_sql(model, tuple(values), where_shape(where))
     count, probed = _events_with_seq(workflow_id, len(events), _numbered(events), numbered=False,
                                      fenced=f"also AS ({also.sql()}), {fenced}" if also is not None else fenced,
                                      fence_params=fence_params, returning=_steer_probe_sql() if steer_probe else "")
@@ -170,14 +172,11 @@ def _steer_probe_sql() -> str:
 
 @functools.cache
 def _fenced_sql(model: type[models.Model], names: tuple[str, ...], shape: WhereShape) -> str:
-    """The workflow's row locked, then the row of ``model`` matching the condition locked, or
-    updated (``names``), only after that: ``events_append_while``'s CTEs ahead of ``taken``."""
+    """The workflow's row locked, then the row of ``model`` matching the condition updated
+    (``names``), only after that: ``events_append_while``'s CTEs ahead of ``taken``."""
     table, id_ = quoted_table(Workflow), quoted_column(concrete_field(Workflow, "id"))
-    after_lock = f"{where_sql(model, shape)} AND EXISTS (SELECT 1 FROM locked)"
-    if names:
-        fenced = f"UPDATE {quoted_table(model)} SET {set_sql(model, names)} WHERE {after_lock} RETURNING 1"
-    else:
-        fenced = f"SELECT 1 FROM {quoted_table(model)} WHERE {after_lock} FOR SHARE"
+    fenced = (f"UPDATE {quoted_table(model)} SET {set_sql(model, names)} WHERE {where_sql(model, shape)} "
+              "AND EXISTS (SELECT 1 FROM locked) RETURNING 1")
     return f"locked AS (SELECT {id_} FROM {table} WHERE {id_} = %s FOR UPDATE), fenced AS ({fenced}), "
 
 
