@@ -387,8 +387,7 @@ class LedgerMeter:
         """Charge the request that brought ``response``; returns its cost, and the database
         ledger's charge as a write still to make (in the statement of the call's ``model.called``
         note: ``ActivityContext.note_with``), None when the ledger charged it now."""
-        cost = cost_usd(self.model, response.usage)
-        return cost, self._settle(usage=response.usage, request_id=response.request_id, deferred=True)
+        return self._settle(usage=response.usage, request_id=response.request_id, deferred=True)
 
     def failed(self, error: BaseException) -> None:
         """Settle what a failed call leaves open: an answer whose usage the error carries (a
@@ -399,10 +398,13 @@ class LedgerMeter:
         for n in list(self._open):
             self.lost(n, sent=True, reason=f"no usable answer ({type(error).__name__})")
 
-    def _settle(self, *, usage: Usage, request_id: str, deferred: bool = False) -> RowWrite | None:
+    def _settle(self, *, usage: Usage, request_id: str, deferred: bool = False) -> tuple[Decimal, RowWrite | None]:
+        """Charge the answered request ``usage``; its cost, and with ``deferred`` the database
+        ledger's charge as a write still to make (``charge``)."""
         n = self._ok[0] if self._ok is not None else max(self._open, default=0)
         key = self._open.pop(n, None) or self.key(n)
-        charge: dict[str, Any] = {"key": key, "cost_usd": cost_usd(self.model, usage), "usage": usage_fields(usage),
+        cost = cost_usd(self.model, usage)
+        charge: dict[str, Any] = {"key": key, "cost_usd": cost, "usage": usage_fields(usage),
                                   "request_id": request_id or (self._ok[1] if self._ok else "")}
         write = None
         if deferred and self.ledger is DATABASE_LEDGER:
@@ -413,7 +415,7 @@ class LedgerMeter:
             self.ledger.charge(**charge)
         for other in list(self._open):  # a provider that reported no outcome for them: unknown
             self.lost(other, sent=True, reason="no outcome reported")
-        return write
+        return cost, write
 
 
 USAGE_KEY_HEADER = "x-agentops-usage-key"

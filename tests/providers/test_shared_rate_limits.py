@@ -100,6 +100,7 @@ def test_a_429_is_never_charged_nor_an_attempt_and_its_retry_after_holds_every_c
     workflow = launch(workspaces)
 
     run_until_done(workflow.pk, time_machine, rounds=400)
+
     assert Workflow.objects.get(pk=workflow.pk).status == "completed"
     assert [r.status for r in claude.requests].count(429) == 1, "the limiter held every later call"
     planning = Activity.objects.get(workflow=workflow, name="plan_tasks")

@@ -140,10 +140,10 @@ def events_append_while(workflow_id: int, events: list[tuple[str, datetime, dict
     One statement on PostgreSQL: the workflow's row locked, then the row updated under the
     condition, whose latest version PostgreSQL checks again after the lock, then the sequence
     numbers taken and the events inserted, each only when the one before gave a row; ``also`` is
-    a CTE nothing reads, which PostgreSQL runs to completion after the rest, so
-    the workflow's row is locked first, as by every writer; ``steer_probe``, the inserted events
-    return whether the workflow has steer messages. Elsewhere ``also`` alone, then a transaction
-    of the same steps."""
+    a CTE nothing reads, which PostgreSQL runs to completion after the rest, so the workflow's row
+    is locked first, as by every writer; with ``steer_probe`` the inserted events return whether
+    the workflow has steer messages. Elsewhere ``also`` alone, then a transaction of the same
+    steps."""
     if connection.vendor != "postgresql":
         if also is not None:
             also.run()

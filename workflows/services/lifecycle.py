@@ -243,9 +243,11 @@ def lease_extension(claim: Claim, *, now: datetime, detail: str) -> tuple[dict[s
     return _lease_values(claim, now=now, detail=detail), _running(claim)
 
 
-def _lease_values(claim: Claim, *, now: datetime, detail: str) -> dict[str, Any]:
-    return {"heartbeat_at": now, "heartbeat_detail": detail[:200],
-            "lease_expires_at": lease_expiry(registry.activity_type(claim.name), now)}
+def _lease_values(claim: Claim, *, now: datetime, detail: str | None) -> dict[str, Any]:
+    """The lease extended from ``now``, and what the attempt is doing (``detail``; None: kept as is)."""
+    values: dict[str, Any] = {"heartbeat_at": now,
+                              "lease_expires_at": lease_expiry(registry.activity_type(claim.name), now)}
+    return values if detail is None else {**values, "heartbeat_detail": detail[:200]}
 
 
 def notes_if_current(claim: Claim, events: list[tuple[str, datetime, dict[str, Any]]], *,
@@ -262,8 +264,7 @@ def notes_if_current(claim: Claim, events: list[tuple[str, datetime, dict[str, A
         state, detail, now = checkpoint
         values = {**_lease_values(claim, now=now, detail=detail), "checkpoint": state, "checkpointed_at": now}
     else:
-        now = events[0][1] if events else clock.now()
-        values = {"heartbeat_at": now, "lease_expires_at": lease_expiry(registry.activity_type(claim.name), now)}
+        values = _lease_values(claim, now=clock.now(), detail=None)
     return events_append_while(claim.workflow_id, events, model=Activity, where=_running(claim), values=values,
                                also=also, steer_probe=steer_probe)
 
