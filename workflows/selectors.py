@@ -40,7 +40,7 @@ def definition_of(workflow: Workflow) -> engine.WorkflowDefinition | None:
 
 def current_goal(workflow: Workflow) -> str:
     """The goal of the workflow's current intent version: as read with its row lock
-    (``workflow_lock(goal=True)``) when that was this version, else read now."""
+    (``workflow_lock(advance=True)``) when that was this version, else read now."""
     read = workflow.goal_read
     if read is not None and read[0] == workflow.intent_version:
         return str(read[1])

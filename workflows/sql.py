@@ -94,6 +94,36 @@ def row_insert(instance: models.Model) -> None:
     instance._state.adding, instance._state.db = False, db.alias
 
 
+def row_insert_with(instance: models.Model, model: type[models.Model], row: Mapping[str, Any], *, key: str) -> None:
+    """``row_insert(instance)``, then ``rows_insert(model, [row])`` with the foreign key ``key``
+    of ``model`` set to the new row: one statement on PostgreSQL (a CTE inserts ``instance``)."""
+    db = _db()
+    if db.vendor != "postgresql":
+        row_insert(instance)
+        rows_insert(model, [{**row, key: instance.pk}])
+        return
+    fields = _insert_fields(model, (key, *row))
+    params = [_db_value(field, getattr(instance, field.attname), db) for field in _fields_but_pk(type(instance))]
+    params += _row_params([field for field in fields if field.name != key], row, db)
+    with db.cursor() as cursor:
+        cursor.execute(_insert_with_sql(type(instance), model, key), params)
+        got = cursor.fetchone()
+    assert got is not None
+    instance.pk = got[0]
+    instance._state.adding, instance._state.db = False, db.alias
+
+
+@functools.cache
+def _insert_with_sql(parent: type[models.Model], model: type[models.Model], key: str) -> str:
+    foreign, pk = concrete_field(model, key), parent._meta.pk
+    assert pk is not None
+    fields = _insert_fields(model, (key,))
+    values = ", ".join(f"new.{quoted_column(pk)}" if field is foreign else "%s" for field in fields)
+    return (f"WITH new AS ({_insert_returning_sql(parent)}) INSERT INTO {quoted_table(model)} "
+            f"({', '.join(quoted_column(field) for field in fields)}) SELECT {values} FROM new "
+            f"RETURNING {quoted_column(foreign)}")
+
+
 def row_insert_unless_exists(instance: models.Model, *, unique: str) -> bool:
     """``row_insert`` unless a row with the same ``unique`` field (a column under a unique
     constraint) exists: one ``INSERT … ON CONFLICT DO NOTHING``. True when inserted (the key set),
@@ -141,6 +171,27 @@ class RowWrite:
                 *where_params(self.model, self.where, db)]
 
 
+def row_update_then(first: RowWrite, then: RowWrite) -> int:
+    """``first.run()``, then ``then.run()`` when it updated a row; returns the rows ``first``
+    updated. One statement on PostgreSQL: ``then`` is a CTE conditioned on ``first``'s rows."""
+    db = _db()
+    if db.vendor != "postgresql":
+        count = first.run()
+        if count:
+            then.run()
+        return count
+    with db.cursor() as cursor:
+        cursor.execute(_update_then_sql(first.sql(), then.sql()), [*first.params(), *then.params()])
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+@functools.cache
+def _update_then_sql(first: str, then: str) -> str:
+    return (f"WITH moved AS ({first} RETURNING 1), followed AS ({then} AND EXISTS (SELECT 1 FROM moved)) "
+            "SELECT count(*) FROM moved")
+
+
 def row_exists(model: type[models.Model], where: Where) -> bool:
     """``model.objects.filter(**where).exists()``, for equality and one-of conditions."""
     db = _db()
@@ -163,22 +214,23 @@ def row_get(model: type[M], pk: Any, *, lock: bool = False, related: str | None 
     when there is no such row: the instance as the ORM would load it (each column through its
     field's conversion from the database), ``related`` (a foreign key that cannot be null) joined
     and cached on it. ``lock`` locks the row, not the related one, where the database can."""
-    got = _row_get(model, pk, lock, related, "")
+    got = _row_get(model, pk, lock, related, ())
     return None if got is None else got[0]
 
 
-def row_get_with(model: type[M], pk: Any, extra: str, *, lock: bool = False, related: str | None = None
-                 ) -> tuple[M, Any] | None:
-    """``row_get``, and in the same statement the value of ``extra``: an SQL expression over the
-    row (its table by name, ``quoted_table``), as the driver returns it; None when there is no row."""
-    return _row_get(model, pk, lock, related, extra)
+def row_get_with(model: type[M], pk: Any, extras: tuple[str, ...], *, lock: bool = False,
+                 related: str | None = None) -> tuple[M, tuple[Any, ...]] | None:
+    """``row_get``, and in the same statement the values of ``extras``: SQL expressions over the
+    row (its table by name, ``quoted_table``), as the driver returns them; None when there is no row."""
+    return _row_get(model, pk, lock, related, extras)
 
 
-def _row_get(model: type[M], pk: Any, lock: bool, related: str | None, extra: str) -> tuple[M, Any] | None:
+def _row_get(model: type[M], pk: Any, lock: bool, related: str | None, extras: tuple[str, ...]
+             ) -> tuple[M, tuple[Any, ...]] | None:
     db = _db()
     if lock and db.get_autocommit():
         raise TransactionManagementError("row_get(lock=True) locks a row for a transaction; call it inside one.")
-    sql, fields, related_fields = _get_sql(model, lock, related, extra)
+    sql, fields, related_fields = _get_sql(model, lock, related, extras)
     with db.cursor() as cursor:
         cursor.execute(sql, [_db_value(model._meta.pk, pk, db)])
         row = cursor.fetchone()
@@ -190,7 +242,7 @@ def _row_get(model: type[M], pk: Any, lock: bool, related: str | None, extra: st
         assert isinstance(key, models.ForeignKey) and not isinstance(key.related_model, str)
         key.set_cached_value(instance, _from_row(key.related_model, related_fields,
                                                  row[len(fields):len(fields) + len(related_fields)], db))
-    return instance, row[-1] if extra else None
+    return instance, tuple(row[len(row) - len(extras):])
 
 
 Converter = tuple["models.Field[Any, Any]", Any, tuple[Any, ...]]  # a field, its column, its conversions
@@ -216,7 +268,7 @@ def _converters(model: type[models.Model]) -> list[Converter]:
 
 
 @functools.cache
-def _get_sql(model: type[models.Model], lock: bool, related: str | None, extra: str = ""
+def _get_sql(model: type[models.Model], lock: bool, related: str | None, extras: tuple[str, ...] = ()
              ) -> tuple[str, list[Converter], list[Converter]]:
     """The statement of ``row_get`` and the conversions of its columns, made once per shape and process."""
     fields = _converters(model)
@@ -234,8 +286,7 @@ def _get_sql(model: type[models.Model], lock: bool, related: str | None, extra: 
         columns += [f"{other_table}.{quoted_column(field)}" for field, _, _ in related_fields]
         join = (f" INNER JOIN {other_table} ON {other_table}.{quoted_column(key.target_field)}"
                 f" = {table}.{quoted_column(key)}")
-    if extra:
-        columns.append(f"({extra})")
+    columns += [f"({extra})" for extra in extras]
     locking = ""
     if lock and connection.features.has_select_for_update:
         locking = f" FOR UPDATE OF {table}" if connection.features.has_select_for_update_of else " FOR UPDATE"

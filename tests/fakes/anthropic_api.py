@@ -497,6 +497,9 @@ def sse_body(message: dict[str, Any], *, piece: int = 7) -> bytes:
 def _handler_for(api: FakeAnthropicAPI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the SDK's connection pool expects
+        # The headers and the body are two writes: without TCP_NODELAY the body waits for the
+        # client's delayed ACK of the headers (40 ms a call on Linux), as no real API makes it.
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet test output
             pass

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import tests.child_kinds  # noqa: F401  (registers the kinds)
+import tests.child_kinds  # registers the kinds; its square is an activity here too
 from tests.conftest import drive
 from workflows import engine, selectors, services
 from workflows.models import Activity, Commitment, Event, Wait, Workflow
@@ -206,6 +206,41 @@ def test_a_child_ends_the_parent_in_its_own_visit_only() -> None:
     assert events(parent.pk, "child.finished")[0]["status"] == "cancelled"
     assert len(children_of(parent.pk)) == 1  # the new visit's child starts on the next advance
     assert drive_tree(parent.pk).status == "completed" and len(children_of(parent.pk)) == 2
+
+
+class StartAndLeave(engine.WorkflowDefinition):
+    """Once its activity's result is in, starts a child and leaves the node in the same advance."""
+
+    kind = "test-start-and-leave"
+    start_node = "START"
+    revalidate_node = "START"
+
+    def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        return params
+
+    @engine.node("START")
+    def start(self, ctx: engine.NodeContext[Any]) -> engine.Decision:
+        ctx.activity(tests.child_kinds.square, {"n": 3})
+        ctx.child("test-deployer", "Hold a deployment", {"n": 1})
+        return engine.Goto("DONE")
+
+    @engine.node("DONE")
+    def done(self, ctx: engine.NodeContext[Any]) -> engine.Decision:
+        return engine.Complete()
+
+
+def test_a_child_started_in_the_advance_that_leaves_its_node_is_cancelled() -> None:
+    """The advance that records the activity's result read no open child wait with its row lock;
+    the one it opens itself is still found when it leaves the node, and its child cancelled."""
+    from workflows.testing import registered
+
+    with registered(StartAndLeave):
+        parent = services.workflow_launch(kind="test-start-and-leave", goal="Start and leave")
+        assert drive(parent.pk).status == "completed"
+    (kid,) = children_of(parent.pk)
+    assert Workflow.objects.get(pk=kid.pk).status in ("cancelling", "cancelled")
+    assert [e["reason"] for e in events(parent.pk, "child.cancelled")] == [
+        f"parent workflow {parent.pk} left node START (visit 1) that started it"]
 
 
 def test_a_handle_of_another_visit_is_refused_as_a_bug_of_the_definition() -> None:

@@ -12,9 +12,9 @@ from django_fsm import ConcurrentTransition
 
 from workflows import clock, services
 from workflows.errors import NotFound
-from workflows.models import Activity, Event, ProgressSample, Workflow
+from workflows.models import Activity, ActivityAttempt, Event, ProgressSample, Workflow
 from workflows.services.common import event_record, events_append, events_batched, workflow_lock, workflow_save
-from workflows.sql import _db_value, row_get, row_insert_unless_exists
+from workflows.sql import RowWrite, _db_value, row_get, row_insert_unless_exists, row_insert_with, row_update_then
 
 pytestmark = pytest.mark.django_db
 
@@ -123,3 +123,38 @@ def test_an_insert_unless_exists_needs_a_unique_field() -> None:
     sample = ProgressSample(workflow=workflow, operation_id="op-1", percent=40, confidence=0.5, created_at=clock.now())
     with pytest.raises(TypeError, match="percent is not unique"):
         row_insert_unless_exists(sample, unique="percent")
+
+
+def test_a_second_write_follows_the_first_only_when_the_first_moved_a_row() -> None:
+    first, second = (services.workflow_launch(kind="autonomous", goal=f"Notes {n}") for n in range(2))
+    moved = RowWrite(Workflow, {"reason": "moved"}, {"id": first.pk, "status": first.status})
+    follows = RowWrite(Workflow, {"reason": "followed"}, {"id": second.pk})
+
+    with CaptureQueriesContext(connection) as writes:
+        assert row_update_then(moved, follows) == 1
+    assert len(writes.captured_queries) == (1 if connection.vendor == "postgresql" else 2)
+    assert dict(Workflow.objects.values_list("pk", "reason")) == {first.pk: "moved", second.pk: "followed"}
+
+    Workflow.objects.filter(pk=second.pk).update(reason="")
+    stale = RowWrite(Workflow, {"reason": "moved again"}, {"id": first.pk, "status": "completed"})
+    assert row_update_then(stale, follows) == 0
+    assert dict(Workflow.objects.values_list("pk", "reason")) == {first.pk: "moved", second.pk: ""}
+
+
+def test_a_row_and_a_row_that_refers_to_it_are_inserted_together() -> None:
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    now = clock.now()
+    activity = Activity(workflow=workflow, kind=workflow.kind, name="plan_tasks", node="PLANNING", node_visit=9,
+                        intent_version=1, input={"it's": "quoted"}, max_attempts=3, next_attempt_at=now,
+                        dispatched_at=now, created_at=now, operation_id="op-with", idempotency_key="key-with")
+
+    with CaptureQueriesContext(connection) as writes:
+        row_insert_with(activity, ActivityAttempt, {"number": 1, "lease_token": "t" * 32, "worker": "w",
+                                                    "started_at": now}, key="activity")
+    assert len(writes.captured_queries) == (1 if connection.vendor == "postgresql" else 2)
+    assert activity.pk is not None and not activity._state.adding
+    stored = Activity.objects.get(operation_id="op-with")
+    assert (stored.pk, stored.input, stored.node_visit, stored.status) == (activity.pk, {"it's": "quoted"}, 9,
+                                                                          "scheduled")
+    assert list(ActivityAttempt.objects.filter(activity=stored).values_list(
+        "number", "lease_token", "worker", "status", "started_at")) == [(1, "t" * 32, "w", "running", now)]

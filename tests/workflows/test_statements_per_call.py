@@ -12,18 +12,19 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.conftest import drive
 from workflows import services
-from workflows.models import Event
+from workflows.models import Checkpoint, Event
 
 pytestmark = pytest.mark.django_db
 
-# The offline autonomous run below, measured on 2026-12-03 (eighteenth session): 185 statements for 11 model
-# calls (16.8 a call) on PostgreSQL, launch excluded; its plan, tasks, tools, verdict and every node entry
+# The offline autonomous run below, measured on 2026-12-04 (nineteenth session): 169 statements for 11 model
+# calls (15.4 a call) on PostgreSQL, launch excluded; its plan, tasks, tools, verdict and every node entry
 # included (the test's transaction makes each block of its own a savepoint: two statements more). A note, a
 # checkpoint and a reservation without budget limits are one statement each there; a call's charge rides on
-# its model.called note, the steering question after a tool turn's checkpoint on that checkpoint, and an
-# advance's goal on its workflow's row lock (218 before, 19.8). Elsewhere (SQLite) each is a transaction of
-# two or three, and the events and the workflow's sequence number take a statement each: 325 (29.5).
-STATEMENTS_PER_CALL_MAX = {"postgresql": 17}.get(connection.vendor, 30)
+# its model.called note, the steering question after a tool turn's checkpoint on that checkpoint, and what an
+# advance asks of its workflow (goal, last checkpoint, open child waits) on its row lock; a result and its
+# attempt's close are one statement (185 before, 16.8). Elsewhere (SQLite) each is a transaction of two or
+# three, and the events and the workflow's sequence number take a statement each: 314 (28.5).
+STATEMENTS_PER_CALL_MAX = {"postgresql": 16}.get(connection.vendor, 29)
 
 
 @pytest.fixture(autouse=True)
@@ -43,3 +44,18 @@ def test_an_autonomous_run_stays_within_its_statements_per_model_call():
     assert statements / calls <= STATEMENTS_PER_CALL_MAX, (
         f"{statements} statements for {calls} model calls ({statements / calls:.1f} a call): a question asked on "
         "every call is new; make it SQL written once per shape, or fold it into a statement the call already runs")
+
+
+def test_an_advance_asks_its_goal_last_checkpoint_and_child_waits_with_its_row_lock():
+    """Every node entry chains its checkpoint to the last one and looks for children to cancel; a
+    workflow with no child asks neither question apart (nor its goal), whatever its length."""
+    workflow_id = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
+    with CaptureQueriesContext(connection) as queries:
+        workflow = drive(workflow_id)
+
+    assert workflow.status == "completed", workflow.reason
+    apart = [q["sql"] for q in queries.captured_queries
+             if q["sql"].startswith("SELECT") and not q["sql"].startswith('SELECT "workflows_workflow".')]
+    for table in ("workflows_wait", "workflows_checkpoint", "workflows_intent"):
+        assert not [sql for sql in apart if f'FROM "{table}"' in sql], table
+    assert Checkpoint.objects.filter(workflow_id=workflow_id).exclude(delta=None).count() >= 5, "chained as deltas"

@@ -289,13 +289,13 @@ def test_the_goal_read_with_the_row_lock_is_the_current_versions_and_a_new_goal_
     settings.AGENTOPS_WORKSPACE_DIR = tmp_path
     workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
     with transaction.atomic():
-        locked = workflow_lock(workflow.pk, goal=True)
+        locked = workflow_lock(workflow.pk, advance=True)
         with CaptureQueriesContext(connection) as statements:
             assert selectors.current_goal(locked) == "Prepare onboarding notes"
         assert statements.captured_queries == [], "read with the lock"
     services.workflow_supersede(workflow_id=workflow.pk, goal="Prepare offboarding notes")
     with transaction.atomic():
-        locked = workflow_lock(workflow.pk, goal=True)
+        locked = workflow_lock(workflow.pk, advance=True)
         assert selectors.current_goal(locked) == "Prepare offboarding notes"
         Intent.objects.create(workflow=locked, version=locked.intent_version + 1, goal="A third goal",
                               created_at=clock.now())

@@ -71,9 +71,14 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
 
     TERMINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
     CANCELLABLE = (Status.CREATED, Status.RUNNING, Status.WAITING, Status.PAUSED)
-    # Not a column: (intent version, goal) as read with the row lock (``workflow_lock(goal=True)``),
-    # which ``selectors.current_goal`` answers from while the workflow is at that version.
+    # Not columns: what an advance reads with the row lock (``workflow_lock(advance=True)``).
+    # (intent version, goal), which ``selectors.current_goal`` answers from while the workflow is
+    # at that version; (checkpoint id, state hash, chain length) of its last checkpoint, which
+    # ``steps.enter_node`` chains the next one to; whether a child wait is open (False: none was,
+    # and this transaction opened none, so leaving a node cancels no child without asking).
     goal_read: tuple[int, str] | None = None
+    checkpoint_read: tuple[int, str, int] | None = None
+    child_waits_open: bool | None = None
 
     kind = models.CharField(max_length=60, db_index=True, help_text="Workflow definition kind, e.g. 'release'.")
     definition_version = models.PositiveIntegerField(

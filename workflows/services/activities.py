@@ -201,7 +201,7 @@ def activity_result_record_if_current(
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token); a second
     write, or a write by a superseded attempt, updates no row and is recorded as stale.
     """
-    workflow = workflow_lock(claim.workflow_id, goal=True)
+    workflow = workflow_lock(claim.workflow_id, advance=True)
     now = clock.now()
     try:
         # Long values are stored once and referenced (workflows.statestore): a check's output

@@ -99,10 +99,12 @@ def children_cancel_live(workflow: Workflow, *, why: str, by: str, now: datetime
 
     Idempotent: a child already cancelling or ended is left alone.
     """
+    if workflow.child_waits_open is False:  # read with the row lock: every node entry asks, most have no children
+        return []
     open_child_waits: dict[str, Any] = {"workflow_id": workflow.pk, "kind": Wait.Kind.CHILD, "status": Wait.Status.OPEN}
     if visit is not None:
         open_child_waits["node_visit"] = visit
-    if not row_exists(Wait, open_child_waits):  # every node entry asks; most workflows have no children
+    if not row_exists(Wait, open_child_waits):
         return []
     waits = Wait.objects.filter(**open_child_waits)
     if before_intent is not None:

@@ -46,6 +46,7 @@ def child_start(workflow: Workflow, command: engine.StartChild, *, now: datetime
         node_visit=workflow.node_visit, intent_version=workflow.intent_version, event_name=command.child_kind,
         created_at=now,
     )
+    workflow.child_waits_open = True
     child, _ = workflow_launch_once(
         idempotency_key="", kind=command.child_kind, goal=command.goal, params=command.params,
         user=workflow.launched_by, priority=workflow.priority, budget_total_usd=budget,

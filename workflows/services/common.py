@@ -16,7 +16,7 @@ from django_fsm import ConcurrentTransition
 
 from agentops import providers
 from workflows.errors import InvalidInput, NotFound
-from workflows.models import BehavioralRelease, Event, Intent, SteerMessage, Workflow
+from workflows.models import BehavioralRelease, Checkpoint, Event, Intent, SteerMessage, Wait, Workflow
 from workflows.sql import (
     RowWrite,
     Where,
@@ -39,32 +39,44 @@ from workflows.sql import (
 MAX_JSON_BYTES = 1_000_000
 
 
-def workflow_lock(workflow_id: int, *, goal: bool = False) -> Workflow:
-    """Lock the workflow row for the rest of the transaction (every writer locks it first); with
-    ``goal``, its current goal is read in the same statement (``selectors.current_goal``), for a
-    caller that advances it: node handlers read it on every advance."""
-    if not goal:
+def workflow_lock(workflow_id: int, *, advance: bool = False) -> Workflow:
+    """Lock the workflow row for the rest of the transaction (every writer locks it first). With
+    ``advance``, for a caller that advances it, the same statement also reads what every advance
+    asks: its current goal (``selectors.current_goal``), its last checkpoint's state hash and
+    chain length (the next checkpoint's delta, ``steps.enter_node``), and whether it has an open
+    child wait (``cancellation.children_cancel_live``)."""
+    if not advance:
         workflow = row_get(Workflow, workflow_id, lock=True, related="release")
     else:
-        got = row_get_with(Workflow, workflow_id, _goal_sql(), lock=True, related="release")
+        got = row_get_with(Workflow, workflow_id, _advance_reads_sql(), lock=True, related="release")
         workflow = None
         if got is not None:
-            workflow, text = got
-            if text is not None:
-                workflow.goal_read = (workflow.intent_version, str(text))
+            workflow, (goal, state_hash, chain_bytes, child_waits_open) = got
+            if goal is not None:
+                workflow.goal_read = (workflow.intent_version, str(goal))
+            if workflow.checkpoint_id is not None and state_hash is not None:
+                workflow.checkpoint_read = (workflow.checkpoint_id, str(state_hash), int(chain_bytes))
+            workflow.child_waits_open = bool(child_waits_open)
     if workflow is None:
         raise workflow_not_found(workflow_id)
     return workflow
 
 
 @functools.cache
-def _goal_sql() -> str:
-    """The goal of the locked workflow's current intent version, as a subquery of its row's read."""
+def _advance_reads_sql() -> tuple[str, ...]:
+    """What ``workflow_lock(advance=True)`` reads beside the locked row, as subqueries over it."""
     def column(model: type[models.Model], name: str) -> str:
         return f"{quoted_table(model)}.{quoted_column(concrete_field(model, name))}"
 
-    return (f"SELECT {column(Intent, 'goal')} FROM {quoted_table(Intent)} WHERE {column(Intent, 'workflow')} = "
-            f"{column(Workflow, 'id')} AND {column(Intent, 'version')} = {column(Workflow, 'intent_version')}")
+    workflow_id = column(Workflow, "id")
+    goal = (f"SELECT {column(Intent, 'goal')} FROM {quoted_table(Intent)} WHERE {column(Intent, 'workflow')} = "
+            f"{workflow_id} AND {column(Intent, 'version')} = {column(Workflow, 'intent_version')}")
+    last = f"FROM {quoted_table(Checkpoint)} WHERE {column(Checkpoint, 'id')} = {column(Workflow, 'checkpoint')}"
+    child_wait = (f"SELECT 1 FROM {quoted_table(Wait)} WHERE {column(Wait, 'workflow')} = {workflow_id} AND "
+                  f"{column(Wait, 'kind')} = '{Wait.Kind.CHILD.value}' AND {column(Wait, 'status')} = "
+                  f"'{Wait.Status.OPEN.value}'")
+    return (goal, f"SELECT {column(Checkpoint, 'state_hash')} {last}",
+            f"SELECT {column(Checkpoint, 'chain_bytes')} {last}", f"EXISTS ({child_wait})")
 
 
 def workflow_not_found(workflow_id: int) -> NotFound:

@@ -34,7 +34,7 @@ from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Workflow
 from workflows.services import slots
 from workflows.services.common import Appended, event_record, events_append_while
-from workflows.sql import RowWrite, row_exists, row_insert, row_update, rows_insert
+from workflows.sql import RowWrite, row_exists, row_insert, row_insert_with, row_update, row_update_then, rows_insert
 
 LIVE = (Activity.Status.SCHEDULED, Activity.Status.RUNNING)
 # The throttle streak looks this many attempts back.
@@ -111,8 +111,13 @@ def _status_condition(transition: Declared) -> str | tuple[str, ...]:
 
 def _move(model: type[models.Model], name: str, where: Mapping[str, Any], **arguments: Any) -> int:
     """Transition ``name`` of the rows ``where`` that are in one of its source states, as SQL; the rows moved."""
+    return _moving(model, name, where, **arguments).run()
+
+
+def _moving(model: type[models.Model], name: str, where: Mapping[str, Any], **arguments: Any) -> RowWrite:
+    """``_move`` as a write not yet made (``row_update_then`` makes two in one statement)."""
     transition = declared(model, name)
-    return row_update(model, _changes(transition, arguments), {**where, "status": _status_condition(transition)})
+    return RowWrite(model, _changes(transition, arguments), {**where, "status": _status_condition(transition)})
 
 
 def _move_all(rows: models.QuerySet[Any], name: str, **arguments: Any) -> int:
@@ -154,14 +159,21 @@ def lease_expiry(spec: registry.ActivityType[Any, Any], now: datetime) -> dateti
     return now + timedelta(seconds=spec.lease_seconds or settings.AGENTOPS_LEASE_SECONDS)
 
 
-def activity_insert(activity: Activity, *, spec: registry.ActivityType[Any, Any], now: datetime,
-                    claimed_as: str | None) -> None:
-    """Insert a new activity, scheduled; or, given the tenant it runs as (``claimed_as``), already
-    claimed for its first attempt (a chain slot: the worker that scheduled it runs it, with no doorbell)."""
-    if claimed_as is not None:
-        activity.claim(attempt=1, lease_token=uuid.uuid4().hex, lease_expires_at=lease_expiry(spec, now), at=now,
-                       tenant=claimed_as)
+def activity_insert(activity: Activity) -> None:
+    """Insert a new activity, scheduled."""
     row_insert(activity)
+
+
+def activity_insert_claimed(workflow: Workflow, activity: Activity, *, spec: registry.ActivityType[Any, Any],
+                            now: datetime, tenant: str, worker: str, task_id: str) -> Claim:
+    """Insert a new activity already claimed for its first attempt, to run as ``tenant``, and that
+    attempt (one statement on PostgreSQL): a chain slot, the worker that scheduled it runs it, with
+    no doorbell. Returns the fencing token its result must present, as ``attempt_start``."""
+    activity.claim(attempt=1, lease_token=uuid.uuid4().hex, lease_expires_at=lease_expiry(spec, now), at=now,
+                   tenant=tenant)
+    row_insert_with(activity, ActivityAttempt, _attempt_values(activity, worker=worker, task_id=task_id, now=now),
+                    key="activity")
+    return _attempt_started(workflow, activity, worker=worker, now=now)
 
 
 def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_id: str, now: datetime,
@@ -169,9 +181,20 @@ def attempt_start(workflow: Workflow, activity: Activity, *, worker: str, task_i
     """Record the attempt an activity row was just claimed for (status running, ``attempt``,
     ``lease_token`` and ``tenant`` already written) and the fencing token its result must present;
     ``slot_waited_ms``: how long it waited for a concurrency slot, when it did."""
-    rows_insert(ActivityAttempt, [{"activity": activity.pk, "number": activity.attempt,
-                                   "lease_token": activity.lease_token, "worker": worker, "task_id": task_id,
-                                   "started_at": now}])
+    rows_insert(ActivityAttempt, [{"activity": activity.pk,
+                                   **_attempt_values(activity, worker=worker, task_id=task_id, now=now)}])
+    return _attempt_started(workflow, activity, worker=worker, now=now, previous_lost=previous_lost,
+                            slot_waited_ms=slot_waited_ms)
+
+
+def _attempt_values(activity: Activity, *, worker: str, task_id: str, now: datetime) -> dict[str, Any]:
+    return {"number": activity.attempt, "lease_token": activity.lease_token, "worker": worker, "task_id": task_id,
+            "started_at": now}
+
+
+def _attempt_started(workflow: Workflow, activity: Activity, *, worker: str, now: datetime,
+                     previous_lost: bool = False, slot_waited_ms: int | None = None) -> Claim:
+    """The ``activity.started`` event of an attempt just recorded, and its claim."""
     waited = {} if slot_waited_ms is None else {"slot_waited_ms": slot_waited_ms}
     event_record(workflow=workflow, kind="activity.started", at=now, operation_id=activity.operation_id,
                  attempt=activity.attempt, worker=worker, **waited)
@@ -275,9 +298,9 @@ def activity_succeed_if_current(claim: Claim, *, result: Any, now: datetime) -> 
 
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token).
     """
-    if not _move(Activity, "succeed", _fence(claim), result=result, at=now):
+    if not row_update_then(_moving(Activity, "succeed", _fence(claim), result=result, at=now),
+                           _moving(ActivityAttempt, "succeed", _attempt_row(claim), at=now)):
         return False
-    _move(ActivityAttempt, "succeed", _attempt_row(claim), at=now)
     slots.freed(claim.tenant, claim.kind, now=now)
     return True
 

@@ -127,11 +127,13 @@ def activity_schedule(
     tenant = workflow_tenant(workflow) if slot is not None else ""
     if slot is not None and slots.capped(tenant, workflow.kind):
         slot = None  # under a concurrency key: it takes its turn for a slot through its doorbell
-    lifecycle.activity_insert(activity, spec=spec, now=now, claimed_as=tenant if slot is not None else None)
+    if slot is None:
+        lifecycle.activity_insert(activity)
     event_record(workflow=workflow, kind="activity.scheduled", at=now, operation_id=activity.operation_id,
                  name=activity.name)
-    if slot is not None:
-        slot.claim = lifecycle.attempt_start(workflow, activity, worker=slot.worker, task_id=slot.task_id, now=now)
+    if slot is not None:  # inserted with its first attempt, which it records after the event above
+        slot.claim = lifecycle.activity_insert_claimed(workflow, activity, spec=spec, now=now, tenant=tenant,
+                                                       worker=slot.worker, task_id=slot.task_id)
     else:
         doorbells.activity_run(activity_id=activity.pk, name=activity.name)
     return activity
@@ -259,12 +261,16 @@ def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: d
 
 def _last_checkpoint_chain(workflow: Workflow) -> tuple[str, int] | None:
     """The state hash and chain length of the workflow's last checkpoint: from the instance when
-    this transaction wrote it (an advance that enters two nodes), else read."""
+    this transaction wrote it (an advance that enters two nodes) or read it with the row lock
+    (``workflow_lock(advance=True)``), else read."""
     if workflow.checkpoint_id is None:
         return None
     cached = Workflow._meta.get_field("checkpoint").get_cached_value(workflow, None)
     if cached is not None and cached.pk == workflow.checkpoint_id:
         return cached.state_hash, cached.chain_bytes
+    read = workflow.checkpoint_read
+    if read is not None and read[0] == workflow.checkpoint_id:
+        return read[1], read[2]
     rows = rows_select(Checkpoint, ("state_hash", "chain_bytes"), {"id": workflow.checkpoint_id})
     return (rows[0][0], rows[0][1]) if rows else None
 

@@ -212,7 +212,7 @@ def workflow_advance_if_runnable(*, workflow_id: int) -> Outcome:
     before the retry time of a failed advance (``advance_retry_at``: beat rings it then).
     """
     try:
-        workflow = workflow_lock(workflow_id, goal=True)
+        workflow = workflow_lock(workflow_id, advance=True)
     except NotFound:
         logger.warning("workflow.doorbell.unknown", extra={"workflow_id": workflow_id})
         return Outcome.NOT_RUNNABLE
