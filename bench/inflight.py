@@ -94,15 +94,20 @@ class Sampler(threading.Thread):
         self.rss_by_worker: dict[str, int] = {}
 
     def cpu_seconds(self) -> dict[str, dict[int, float]]:
-        """CPU time so far of every worker process, of every PostgreSQL backend of the bench
-        database and of the fake API (on this host too, unlike the real one)."""
+        """CPU time so far of every worker process (also by worker: its pool processes included),
+        of every PostgreSQL backend of the bench database and of the fake API (on this host too,
+        unlike the real one)."""
         out: dict[str, dict[int, float]] = {"workers": {}, "postgres": {}, "fake_api": {}}
-        procs = [q for p in self.bench.cluster.workers() for q in (psutil.Process(p.pid), *psutil.Process(
-            p.pid).children(recursive=True))]
+        by_worker = {p.name: [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
+                     for p in self.bench.cluster.workers()}
+        procs = [q for group in by_worker.values() for q in group]
         backends = [p for p in psutil.process_iter(["cmdline"])
                     if f" {self.bench.db_name} " in " ".join(p.info["cmdline"] or [])]
         api = [psutil.Process(self.api.proc.pid)]
-        for kind, group in (("workers", procs), ("postgres", backends), ("fake_api", api)):
+        groups = [("workers", procs), ("postgres", backends), ("fake_api", api),
+                  *((f"worker {name}", group) for name, group in by_worker.items())]
+        for kind, group in groups:
+            out.setdefault(kind, {})
             for proc in group:
                 try:
                     times = proc.cpu_times()
@@ -199,7 +204,7 @@ def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_
         raise BenchError(f"{len(failed)} of {agents} agents did not complete (e.g. {failed[:5]})\n"
                          f"{bench.cluster.logs()}")
     cpu_after = sampler.cpu_seconds()
-    cpu = {kind: sum(t - cpu_before[kind].get(pid, 0.0) for pid, t in cpu_after[kind].items())
+    cpu = {kind: sum(t - cpu_before.get(kind, {}).get(pid, 0.0) for pid, t in cpu_after[kind].items())
            for kind in cpu_after}
     report = api.ask("report")
     if report["unexpected"]:

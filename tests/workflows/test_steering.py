@@ -197,3 +197,40 @@ def test_a_message_sent_while_a_tool_runs_reaches_the_next_call_and_an_unsteered
         calls = Event.objects.filter(workflow=workflow, kind="model.called").count()
         asked = sum(q["sql"].startswith('SELECT 1 FROM "workflows_steermessage"') for q in queries.captured_queries)
         assert asked < calls, f"{asked} steering questions for {calls} model calls: none answered by a checkpoint"
+
+
+def test_a_chained_activity_asks_its_first_steering_question_only_when_the_workflow_has_messages(
+        requests, settings, monkeypatch) -> None:
+    """The row lock of the result that chains the next activity says whether the workflow has steer
+    messages: without any, the chained activity's first call asks nothing (on PostgreSQL); a message
+    sent during the plan's call is in the first call of the task chained after it."""
+    settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS = 60
+    complete, target, sent = ScriptedProvider.complete, [], []
+
+    def steering_during_the_plan(self: ScriptedProvider, **kwargs: Any) -> Any:
+        if target and not sent:
+            sent.append(services.workflow_steer(workflow_id=target[0], message=STEER, by="shell:ops").seq)
+        return complete(self, **kwargs)
+
+    def run_chained(workflow: Workflow) -> Workflow:
+        first = Activity.objects.get(workflow=workflow)
+        services.activity_run_if_runnable(activity_id=first.pk, worker="w1", task_id="task-1")
+        workflow.refresh_from_db()
+        assert workflow.status == "completed", workflow.reason
+        return workflow
+
+    quiet = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    with CaptureQueriesContext(connection) as queries:
+        run_chained(quiet)
+    asked = sum(q["sql"].startswith('SELECT 1 FROM "workflows_steermessage"') for q in queries.captured_queries)
+    if connection.vendor == "postgresql":
+        assert asked == 1, "only the plan's call, claimed by its doorbell, asks"
+
+    monkeypatch.setattr(ScriptedProvider, "complete", steering_during_the_plan)
+    steered = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    target.append(steered.pk)
+    run_chained(steered)
+    assert sent == [1]
+    delivered = Event.objects.get(workflow=steered, kind="steer.delivered")
+    task = Activity.objects.get(operation_id=delivered.data["operation_id"])
+    assert (task.name, delivered.data["call"]) == ("execute_task", 0)

@@ -75,10 +75,12 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     # (intent version, goal), which ``selectors.current_goal`` answers from while the workflow is
     # at that version; (checkpoint id, state hash, chain length) of its last checkpoint, which
     # ``steps.enter_node`` chains the next one to; whether a child wait is open (False: none was,
-    # and this transaction opened none, so leaving a node cancels no child without asking).
+    # and this transaction opened none, so leaving a node cancels no child without asking);
+    # whether it has any steer message (False: a chained activity's first call needs not ask).
     goal_read: tuple[int, str] | None = None
     checkpoint_read: tuple[int, str, int] | None = None
     child_waits_open: bool | None = None
+    steered_read: bool | None = None
 
     kind = models.CharField(max_length=60, db_index=True, help_text="Workflow definition kind, e.g. 'release'.")
     definition_version = models.PositiveIntegerField(

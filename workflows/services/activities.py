@@ -63,18 +63,20 @@ def activity_run_if_runnable(*, activity_id: int, worker: str = "", task_id: str
     if io_chain_seconds is not None and registry.activity_type(claim.name).io_bound:
         window = io_chain_seconds
     chain_until = time.monotonic() + window
+    lease = DatabaseLease()
     while True:
-        outcome, next_claim = _attempt_run(claim, worker=worker, task_id=task_id, chain_until=chain_until)
-        if next_claim is None:
+        outcome, chained = _attempt_run(claim, lease, worker=worker, task_id=task_id, chain_until=chain_until)
+        if chained is None or chained.claim is None:
             return outcome
-        claim = next_claim
+        claim, lease = chained.claim, DatabaseLease(unsteered_at=chained.unsteered_at)
 
 
-def _attempt_run(claim: Claim, *, worker: str, task_id: str, chain_until: float) -> tuple[RunOutcome, Claim | None]:
-    """Run one claimed attempt and record its outcome; also the claim of the next activity
-    when the result's advance scheduled one before ``chain_until``."""
+def _attempt_run(claim: Claim, lease: DatabaseLease, *, worker: str, task_id: str,
+                 chain_until: float) -> tuple[RunOutcome, ChainSlot | None]:
+    """Run one claimed attempt and record its outcome; also the slot holding the claim of the
+    next activity when the result's advance scheduled one before ``chain_until``."""
     spec = registry.activity_type(claim.name)
-    ctx = ActivityContext(claim=claim, lease=DatabaseLease())
+    ctx = ActivityContext(claim=claim, lease=lease)
     with telemetry.span(f"activity {claim.name}", workflow_id=claim.workflow_id, attributes={
             "agentops.workflow.id": claim.workflow_id, "agentops.activity.name": claim.name,
             "agentops.operation_id": claim.operation_id, "agentops.attempt": claim.attempt,
@@ -93,7 +95,7 @@ def _attempt_run(claim: Claim, *, worker: str, task_id: str, chain_until: float)
                  if time.monotonic() < chain_until and not shutting_down.is_set() else None)
         outcome = activity_result_record_if_current(claim=claim, result=result, reconciled=ctx.reconciled, chain=chain)
         telemetry.annotate(span, {"agentops.attempt.outcome": str(outcome), "agentops.reconciled": ctx.reconciled})
-    return outcome, chain.claim if chain is not None else None
+    return outcome, chain
 
 
 def _execute(spec: registry.ActivityType[Any, Any], ctx: ActivityContext) -> Any:
@@ -114,10 +116,12 @@ class DatabaseLease:
     """The lease of an attempt running on a worker: each call is a fenced write (see the services
     below). A checkpoint also tells whether the workflow has any steer message; when it has none,
     the steering question that follows it within STEER_PROBE_SECONDS (the next model call's, on
-    every turn of a tool loop) is answered from that, without a statement of its own."""
+    every turn of a tool loop) is answered from that, without a statement of its own. So does the
+    row lock of the result that chained this attempt (``unsteered_at``), for its first question."""
 
-    def __init__(self) -> None:
-        self._unsteered_at: float | None = None  # time.monotonic() of a checkpoint that found no steer message
+    def __init__(self, *, unsteered_at: float | None = None) -> None:
+        # time.monotonic() of a checkpoint, or of the chaining result's row lock, that found no steer message
+        self._unsteered_at = unsteered_at
 
     @property
     def fence_in_sql(self) -> bool:

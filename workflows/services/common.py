@@ -43,20 +43,21 @@ def workflow_lock(workflow_id: int, *, advance: bool = False) -> Workflow:
     """Lock the workflow row for the rest of the transaction (every writer locks it first). With
     ``advance``, for a caller that advances it, the same statement also reads what every advance
     asks: its current goal (``selectors.current_goal``), its last checkpoint's state hash and
-    chain length (the next checkpoint's delta, ``steps.enter_node``), and whether it has an open
-    child wait (``cancellation.children_cancel_live``)."""
+    chain length (the next checkpoint's delta, ``steps.enter_node``), whether it has an open
+    child wait (``cancellation.children_cancel_live``), and whether it has any steer message (a
+    chained activity's first steering question, ``steps.activity_schedule``)."""
     if not advance:
         workflow = row_get(Workflow, workflow_id, lock=True, related="release")
     else:
         got = row_get_with(Workflow, workflow_id, _advance_reads_sql(), lock=True, related="release")
         workflow = None
         if got is not None:
-            workflow, (goal, state_hash, chain_bytes, child_waits_open) = got
+            workflow, (goal, state_hash, chain_bytes, child_waits_open, steered) = got
             if goal is not None:
                 workflow.goal_read = (workflow.intent_version, str(goal))
             if workflow.checkpoint_id is not None and state_hash is not None:
                 workflow.checkpoint_read = (workflow.checkpoint_id, str(state_hash), int(chain_bytes))
-            workflow.child_waits_open = bool(child_waits_open)
+            workflow.child_waits_open, workflow.steered_read = bool(child_waits_open), bool(steered)
     if workflow is None:
         raise workflow_not_found(workflow_id)
     return workflow
@@ -75,8 +76,9 @@ def _advance_reads_sql() -> tuple[str, ...]:
     child_wait = (f"SELECT 1 FROM {quoted_table(Wait)} WHERE {column(Wait, 'workflow')} = {workflow_id} AND "
                   f"{column(Wait, 'kind')} = '{Wait.Kind.CHILD.value}' AND {column(Wait, 'status')} = "
                   f"'{Wait.Status.OPEN.value}'")
+    steer = f"SELECT 1 FROM {quoted_table(SteerMessage)} WHERE {column(SteerMessage, 'workflow')} = {workflow_id}"
     return (goal, f"SELECT {column(Checkpoint, 'state_hash')} {last}",
-            f"SELECT {column(Checkpoint, 'chain_bytes')} {last}", f"EXISTS ({child_wait})")
+            f"SELECT {column(Checkpoint, 'chain_bytes')} {last}", f"EXISTS ({child_wait})", f"EXISTS ({steer})")
 
 
 def workflow_not_found(workflow_id: int) -> NotFound:

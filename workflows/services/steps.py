@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -86,6 +87,9 @@ class ChainSlot:
     task_id: str
     io_bound: bool = False
     claim: Claim | None = None
+    # time.monotonic() when the row lock of the result that claimed it found no steer message on
+    # the workflow: the attempt's first steering question is answered from that (DatabaseLease).
+    unsteered_at: float | None = None
 
 
 def activity_schedule_ensure(
@@ -134,6 +138,7 @@ def activity_schedule(
     if slot is not None:  # inserted with its first attempt, which it records after the event above
         slot.claim = lifecycle.activity_insert_claimed(workflow, activity, spec=spec, now=now, tenant=tenant,
                                                        worker=slot.worker, task_id=slot.task_id)
+        slot.unsteered_at = time.monotonic() if workflow.steered_read is False else None
     else:
         doorbells.activity_run(activity_id=activity.pk, name=activity.name)
     return activity
