@@ -96,15 +96,15 @@ def row_insert(instance: models.Model) -> None:
 
 def row_insert_with(instance: models.Model, model: type[models.Model], row: Mapping[str, Any], *, key: str) -> None:
     """``row_insert(instance)``, then ``rows_insert(model, [row])`` with the foreign key ``key``
-    of ``model`` set to the new row: one statement on PostgreSQL (a CTE inserts ``instance``)."""
+    of ``model`` set to the new row (``row`` gives neither that key nor ``model``'s automatic
+    primary key): one statement on PostgreSQL (a CTE inserts ``instance``)."""
     db = _db()
     if db.vendor != "postgresql":
         row_insert(instance)
         rows_insert(model, [{**row, key: instance.pk}])
         return
-    fields = _insert_fields(model, (key, *row))
     params = [_db_value(field, getattr(instance, field.attname), db) for field in _fields_but_pk(type(instance))]
-    params += _row_params([field for field in fields if field.name != key], row, db)
+    params += _row_params([field for field in _insert_fields(model, (key,)) if field.name != key], row, db)
     with db.cursor() as cursor:
         cursor.execute(_insert_with_sql(type(instance), model, key), params)
         got = cursor.fetchone()
