@@ -204,7 +204,7 @@ def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_
         raise BenchError(f"{len(failed)} of {agents} agents did not complete (e.g. {failed[:5]})\n"
                          f"{bench.cluster.logs()}")
     cpu_after = sampler.cpu_seconds()
-    cpu = {kind: sum(t - cpu_before.get(kind, {}).get(pid, 0.0) for pid, t in cpu_after[kind].items())
+    cpu = {kind: sum(t - cpu_before[kind].get(pid, 0.0) for pid, t in cpu_after[kind].items())
            for kind in cpu_after}
     report = api.ask("report")
     if report["unexpected"]:

@@ -85,12 +85,22 @@ def row_insert(instance: models.Model) -> None:
     concrete field as the instance holds it; sets the key the database gave. Without what
     ``save`` adds (``pre_save``, ``auto_now``, the save signals): the models it writes have none."""
     model, db = type(instance), _db()
-    params = [_db_value(field, getattr(instance, field.attname), db) for field in _fields_but_pk(model)]
+    params = _instance_params(instance, db)
     with db.cursor() as cursor:
         cursor.execute(_insert_returning_sql(model), params)
         row = cursor.fetchone() if db.features.can_return_columns_from_insert else (cursor.lastrowid,)
     assert row is not None
-    instance.pk = row[0]
+    _inserted(instance, row[0], db)
+
+
+def _instance_params(instance: models.Model, db: BaseDatabaseWrapper) -> list[Any]:
+    """Every concrete field of a new row but its automatic key, as the instance holds it, for its INSERT."""
+    return [_db_value(field, getattr(instance, field.attname), db) for field in _fields_but_pk(type(instance))]
+
+
+def _inserted(instance: models.Model, pk: Any, db: BaseDatabaseWrapper) -> None:
+    """The instance is now the row the database gave ``pk``, as after ``save``."""
+    instance.pk = pk
     instance._state.adding, instance._state.db = False, db.alias
 
 
@@ -103,14 +113,13 @@ def row_insert_with(instance: models.Model, model: type[models.Model], row: Mapp
         row_insert(instance)
         rows_insert(model, [{**row, key: instance.pk}])
         return
-    params = [_db_value(field, getattr(instance, field.attname), db) for field in _fields_but_pk(type(instance))]
+    params = _instance_params(instance, db)
     params += _row_params([field for field in _insert_fields(model, (key,)) if field.name != key], row, db)
     with db.cursor() as cursor:
         cursor.execute(_insert_with_sql(type(instance), model, key), params)
         got = cursor.fetchone()
     assert got is not None
-    instance.pk = got[0]
-    instance._state.adding, instance._state.db = False, db.alias
+    _inserted(instance, got[0], db)
 
 
 @functools.cache
@@ -129,14 +138,13 @@ def row_insert_unless_exists(instance: models.Model, *, unique: str) -> bool:
     constraint) exists: one ``INSERT … ON CONFLICT DO NOTHING``. True when inserted (the key set),
     False when the other row was there, changing nothing."""
     model, db = type(instance), _db()
-    params = [_db_value(field, getattr(instance, field.attname), db) for field in _fields_but_pk(model)]
+    params = _instance_params(instance, db)
     with db.cursor() as cursor:
         cursor.execute(_insert_unless_exists_sql(model, unique), params)
         row = cursor.fetchone()
     if row is None:
         return False
-    instance.pk = row[0]
-    instance._state.adding, instance._state.db = False, db.alias
+    _inserted(instance, row[0], db)
     return True
 
 
