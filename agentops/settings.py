@@ -142,12 +142,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # and is retried like any database error.
 AGENTOPS_DB_POOL_SIZE = env_int("AGENTOPS_DB_POOL_SIZE", 0)
 AGENTOPS_DB_POOL_TIMEOUT_SECONDS = env_float("AGENTOPS_DB_POOL_TIMEOUT_SECONDS", 30.0)
+ON_POSTGRESQL = DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql"
 if AGENTOPS_DB_POOL_SIZE:
-    if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql" or AGENTOPS_DB_POOL_SIZE < 1:
+    if not ON_POSTGRESQL or AGENTOPS_DB_POOL_SIZE < 1:
         raise ImproperlyConfigured(f"AGENTOPS_DB_POOL_SIZE={AGENTOPS_DB_POOL_SIZE} needs PostgreSQL and a size of "
                                    "at least 1 (0 turns the pool off).")
-    # The pool keeps the connections open; Django refuses CONN_MAX_AGE beside it.
+    # The pool keeps the connections open; Django refuses CONN_MAX_AGE beside it. Django's
+    # backend, but its pool checks only a connection that sat idle (agentops/db/postgresql/base.py).
     DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["ENGINE"] = "agentops.db.postgresql"
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1, "max_size": AGENTOPS_DB_POOL_SIZE, "timeout": AGENTOPS_DB_POOL_TIMEOUT_SECONDS,
     }
@@ -160,7 +163,7 @@ AGENTOPS_DB_PREPARE_THRESHOLD = env_int("AGENTOPS_DB_PREPARE_THRESHOLD", 2)
 if AGENTOPS_DB_PREPARE_THRESHOLD < 0:
     raise ImproperlyConfigured(
         f"AGENTOPS_DB_PREPARE_THRESHOLD={AGENTOPS_DB_PREPARE_THRESHOLD} must be 0 (off) or a count of runs.")
-if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and AGENTOPS_DB_PREPARE_THRESHOLD:
+if ON_POSTGRESQL and AGENTOPS_DB_PREPARE_THRESHOLD:
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         server_side_binding=True, prepare_threshold=AGENTOPS_DB_PREPARE_THRESHOLD)
 

@@ -78,6 +78,15 @@ def test_postgresql_prepares_statements_unless_the_threshold_is_zero(threshold, 
     assert done.stdout.strip() == options
 
 
+def test_a_pooled_worker_gets_the_backend_that_checks_idle_connections_and_still_prepares_statements():
+    done = settings_read("from django.conf import settings; db = settings.DATABASES['default']; "
+                         "print(db['ENGINE'], db['CONN_MAX_AGE'], sorted(db['OPTIONS'].items()))",
+                         AGENTOPS_DB_POOL_SIZE="4")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ("agentops.db.postgresql 0 [('pool', {'min_size': 1, 'max_size': 4, "
+                                   "'timeout': 30.0}), ('prepare_threshold', 2), ('server_side_binding', True)]")
+
+
 @pytest.mark.parametrize(("threshold", "error"), [("-1", "must be 0 (off) or a count of runs"),
                                                   ("twice", "is not a whole number")])
 def test_a_bad_prepare_threshold_is_refused_with_what_to_set(threshold, error):

@@ -1,13 +1,15 @@
-"""The database connection of a thread that is about to wait for something else; prepared statements
-that a migration made stale."""
+"""The database connection of a thread that is about to wait for something else; when the pool
+checks a connection; prepared statements that a migration made stale."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from django.conf import settings
 from django.db import NotSupportedError, connection
+from psycopg_pool import ConnectionPool
 
 
 def connection_release_while_waiting() -> None:
@@ -20,6 +22,27 @@ def connection_release_while_waiting() -> None:
     """
     if settings.AGENTOPS_DB_POOL_SIZE and not connection.in_atomic_block:
         connection.close()
+
+
+# A pooled connection given back less than this long ago is handed out unchecked: it worked then,
+# and under load each is given back every few milliseconds. One that sat longer (an idle
+# worker's, one a PostgreSQL restart may have broken: a restart takes longer than this) is
+# checked with an empty query first, and replaced if that fails.
+POOL_CHECK_IDLE_SECONDS = 1.0
+
+
+def pool_connection_returned(conn: psycopg.Connection[Any]) -> None:
+    """psycopg_pool's ``reset``: note when the connection came back to the pool."""
+    conn._agentops_returned_at = time.monotonic()  # type: ignore[attr-defined]
+
+
+def pool_check_if_idle(conn: psycopg.Connection[Any]) -> None:
+    """psycopg_pool's ``check`` (``agentops.db.postgresql``): raise if a connection that sat in
+    the pool ``POOL_CHECK_IDLE_SECONDS`` or more (or was never given back: a new one) no longer
+    works; the pool then discards it and hands out another."""
+    returned_at = getattr(conn, "_agentops_returned_at", None)
+    if returned_at is None or time.monotonic() - returned_at >= POOL_CHECK_IDLE_SECONDS:
+        ConnectionPool.check_connection(conn)
 
 
 # PostgreSQL's refusal to run a statement prepared before a migration changed the type of a column

@@ -1,0 +1,42 @@
+"""Django's PostgreSQL backend whose connection pool checks a connection only after it sat idle.
+
+Django's pool (``OPTIONS["pool"]`` with ``CONN_HEALTH_CHECKS``) runs an empty query on every
+connection it hands out. A threads worker takes a connection several times a model call (it gives
+it back before every wait: ``workflows.connections``), so under load a tenth of the round trips
+to PostgreSQL were these checks, each a hand-off of the interpreter between threads. This
+backend checks only a connection that has sat in the pool for ``POOL_CHECK_IDLE_SECONDS`` or more
+(``workflows.connections.pool_check_if_idle``): one given back a moment ago was working then.
+Django offers no way to pass another check (it passes its own to psycopg_pool), so ``pool``
+builds the pool as Django's does, with that check. The settings use this backend when
+``AGENTOPS_DB_POOL_SIZE`` turns the pool on.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.backends.base.base import NO_DB_ALIAS
+from django.db.backends.postgresql import base
+
+from workflows.connections import pool_check_if_idle, pool_connection_returned
+
+# django-stubs know nothing of the pool (``pool``, ``_connection_pools``, ``_configure_connection``).
+PostgreSQLWrapper: Any = base.DatabaseWrapper
+
+
+class DatabaseWrapper(PostgreSQLWrapper):
+    @property
+    def pool(self) -> Any:
+        options = self.settings_dict["OPTIONS"].get("pool")
+        if (self.alias in self._connection_pools or not options or not self.settings_dict["CONN_HEALTH_CHECKS"]
+                or self.alias == NO_DB_ALIAS or self.settings_dict.get("CONN_MAX_AGE", 0) != 0):
+            return super().pool  # built already, no pool, no checks asked for, or Django's refusal
+        from psycopg_pool import ConnectionPool
+
+        params = self.get_connection_params()
+        params["autocommit"] = True  # as Django's: it sets autocommit itself later on
+        pool = ConnectionPool(kwargs=params, open=False, configure=self._configure_connection,
+                              check=pool_check_if_idle, reset=pool_connection_returned,
+                              **({} if options is True else options))
+        # As Django's: threads racing at start each build one, the first set wins; none is open yet.
+        self._connection_pools.setdefault(self.alias, pool)
+        return self._connection_pools[self.alias]
