@@ -15,7 +15,8 @@ from psycopg_pool import ConnectionPool
 def connection_release_while_waiting() -> None:
     """Give this thread's database connection back to the pool before it waits (for a model's
     answer, a tool, the next heartbeat), so that a pool of AGENTOPS_DB_POOL_SIZE connections
-    serves hundreds of waiting threads; the next query takes one again (the pool checks it first).
+    serves hundreds of waiting threads; the next query takes one again (checked first if it sat idle:
+    ``pool_check_if_idle``).
 
     A no-op without the pool, where the kept connection is cheaper than a new one, and inside a
     transaction, which must keep its connection.

@@ -67,7 +67,7 @@ def terminate(pid: int) -> None:
         other.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
 
-def test_the_settings_give_a_pooled_worker_this_backend_and_its_pool_this_check(pooled: DatabaseWrapper) -> None:
+def test_the_backend_builds_the_pool_its_options_ask_for(pooled: DatabaseWrapper) -> None:
     pool = pooled.pool
     assert isinstance(pool, ConnectionPool) and pool.max_size == 1
     assert backend_pid(pooled) > 0
