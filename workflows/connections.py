@@ -32,9 +32,17 @@ def connection_release_while_waiting() -> None:
 POOL_CHECK_IDLE_SECONDS = 1.0
 
 
-def pool_connection_returned(conn: psycopg.Connection[Any]) -> None:
-    """psycopg_pool's ``reset``: note when the connection came back to the pool."""
-    conn._agentops_returned_at = time.monotonic()  # type: ignore[attr-defined]
+class ReturnStampedPool(ConnectionPool):
+    """psycopg_pool's pool, noting on each connection when it came back (for ``pool_check_if_idle``).
+
+    The note is made in ``putconn``, in the thread that gives the connection back. psycopg_pool's
+    ``reset`` callback could make it too, but a pool with one hands every return to its worker
+    thread as a task: one more thread to wake for each of the several returns of a model call,
+    an interpreter hand-off each under load."""
+
+    def putconn(self, conn: psycopg.Connection[Any]) -> None:
+        conn._agentops_returned_at = time.monotonic()  # type: ignore[attr-defined]
+        super().putconn(conn)
 
 
 def pool_check_if_idle(conn: psycopg.Connection[Any]) -> None:

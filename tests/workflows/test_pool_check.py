@@ -6,6 +6,7 @@ restart) is replaced before any query of the thread's."""
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -103,3 +104,23 @@ def test_one_broken_within_the_window_fails_its_first_query_and_the_next_gets_a_
     with pytest.raises(OperationalError):
         backend_pid(pooled)
     assert backend_pid(pooled) != first
+
+
+def test_a_connection_is_given_back_in_the_thread_that_used_it(pooled: DatabaseWrapper,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The return is noted and the connection is back in the pool before ``close`` returns: no
+    task for the pool's worker thread (psycopg_pool's ``reset`` would make one of every return, a
+    thread to wake for each of the several returns of a model call)."""
+    tasks: list[str] = []
+    real = ConnectionPool.run_task
+    monkeypatch.setattr(ConnectionPool, "run_task", lambda pool, task: (tasks.append(type(task).__name__),
+                                                                         real(pool, task))[1])
+    backend_pid(pooled)  # the first: the pool opens (its connection is a task)
+    tasks.clear()
+    before = time.monotonic()
+    for _ in range(3):
+        backend_pid(pooled)
+        assert pooled.pool.get_stats()["pool_available"] == 1  # back already
+    assert tasks == []
+    with pooled.pool.connection() as conn:
+        assert conn._agentops_returned_at >= before  # noted for pool_check_if_idle
