@@ -113,8 +113,12 @@ def test_a_connection_is_given_back_in_the_thread_that_used_it(pooled: DatabaseW
     thread to wake for each of the several returns of a model call)."""
     tasks: list[str] = []
     real = ConnectionPool.run_task
-    monkeypatch.setattr(ConnectionPool, "run_task", lambda pool, task: (tasks.append(type(task).__name__),
-                                                                         real(pool, task))[1])
+
+    def run_task(pool: ConnectionPool, task: Any) -> None:
+        tasks.append(type(task).__name__)
+        real(pool, task)
+
+    monkeypatch.setattr(ConnectionPool, "run_task", run_task)
     backend_pid(pooled)  # the first: the pool opens (its connection is a task)
     tasks.clear()
     before = time.monotonic()
