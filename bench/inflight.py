@@ -32,7 +32,7 @@ import psutil  # type: ignore[import-untyped]
 import psycopg
 
 from bench.context import Bench
-from bench.infra import REPO_ROOT, BenchError, percentile, with_database
+from bench.infra import REPO_ROOT, BenchError, database_backends, percentile, with_database
 from bench.timers import ensure_beat
 
 MODEL = "claude-sonnet-5-5"
@@ -101,8 +101,7 @@ class Sampler(threading.Thread):
         by_worker = {p.name: [psutil.Process(p.pid), *psutil.Process(p.pid).children(recursive=True)]
                      for p in self.bench.cluster.workers()}
         procs = [q for group in by_worker.values() for q in group]
-        backends = [p for p in psutil.process_iter(["cmdline"])
-                    if f" {self.bench.db_name} " in " ".join(p.info["cmdline"] or [])]
+        backends = database_backends(self.bench.db_name)
         api = [psutil.Process(self.api.proc.pid)]
         groups = [("workers", procs), ("postgres", backends), ("fake_api", api),
                   *((f"worker {name}", group) for name, group in by_worker.items())]

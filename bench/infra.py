@@ -26,6 +26,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PUBLISH_COMMANDS = ("lpush", "rpush", "publish")
 
 
+def database_backends(name: str) -> list[psutil.Process]:
+    """The PostgreSQL server processes serving database ``name`` (on this host), for their CPU time."""
+    return [p for p in psutil.process_iter(["cmdline"]) if f" {name} " in " ".join(p.info["cmdline"] or [])]
+
+
 class BenchError(RuntimeError):
     """A benchmark could not run as set up; the message says what to do."""
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
-from bench.infra import REPO_ROOT, Broker, Postgres
+from bench.infra import REPO_ROOT, Broker, Postgres, database_backends
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,18 +75,17 @@ def _setup(args: argparse.Namespace, api_url: str) -> None:
 
 def _backends_cpu(database: str) -> float:
     total = 0.0
-    for proc in psutil.process_iter(["cmdline"]):
-        if f" {database} " in " ".join(proc.info["cmdline"] or []):
-            try:
-                times = proc.cpu_times()
-            except psutil.Error:
-                continue
-            total += times.user + times.system
+    for proc in database_backends(database):
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
     return total
 
 
 def _run(args: argparse.Namespace, api: Any) -> dict[str, Any]:
-    """Launch the agents, then drive them from ``args.threads`` threads; CPU and statements per call."""
+    """Launch the agents, then drive them from ``args.threads`` threads; CPU and transactions per call."""
     from django.db import connection, connections
 
     from workflows import services
@@ -143,7 +142,6 @@ def _run(args: argparse.Namespace, api: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.context import Bench  # noqa: F401  (bench's import order: infra before Django)
     from bench.inflight import FakeAPI
 
     args = parse_args(argv)
