@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
@@ -51,8 +52,8 @@ WORKFLOW_ID = re.compile(r"^wf-(\d+)/")
 class FakeAPI:
     """``bench.fake_api`` in a process of its own, driven over its stdin and stdout."""
 
-    def __init__(self, bench: Bench) -> None:
-        self.log = open(bench.out_dir / "fake-api.log", "wb")  # noqa: SIM115 - closed by stop()
+    def __init__(self, log_dir: Path) -> None:
+        self.log = open(log_dir / "fake-api.log", "wb")  # noqa: SIM115 - closed by stop()
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.fake_api"], cwd=REPO_ROOT, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.url = str(self._answer()["url"])
@@ -297,7 +298,7 @@ def kill_during_model_calls(bench: Bench, api: FakeAPI) -> dict[str, Any]:
 
 def bench_inflight(bench: Bench) -> dict[str, Any]:
     latency, tool_turns = bench.sizes.inflight_latency_s, bench.sizes.inflight_tool_turns
-    api = FakeAPI(bench)
+    api = FakeAPI(bench.out_dir)
     try:
         setup = start_workers(bench, api)
         bench.log("in flight: warm-up, 4 agents")

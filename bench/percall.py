@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     broker = Broker(args.broker_url)
     broker.flushdb()
-    api = FakeAPI(_LogDir(out_dir))
+    api = FakeAPI(out_dir)
     try:
         _setup(args, api.url)
         rows = []
@@ -169,13 +169,6 @@ def main(argv: list[str] | None = None) -> int:
         stats.sort_stats("tottime").print_stats(40)
         stats.sort_stats("cumulative").print_stats(60)
     return 1 if any(r["not_completed"] for r in rows) else 0
-
-
-class _LogDir:
-    """What FakeAPI needs of a Bench: where to write its log."""
-
-    def __init__(self, out_dir: Path) -> None:
-        self.out_dir = out_dir
 
 
 if __name__ == "__main__":

@@ -185,7 +185,7 @@ def run_fairness(bench: Bench, api: FakeAPI, *, large: int, small: int, calls: i
 def bench_ratelimits(bench: Bench) -> dict[str, Any]:
     sizes = bench.sizes
     rpm, itpm = sizes.ratelimit_rpm, sizes.ratelimit_itpm
-    api = FakeAPI(bench)
+    api = FakeAPI(bench.out_dir)
     try:
         api.ask(f"answer {LATENCY_S}")
         api.ask(f"limit {rpm} {itpm} 0")
