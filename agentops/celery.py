@@ -30,11 +30,13 @@ def recycle_db_connections(sender: Any = None, **_: Any) -> None:
 @signals.worker_init.connect
 def mark_worker_process(sender: Any = None, **_: Any) -> None:
     """This process (and the pool it forks) runs activities: its own settings are the current
-    release. On a threads pool, I/O-bound activities chain for AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS."""
+    release. On a threads pool, I/O-bound activities chain for AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS
+    and AGENTOPS_IO_ENGINE_THREADS threads run the engine's bookkeeping at once (``workflows.lane``)."""
     from celery.concurrency import get_implementation
     from celery.concurrency.thread import TaskPool as ThreadsPool
     from django.conf import settings
 
+    from workflows import lane
     from workflows.services import activities, common
 
     common.in_worker = True
@@ -44,6 +46,7 @@ def mark_worker_process(sender: Any = None, **_: Any) -> None:
     pool = get_implementation(getattr(sender, "pool_cls", None) or "prefork")
     if isinstance(pool, type) and issubclass(pool, ThreadsPool):
         activities.io_chain_seconds = settings.AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS
+        lane.configure(settings.AGENTOPS_IO_ENGINE_THREADS)
 
 
 @signals.worker_shutting_down.connect

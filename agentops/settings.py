@@ -309,6 +309,14 @@ if AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS < 0 or AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS 
     raise ImproperlyConfigured(f"AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS={AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS:g} must be 0 "
                                "or more and under the broker's visibility timeout "
                                f"(AGENTOPS_VISIBILITY_TIMEOUT_SECONDS={AGENTOPS_VISIBILITY_TIMEOUT_SECONDS}).")
+# How many threads of a threads-pool worker run the engine's bookkeeping at once (claims, notes,
+# checkpoints, a model call's reservation and charge, results); the others wait for a turn in
+# line instead of handing Python's interpreter lock around at every statement. 0: no limit.
+# The activity functions, the models' answers and every other wait run outside it
+# (workflows/lane.py; bench/README.md, "twenty-second session").
+AGENTOPS_IO_ENGINE_THREADS = env_int("AGENTOPS_IO_ENGINE_THREADS", 4)
+if AGENTOPS_IO_ENGINE_THREADS < 0:
+    raise ImproperlyConfigured(f"AGENTOPS_IO_ENGINE_THREADS={AGENTOPS_IO_ENGINE_THREADS} must be 0 (no limit) or more.")
 # How often a long activity that checkpoints (the autonomous agent's tasks) saves its working
 # state; a retried attempt resumes from the last save instead of starting over. 0: after every
 # step (every turn of a task), so no tool call is redone after a crash; a turn's model call takes

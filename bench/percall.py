@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency", type=float, default=0.0, help="seconds the fake API takes per answer")
     parser.add_argument("--tool-turns", type=int, default=3, help="tool calls per task (calls per agent: this + 3)")
     parser.add_argument("--pool", type=int, default=10, help="AGENTOPS_DB_POOL_SIZE (0: no pool)")
+    parser.add_argument("--lane", type=int, default=None,
+                        help="AGENTOPS_IO_ENGINE_THREADS: threads running the engine's bookkeeping at once "
+                             "(0: no limit; default: the setting's)")
     parser.add_argument("--runs", type=int, default=1, help="measured runs, each on fresh agents")
     parser.add_argument("--profile", type=Path, help="write a cProfile of the run here (with --threads 1)")
     parser.add_argument("--postgres-url", default=os.environ.get("BENCH_POSTGRES_URL",
@@ -64,13 +67,19 @@ def _setup(args: argparse.Namespace, api_url: str) -> None:
         "AGENTOPS_VAR_DIR": str(REPO_ROOT / "var" / "bench" / "percall")})
     if args.pool:
         os.environ["AGENTOPS_DB_POOL_SIZE"] = str(args.pool)
+    if args.lane is not None:
+        os.environ["AGENTOPS_IO_ENGINE_THREADS"] = str(args.lane)
     import django
 
     django.setup()
+    from django.conf import settings
+
+    from workflows import lane
     from workflows.services import activities, common
 
     common.in_worker = True  # as agentops.celery marks a worker process
     activities.io_chain_seconds = 3600.0  # as on a threads pool, an agent's calls chain
+    lane.configure(settings.AGENTOPS_IO_ENGINE_THREADS)  # as on a threads pool
 
 
 def _backends_cpu(database: str) -> float:
@@ -88,7 +97,7 @@ def _run(args: argparse.Namespace, api: Any) -> dict[str, Any]:
     """Launch the agents, then drive them from ``args.threads`` threads; CPU and transactions per call."""
     from django.db import connection, connections
 
-    from workflows import services
+    from workflows import lane, services
     from workflows.models import Event, Workflow
     from workflows.testing.inprocess import drive
 
@@ -134,9 +143,12 @@ def _run(args: argparse.Namespace, api: Any) -> dict[str, Any]:
     if profiler is not None:
         profiler.dump_stats(str(args.profile))
     return {"agents": args.agents, "threads": args.threads, "latency_s": args.latency, "pool": args.pool,
+            "lane": lane.size(),
             "calls": calls, "not_completed": not_done, "wall_s": round(wall, 2),
             "worker_ms_per_call": round(1000 * (user + system) / calls, 2),
             "worker_user_ms": round(1000 * user / calls, 2), "worker_system_ms": round(1000 * system / calls, 2),
+            "context_switches_per_call": round((after.ru_nvcsw + after.ru_nivcsw
+                                                - before.ru_nvcsw - before.ru_nivcsw) / calls, 1),
             "postgres_ms_per_call": round(1000 * pg / calls, 2),
             "transactions_per_call": round(commits / calls, 2)}
 

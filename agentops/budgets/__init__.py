@@ -19,6 +19,7 @@ from agentops import livewire, ratelimits, telemetry
 from agentops.providers import provider_for
 from agentops.providers.base import ModelProvider, ModelResponse, Usage
 from agentops.ratelimits.limiter import RateLimitInfo
+from workflows import lane
 from workflows.activity_context import ActivityContext
 from workflows.connections import connection_release_while_waiting
 from workflows.errors import AgentOpsError, Permanent
@@ -187,6 +188,14 @@ def metered_complete(
     ``model.called`` event (request id, model, latency, tokens, stop reason, cost; or the error
     of a failed call).
     """
+    with lane.turn():  # the provider's count, its answer and the rate limits' waits run outside it
+        return _metered_complete(ctx, call=call, system=system, messages=messages, max_tokens=max_tokens,
+                                 tools=tools, tool_choice=tool_choice, prefix_cache_ttl=prefix_cache_ttl)
+
+
+def _metered_complete(ctx: ActivityContext, *, call: int, system: str, messages: list[dict[str, Any]],
+                      max_tokens: int, tools: list[dict[str, Any]] | None, tool_choice: dict[str, Any] | None,
+                      prefix_cache_ttl: str) -> ModelResponse:
     stand_ins = _stand_ins.get()
     # Under heartbeats too: the first call of a process imports the provider's SDK (seconds), and a
     # token count is a request to the provider.
@@ -196,7 +205,8 @@ def metered_complete(
         if input_tokens is None and ctx.claim.budget_limited:
             # A count is a request too (a third of them, in a short conversation); it only makes the
             # reservation exact, which matters only where a budget can refuse it.
-            input_tokens = provider.count_tokens(system=system, messages=messages, tools=tools)
+            with lane.waiting():
+                input_tokens = provider.count_tokens(system=system, messages=messages, tools=tools)
     beat.raise_if_lost()
     if input_tokens is None:
         input_tokens = estimated_input_tokens(system=system, messages=messages, tools=tools)
@@ -236,9 +246,11 @@ def _metered_call(ctx: ActivityContext, provider: Any, meter: LedgerMeter, span:
                                            tenant=ctx.claim.tenant, kind=ctx.claim.kind, priority=ctx.claim.priority,
                                            input_tokens=input_tokens, max_tokens=max_tokens, stop=lambda: beat.lost)
                 sent_through = ratelimits.GatedMeter(meter, gate)
-            response = provider.complete(system=system, messages=messages, max_tokens=max_tokens, tools=tools,
-                                         tool_choice=tool_choice, meter=sent_through, prefix_cache_ttl=prefix_cache_ttl,
-                                         **({"on_delta": deltas} if deltas is not None else {}))
+            with lane.waiting():  # the meter takes a turn for its reservations and releases
+                response = provider.complete(system=system, messages=messages, max_tokens=max_tokens, tools=tools,
+                                             tool_choice=tool_choice, meter=sent_through,
+                                             prefix_cache_ttl=prefix_cache_ttl,
+                                             **({"on_delta": deltas} if deltas is not None else {}))
         if deltas is not None:
             deltas.flush()
     except AgentOpsError as exc:
@@ -357,9 +369,10 @@ class LedgerMeter:
 
     def sending(self, n: int) -> dict[str, str]:
         key = self.key(n)
-        self.ledger.reserve(workflow_id=self.ctx.workflow_id, key=key, operation_id=self.ctx.operation_id,
-                            attempt=self.ctx.attempt, provider=self.provider, model=self.model,
-                            estimate_usd=self.estimate, fence=self.ctx.fence_of(f"model call {self.call}"))
+        with lane.turn():
+            self.ledger.reserve(workflow_id=self.ctx.workflow_id, key=key, operation_id=self.ctx.operation_id,
+                                attempt=self.ctx.attempt, provider=self.provider, model=self.model,
+                                estimate_usd=self.estimate, fence=self.ctx.fence_of(f"model call {self.call}"))
         connection_release_while_waiting()  # the request goes out now; the answer takes seconds
         self._open[n] = key
         self.sent += 1
@@ -371,17 +384,19 @@ class LedgerMeter:
             return
         key = self._open.pop(n, None)
         if key is not None:
-            self.ledger.release(key=key, reason=f"answered {status}: the API does not bill errors",
-                                http_status=status, request_id=request_id)
+            with lane.turn():
+                self.ledger.release(key=key, reason=f"answered {status}: the API does not bill errors",
+                                    http_status=status, request_id=request_id)
 
     def lost(self, n: int, *, sent: bool, reason: str) -> None:
         key = self._open.pop(n, None)
         if key is None:
             return
-        if sent:
-            self.ledger.uncertain(key=key, reason=reason)
-        else:
-            self.ledger.release(key=key, reason=f"never reached the provider: {reason}")
+        with lane.turn():
+            if sent:
+                self.ledger.uncertain(key=key, reason=reason)
+            else:
+                self.ledger.release(key=key, reason=f"never reached the provider: {reason}")
 
     def charge(self, response: ModelResponse) -> tuple[Decimal, RowWrite | None]:
         """Charge the request that brought ``response``; returns its cost, and the database

@@ -245,21 +245,37 @@ def test_a_worker_shutting_down_starts_no_new_chain(settings: Any, monkeypatch: 
 
 def test_a_threads_worker_chains_io_bound_activities_and_a_prefork_one_does_not(
         settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What the worker's start (``worker_init``) decides from its pool; the shutdown signal stops chaining."""
+    """What the worker's start (``worker_init``) decides from its pool: a threads pool chains
+    I/O-bound activities and runs the engine's bookkeeping in a lane of AGENTOPS_IO_ENGINE_THREADS;
+    the shutdown signal stops chaining."""
     from celery.concurrency.prefork import TaskPool as PreforkPool
 
     from agentops.celery import mark_worker_process, stop_chaining
+    from workflows import lane
     from workflows.services import activities, common
 
     monkeypatch.setattr(common, "in_worker", False)
     monkeypatch.setattr(activities, "shutting_down", threading.Event())
-    for pool, expected in (("threads", settings.AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS), ("prefork", None),
-                           (PreforkPool, None), ("solo", None)):
-        monkeypatch.setattr(activities, "io_chain_seconds", None)
-        mark_worker_process(sender=SimpleNamespace(pool_cls=pool))
-        assert activities.io_chain_seconds == expected, pool
+    settings.AGENTOPS_IO_ENGINE_THREADS = 3
+    try:
+        for pool, chain, turns in (("threads", settings.AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS, 3), ("prefork", None, 0),
+                                   (PreforkPool, None, 0), ("solo", None, 0)):
+            monkeypatch.setattr(activities, "io_chain_seconds", None)
+            lane.configure(0)
+            mark_worker_process(sender=SimpleNamespace(pool_cls=pool))
+            assert (activities.io_chain_seconds, lane.size()) == (chain, turns), pool
+    finally:
+        lane.configure(0)
     stop_chaining()
     assert activities.shutting_down.is_set()
+
+
+def test_a_negative_engine_lane_refuses_to_start() -> None:
+    env = {**os.environ, "AGENTOPS_IO_ENGINE_THREADS": "-1", "DJANGO_SETTINGS_MODULE": "agentops.settings"}
+    done = subprocess.run([sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode != 0
+    assert "AGENTOPS_IO_ENGINE_THREADS=-1 must be 0 (no limit) or more." in done.stderr
 
 
 @pytest.mark.parametrize("seconds", ["3600", "-1"])

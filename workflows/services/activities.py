@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 
 from agentops import telemetry
-from workflows import clock, doorbells, faults, registry, statestore
+from workflows import clock, doorbells, faults, lane, registry, statestore
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Refused
 from workflows.leases import Claim
@@ -56,19 +56,20 @@ def activity_run_if_runnable(*, activity_id: int, worker: str = "", task_id: str
     A chained activity is claimed in the transaction that records the result before it
     (no doorbell): if this process dies, its lease runs out and the lease sweep retries it.
     """
-    claim = activity_claim_if_runnable(activity_id=activity_id, worker=worker, task_id=task_id)
-    if claim is None:
-        return RunOutcome.SKIPPED
-    window = settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS
-    if io_chain_seconds is not None and registry.activity_type(claim.name).io_bound:
-        window = io_chain_seconds
-    chain_until = time.monotonic() + window
-    lease = DatabaseLease()
-    while True:
-        outcome, chained = _attempt_run(claim, lease, worker=worker, task_id=task_id, chain_until=chain_until)
-        if chained is None or chained.claim is None:
-            return outcome
-        claim, lease = chained.claim, DatabaseLease(unsteered_at=chained.unsteered_at)
+    with lane.turn():  # the activity function runs outside it (_attempt_run)
+        claim = activity_claim_if_runnable(activity_id=activity_id, worker=worker, task_id=task_id)
+        if claim is None:
+            return RunOutcome.SKIPPED
+        window = settings.AGENTOPS_ACTIVITY_CHAIN_SECONDS
+        if io_chain_seconds is not None and registry.activity_type(claim.name).io_bound:
+            window = io_chain_seconds
+        chain_until = time.monotonic() + window
+        lease = DatabaseLease()
+        while True:
+            outcome, chained = _attempt_run(claim, lease, worker=worker, task_id=task_id, chain_until=chain_until)
+            if chained is None or chained.claim is None:
+                return outcome
+            claim, lease = chained.claim, DatabaseLease(unsteered_at=chained.unsteered_at)
 
 
 def _attempt_run(claim: Claim, lease: DatabaseLease, *, worker: str, task_id: str,
@@ -83,7 +84,8 @@ def _attempt_run(claim: Claim, lease: DatabaseLease, *, worker: str, task_id: st
             "agentops.worker": worker}) as span:
         ctx.faultpoint("activity.after_claim")
         try:
-            result = _execute(spec, ctx)
+            with lane.waiting():
+                result = _execute(spec, ctx)
         except Exception as exc:
             logger.info("activity.attempt.failed", extra={"operation_id": claim.operation_id, "attempt": claim.attempt})
             telemetry.failed(span, exc)
@@ -132,15 +134,18 @@ class DatabaseLease:
 
     def checkpoint(self, claim: Claim, state: dict[str, Any], detail: str,
                    notes: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
-        saved = _checkpoint(claim, state, detail, notes, steer_probe=True)
+        with lane.turn():
+            saved = _checkpoint(claim, state, detail, notes, steer_probe=True)
         self._unsteered_at = time.monotonic() if saved.steer_messages is False else None
         return saved.ok
 
     def note(self, claim: Claim, kind: str, data: dict[str, Any], also: RowWrite | None = None) -> bool:
-        return activity_note_if_current(claim=claim, kind=kind, data=data, also=also)
+        with lane.turn():
+            return activity_note_if_current(claim=claim, kind=kind, data=data, also=also)
 
     def adopt_release(self, claim: Claim, release: dict[str, Any], why: str) -> bool:
-        return workflow_release_adopt_if_current(claim=claim, release=release, why=why)
+        with lane.turn():
+            return workflow_release_adopt_if_current(claim=claim, release=release, why=why)
 
     def steering(self, claim: Claim, call: int) -> list[dict[str, Any]] | None:
         from workflows.services.steering import steering_take_if_current
@@ -148,7 +153,8 @@ class DatabaseLease:
         unsteered_at, self._unsteered_at = self._unsteered_at, None  # answers one question
         if unsteered_at is not None and time.monotonic() - unsteered_at < STEER_PROBE_SECONDS:
             return []
-        return steering_take_if_current(claim=claim, call=call)
+        with lane.turn():
+            return steering_take_if_current(claim=claim, call=call)
 
 
 @transaction.atomic
