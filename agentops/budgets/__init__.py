@@ -156,6 +156,7 @@ def answered_by(model: ModelProvider, ledger: Ledger) -> Iterator[None]:
         _stand_ins.reset(token)
 
 
+@lane.turn()  # the provider's count, its answer and the rate limits' waits run outside it
 def metered_complete(
     ctx: ActivityContext,
     *,
@@ -188,14 +189,6 @@ def metered_complete(
     ``model.called`` event (request id, model, latency, tokens, stop reason, cost; or the error
     of a failed call).
     """
-    with lane.turn():  # the provider's count, its answer and the rate limits' waits run outside it
-        return _metered_complete(ctx, call=call, system=system, messages=messages, max_tokens=max_tokens,
-                                 tools=tools, tool_choice=tool_choice, prefix_cache_ttl=prefix_cache_ttl)
-
-
-def _metered_complete(ctx: ActivityContext, *, call: int, system: str, messages: list[dict[str, Any]],
-                      max_tokens: int, tools: list[dict[str, Any]] | None, tool_choice: dict[str, Any] | None,
-                      prefix_cache_ttl: str) -> ModelResponse:
     stand_ins = _stand_ins.get()
     # Under heartbeats too: the first call of a process imports the provider's SDK (seconds), and a
     # token count is a request to the provider.

@@ -210,15 +210,20 @@ def test_a_thread_that_must_wait_for_a_turn_gives_its_connection_back_first(monk
 
 
 class LaneSeenLedger(FakeLedger):
-    """Notes whether the thread held a turn when the call's request was reserved."""
+    """Notes whether the thread held a turn when the call's request was reserved and charged."""
 
     def __init__(self) -> None:
         super().__init__()
         self.reserved_holding: list[bool] = []
+        self.charged_holding: list[bool] = []
 
     def reserve(self, **kwargs: Any) -> bool:
         self.reserved_holding.append(lane.holding())
         return super().reserve(**kwargs)
+
+    def charge(self, **kwargs: Any) -> bool:
+        self.charged_holding.append(lane.holding())
+        return super().charge(**kwargs)
 
 
 class LaneSeenModel(FakeModel):
@@ -253,6 +258,7 @@ def test_a_model_call_reserves_in_the_lane_and_awaits_its_answer_outside_it() ->
     assert result == {"text": "hello", "holding_after": False}
     assert model.answered_holding == [False]
     assert ledger.reserved_holding == [True]
+    assert ledger.charged_holding == [True]
 
 
 LANE_KIND = "test-lane"
@@ -272,9 +278,6 @@ class OneStep(engine.WorkflowDefinition):
     kind = LANE_KIND
     start_node = "STEP"
     revalidate_node = "STEP"
-
-    def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        return params
 
     @engine.node("STEP")
     def step(self, ctx: engine.NodeContext) -> engine.Decision:
