@@ -76,6 +76,27 @@ def test_text_answer_joins_text_blocks_and_carries_the_servers_usage_and_request
     assert fake.api_key_of(served.headers) == API_KEY and "anthropic-version" in served.headers
 
 
+def test_the_sdk_makes_no_spans_of_its_own_beside_agentops_chat_span(
+    anthropic_api: FakeAnthropicAPI, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A model call's span is agentops's ``chat <model>`` (tests/workflows/test_traces.py); the SDK's
+    own, on the global tracer provider, would be a second one for the same call."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    global_provider = TracerProvider()
+    global_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: global_provider)
+
+    response = ask(make_provider(anthropic_api, Answer(content=[{"type": "text", "text": "ok"}])))
+
+    assert response.text == "ok" and len(anthropic_api.requests) == 1
+    assert exporter.get_finished_spans() == ()
+
+
 def test_a_long_prompt_is_written_once_then_read_from_cache(anthropic_api: FakeAnthropicAPI) -> None:
     """Over the minimum cacheable length (1024 tokens for Sonnet), the first call writes the
     prefix and the same prompt again reads it back: the provider counts both, as reported."""
@@ -335,7 +356,7 @@ def _message(**fields: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("answer", "what"), [
     (fake.raw(b'{"id": "msg_01", "type": "mess'), "not JSON"),
-    (fake.raw(b"<html><body>502 Bad Gateway</body></html>", content_type="text/html"), "a str, not a message"),
+    (fake.raw(b"<html><body>502 Bad Gateway</body></html>", content_type="text/html"), "not JSON"),
     (fake.raw({"id": "msg_01", "type": "message"}), "no content list"),
     (fake.raw(_message(stop_reason=None)), "no stop_reason"),
     (fake.raw(_message(usage=None)), "no usage"),
