@@ -5,8 +5,8 @@ process of its own: ``bench/fake_api.py``) plays Claude for the ``autonomous`` k
 the real ``anthropic`` SDK, so the whole model-call path is measured: lease and heartbeats, the
 fence, the budget reservation under the workflow's row lock, the charge, the ``model.called``
 event, the turn's checkpoint. The workers are the README's shape for model-heavy agents: threads
-pools on the I/O queue (``AGENTOPS_DB_POOL_SIZE`` connections each) and one prefork worker on the
-default queue.
+pools on the I/O queue (``AGENTOPS_DB_POOL_SIZE`` connections each), one prefork worker on the
+default queue, and beat.
 
 The agents are launched while the workers are stopped (SIGSTOP), and continue together: every
 first call falls due at that instant, so the launches' own cost (reported apart) does not spread
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,8 @@ def start_workers(bench: Bench, api: FakeAPI) -> dict[str, Any]:
     procs.append(bench.cluster.start_worker("short", queues=(settings.CELERY_TASK_DEFAULT_QUEUE,), ready=False,
                                             extra_env=env))
     bench.cluster.wait_ready(*procs)
+    # As deployed: an attempt that failed (a dropped connection) is retried when its window is rung by beat's sweep.
+    ensure_beat(bench)
     return {"io_pool": IO_POOL, "io_workers": IO_PROCESSES, "io_threads_each": IO_THREADS,
             "db_pool_size_each": DB_POOL_SIZE,
             "prefork_workers": 1, "connection_bound": IO_PROCESSES * (DB_POOL_SIZE if IO_POOL == "threads" else
@@ -154,7 +157,7 @@ def start_workers(bench: Bench, api: FakeAPI) -> dict[str, Any]:
 def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_turns: int) -> dict[str, Any]:
     """Launch ``agents`` autonomous workflows at once and wait for all to complete."""
     from workflows import services
-    from workflows.models import Workflow
+    from workflows.models import ActivityAttempt, Workflow
 
     api.ask(f"play {latency} {tool_turns}")
     api.ask("reset")
@@ -193,7 +196,8 @@ def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_
         while Workflow.objects.filter(pk__in=launched, status__in=Workflow.TERMINAL).count() < agents:
             if time.monotonic() > deadline:
                 done = Workflow.objects.filter(pk__in=launched, status__in=Workflow.TERMINAL).count()
-                raise BenchError(f"only {done} of {agents} agents finished in time\n{bench.cluster.logs()}")
+                raise BenchError(f"only {done} of {agents} agents finished in time; where the others are:\n"
+                                 f"{_unfinished(launched)}\n{bench.cluster.logs()}")
             time.sleep(1.0)
     finally:
         sampler.halt.set()
@@ -207,14 +211,31 @@ def run_agents(bench: Bench, api: FakeAPI, *, agents: int, latency: float, tool_
     cpu = {kind: sum(t - cpu_before[kind].get(pid, 0.0) for pid, t in cpu_after[kind].items())
            for kind in cpu_after}
     report = api.ask("report")
+    failed_attempts = Counter(error.split("(")[0][:120] for error in ActivityAttempt.objects.filter(
+        activity__workflow_id__in=launched).exclude(status="succeeded").values_list("error", flat=True))
     if report["unexpected"]:
         raise BenchError(f"the fake API had nothing to answer: {report['unexpected']}")
     return {"agents": agents, "calls_per_agent": calls_per_agent, "launch_s": round(launch_s, 2),
             **_timings(report["calls"], launched, latency=latency, expected_calls=agents * calls_per_agent),
             "peak_in_flight": report["peak_in_flight"], "max_db_connections": sampler.max_connections,
             "cpu_ms_per_call": {kind: round(1000 * t / (agents * calls_per_agent), 1) for kind, t in cpu.items()},
+            "failed_attempts": sum(failed_attempts.values()), "failed_attempt_errors": dict(failed_attempts),
             "max_worker_rss_mb": round(sampler.max_rss / 2**20, 1),
             "worker_rss_mb": {k: round(v / 2**20, 1) for k, v in sampler.rss_by_worker.items()}}
+
+
+def _unfinished(launched: dict[int, float]) -> str:
+    """The activities of the agents that have not finished, and their attempts' errors: what a stall is waiting on."""
+    from workflows.models import Activity, Workflow
+
+    lines = []
+    for wf in Workflow.objects.filter(pk__in=launched).exclude(status__in=Workflow.TERMINAL)[:10]:
+        lines.append(f"workflow {wf.pk}: {wf.status} at {wf.current_node}")
+        for act in Activity.objects.filter(workflow=wf).exclude(status="succeeded"):
+            errors = [a.error[:200] for a in act.attempts.all() if a.error]
+            lines.append(f"  {act.name} {act.status} attempt {act.attempt}, due {act.next_attempt_at}, "
+                         f"dispatched {act.dispatched_at}, doing {act.heartbeat_detail!r}; errors {errors}")
+    return "\n".join(lines)
 
 
 def _timings(calls: list[dict[str, Any]], launched: dict[int, float], *, latency: float,
@@ -261,7 +282,7 @@ def kill_during_model_calls(bench: Bench, api: FakeAPI) -> dict[str, Any]:
     from workflows import services
     from workflows.models import ActivityAttempt, Event, Workflow
 
-    ensure_beat(bench)  # its lease sweep notices the dead worker's attempts
+    # Beat, started with the workers, sweeps the dead worker's leases once they run out.
     api.ask(f"play {KILL_LATENCY_S} 1")
     api.ask("reset")
     ids = [services.workflow_launch(kind="autonomous", goal=f"Recovery notes {n}", params={"max_rounds": 1}).pk
@@ -309,7 +330,8 @@ def bench_inflight(bench: Bench) -> dict[str, Any]:
             row = run_agents(bench, api, agents=n, latency=latency, tool_turns=tool_turns)
             bench.log(f"  peak {row['peak_in_flight']} in flight, {row['calls_per_s']} calls/s "
                       f"({row['ratio_vs_ideal']:.2f}x ideal), due->sent p99 {row['due_to_sent_p99_s']} s, "
-                      f"{row['max_worker_rss_mb']} MB, {row['max_db_connections']} connections; CPU ms per call "
+                      f"{row['max_worker_rss_mb']} MB, {row['max_db_connections']} connections, "
+                      f"{row['failed_attempts']} failed attempts; CPU ms per call "
                       + ", ".join(f"{kind} {ms}" for kind, ms in row["cpu_ms_per_call"].items()))
             rows.append(row)
         bench.log(f"in flight: SIGKILL of a worker holding {KILL_AGENTS} agents' model calls ({KILL_LATENCY_S:g} s)")

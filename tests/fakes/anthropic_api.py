@@ -333,6 +333,14 @@ class Recorded:
     rate_headers: dict[str, str] = field(default_factory=dict)
 
 
+class _Server(ThreadingHTTPServer):
+    """A listen queue that holds a burst of connections, as the API's does: with the standard
+    library's 5, a thousand agents' first calls at once overflow it, and a connection the client
+    thinks open is reset under its first request (``ReadError``), which the API never does."""
+
+    request_queue_size = 1024
+
+
 class FakeAnthropicAPI:
     """The fake API on ``http://127.0.0.1:<port>``; ``start()``/``stop()``, or use the pytest fixture."""
 
@@ -388,7 +396,7 @@ class FakeAnthropicAPI:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def start(self) -> FakeAnthropicAPI:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server = _Server(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-anthropic-api", daemon=True)
         self._thread.start()
