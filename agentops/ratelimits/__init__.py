@@ -27,6 +27,11 @@ log = logging.getLogger("agentops.ratelimits")
 # After Redis failed, this process skips the limiter (fails open or closed at once) for this
 # long instead of paying a connection timeout on every request.
 REDIS_DOWN_RECHECK_SECONDS = 5.0
+# The most connections this process's limiter opens to Redis. Every call waiting for its share
+# holds one (BLPOP), so a threads worker needs about as many as its threads; redis-py's default
+# of 100 raised "Too many connections" past that, which the limiter took for Redis down: it
+# failed open (or closed) exactly when most calls were waiting. Redis's own maxclients is as many.
+MAX_CONNECTIONS = 10_000
 _limiters: dict[tuple[Any, ...], RedisLimiter] = {}
 _lock = threading.Lock()
 _down_until = 0.0
@@ -45,7 +50,8 @@ def limiter() -> RedisLimiter | None:
 
             poll = settings.AGENTOPS_RATE_LIMIT_POLL_SECONDS
             # A waiting thread blocks in BLPOP up to the poll interval: the socket must outlast it.
-            client = redis.Redis.from_url(url, socket_timeout=poll + 5, socket_connect_timeout=1.0)
+            client = redis.Redis.from_url(url, socket_timeout=poll + 5, socket_connect_timeout=1.0,
+                                          max_connections=MAX_CONNECTIONS)
             _limiters[key] = RedisLimiter(
                 client, headroom=settings.AGENTOPS_RATE_LIMIT_HEADROOM, alive_seconds=4 * poll,
                 slot_seconds=settings.AGENTOPS_RATE_LIMIT_SLOT_SECONDS,

@@ -1,6 +1,7 @@
 """Model calls through the shared rate limiter (real Redis) and the real SDK against the fake API."""
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -11,6 +12,7 @@ import redis
 from django.contrib.auth.models import User
 
 from agentops import ratelimits
+from agentops.ratelimits import Ask
 from tests.conftest import drive
 from tests.fakes import anthropic_api as fake
 from tests.fakes.anthropic_api import FakeAnthropicAPI, OrganisationLimit
@@ -142,6 +144,37 @@ def test_an_unreachable_limiter_fails_open_or_closed_and_never_fails_the_workflo
     ratelimits._down_until = 0.0
     run_until_done(workflow.pk, time_machine)
     assert Workflow.objects.get(pk=workflow.pk).status == "completed"
+
+
+def test_more_calls_waiting_at_once_than_redis_pys_default_pool_each_wait_their_turn(shared: Any) -> None:
+    """150 threads wait for a drained limit at once, as a threads worker's calls do, each holding a
+    connection while it waits (BLPOP): none is refused a connection (redis-py's default pool of 100
+    raised "Too many connections", which the limiter takes for Redis down and fails open)."""
+    limiter = ratelimits.limiter()
+    assert limiter is not None
+    request = Ask(scope=SCOPE, tenant="user:1", kind="autonomous", priority=5, input_tokens=10, output_tokens=10,
+                  configured=(6000, 0, 0), tenant_cap=0, kind_cap=0)
+    while limiter.try_acquire(request, limiter.new_ticket()).admitted:
+        pass  # drained: each of the waiters below waits for the bucket's refill, about 95 a second
+    admitted: list[float] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(150)
+
+    def call() -> None:
+        start.wait()
+        try:
+            admitted.append(limiter.acquire(request, poll_seconds=5.0, max_wait_seconds=30).waited_seconds)
+        except Exception as exc:  # the failure the test looks for: recorded, then asserted on
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(150)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=40)
+    assert errors == []
+    assert len(admitted) == 150
+    assert max(admitted) > 1.0, "the last waiters waited for the refill, many of them at once"
 
 
 def test_an_attempt_carries_its_workflows_tenant_kind_and_priority(workspaces: Path) -> None:
