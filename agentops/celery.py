@@ -1,4 +1,5 @@
 """The Celery app: configuration from Django settings under the CELERY_ namespace."""
+import gc
 import logging
 import os
 import sys
@@ -47,6 +48,23 @@ def mark_worker_process(sender: Any = None, **_: Any) -> None:
     if isinstance(pool, type) and issubclass(pool, ThreadsPool):
         activities.io_chain_seconds = settings.AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS
         lane.configure(settings.AGENTOPS_IO_ENGINE_THREADS)
+
+
+@signals.worker_ready.connect
+@signals.worker_process_init.connect
+def settle_the_heap(**_: Any) -> None:
+    """A worker process's start (the main process, whose threads pool runs the tasks; a prefork
+    pool's child): what it imported and built so far lives as long as the process, so the cyclic
+    garbage collector's passes skip it from now on (``gc.freeze``), and its youngest generation
+    is collected every AGENTOPS_WORKER_GC_THRESHOLD allocations (0: Python's defaults, nothing frozen)."""
+    from django.conf import settings
+
+    threshold = settings.AGENTOPS_WORKER_GC_THRESHOLD
+    if not threshold:
+        return
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(threshold, *gc.get_threshold()[1:])
 
 
 @signals.worker_shutting_down.connect

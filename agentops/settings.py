@@ -317,6 +317,15 @@ if AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS < 0 or AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS 
 AGENTOPS_IO_ENGINE_THREADS = env_int("AGENTOPS_IO_ENGINE_THREADS", 4)
 if AGENTOPS_IO_ENGINE_THREADS < 0:
     raise ImproperlyConfigured(f"AGENTOPS_IO_ENGINE_THREADS={AGENTOPS_IO_ENGINE_THREADS} must be 0 (no limit) or more.")
+# A worker's cyclic garbage collector: at start, what the worker imported and built is frozen
+# out of its passes (``gc.freeze``: it lives as long as the process), and the youngest objects
+# are collected every this many allocations instead of Python's 700. A threads worker with
+# hundreds of calls in flight spent a tenth of its CPU in the collector, mostly walking the same
+# long-lived objects again (bench/README.md, "twenty-fourth session"). 0: Python's defaults.
+AGENTOPS_WORKER_GC_THRESHOLD = env_int("AGENTOPS_WORKER_GC_THRESHOLD", 10_000)
+if AGENTOPS_WORKER_GC_THRESHOLD < 0:
+    raise ImproperlyConfigured(f"AGENTOPS_WORKER_GC_THRESHOLD={AGENTOPS_WORKER_GC_THRESHOLD} must be 0 (Python's "
+                               "defaults) or more.")
 # How often a long activity that checkpoints (the autonomous agent's tasks) saves its working
 # state; a retried attempt resumes from the last save instead of starting over. 0: after every
 # step (every turn of a task), so no tool call is redone after a crash; a turn's model call takes

@@ -80,17 +80,22 @@ def _setup(args: argparse.Namespace, api_url: str) -> None:
     common.in_worker = True  # as agentops.celery marks a worker process
     activities.io_chain_seconds = 3600.0  # as on a threads pool, an agent's calls chain
     lane.configure(settings.AGENTOPS_IO_ENGINE_THREADS)  # as on a threads pool
+    import agentops.providers.anthropic  # noqa: F401  (as a worker's start imports the SDK)
+    from agentops.celery import settle_the_heap
+
+    settle_the_heap()  # as a worker's start: what it holds frozen out of the garbage collector's passes
 
 
-def _backends_cpu(database: str) -> float:
-    total = 0.0
+def _backends_cpu(database: str) -> tuple[float, float]:
+    """User and system CPU seconds of the database's PostgreSQL backends."""
+    user = system = 0.0
     for proc in database_backends(database):
         try:
             times = proc.cpu_times()
         except psutil.Error:
             continue
-        total += times.user + times.system
-    return total
+        user, system = user + times.user, system + times.system
+    return user, system
 
 
 def _run(args: argparse.Namespace, api: Any) -> dict[str, Any]:
@@ -133,7 +138,8 @@ def _run(args: argparse.Namespace, api: Any) -> dict[str, Any]:
     for t in threads:
         t.join()
     after, wall = resource.getrusage(resource.RUSAGE_SELF), time.monotonic() - wall
-    pg = _backends_cpu(args.database) - pg_before
+    pg_user, pg_system = (a - b for a, b in zip(_backends_cpu(args.database), pg_before, strict=True))
+    pg = pg_user + pg_system
     time.sleep(1.1)  # PostgreSQL publishes a backend's statistics at most once a second
     commits = pg_server.xact_commit(args.database) - commits_before
     not_done = Workflow.objects.filter(pk__in=ids).exclude(status=Workflow.Status.COMPLETED).count()
@@ -150,6 +156,8 @@ def _run(args: argparse.Namespace, api: Any) -> dict[str, Any]:
             "context_switches_per_call": round((after.ru_nvcsw + after.ru_nivcsw
                                                 - before.ru_nvcsw - before.ru_nivcsw) / calls, 1),
             "postgres_ms_per_call": round(1000 * pg / calls, 2),
+            "postgres_user_ms": round(1000 * pg_user / calls, 2),
+            "postgres_system_ms": round(1000 * pg_system / calls, 2),
             "transactions_per_call": round(commits / calls, 2)}
 
 
