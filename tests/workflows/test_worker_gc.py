@@ -25,7 +25,8 @@ print(before[0], gc.get_threshold()[0], gc.get_freeze_count() > 0, gc.get_thresh
 
 def started(**env: str) -> str:
     done = subprocess.run([sys.executable, "-c", STARTED], capture_output=True, text=True, timeout=60, check=False,
-                          env={**os.environ, "DJANGO_SETTINGS_MODULE": "agentops.settings", **env})
+                          env={**{k: v for k, v in os.environ.items() if k != "AGENTOPS_WORKER_GC_THRESHOLD"},
+                               "DJANGO_SETTINGS_MODULE": "agentops.settings", **env})
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
