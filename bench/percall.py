@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
@@ -72,18 +73,12 @@ def _setup(args: argparse.Namespace, api_url: str) -> None:
     import django
 
     django.setup()
-    from django.conf import settings
+    from agentops.celery import mark_worker_process, settle_the_heap
 
-    from workflows import lane
-    from workflows.services import activities, common
-
-    common.in_worker = True  # as agentops.celery marks a worker process
-    activities.io_chain_seconds = 3600.0  # as on a threads pool, an agent's calls chain
-    lane.configure(settings.AGENTOPS_IO_ENGINE_THREADS)  # as on a threads pool
-    import agentops.providers.anthropic  # noqa: F401  (as a worker's start imports the SDK)
-    from agentops.celery import settle_the_heap
-
-    settle_the_heap()  # as a worker's start: what it holds frozen out of the garbage collector's passes
+    # A threads worker's start (worker_init, then worker_ready): marked a worker, its agents' model
+    # calls chained, the engine lane, the SDK imported; what it holds frozen out of the collector's passes.
+    mark_worker_process(sender=SimpleNamespace(pool_cls="threads"))
+    settle_the_heap()
 
 
 def _backends_cpu(database: str) -> tuple[float, float]:
