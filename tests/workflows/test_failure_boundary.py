@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from workflows import clock, engine, registry, services
 from workflows.activity_context import ActivityContext
@@ -146,6 +148,27 @@ def test_a_raising_handler_keeps_the_recorded_result_and_retries_later(frozen, m
     assert_history_contiguous(workflow)
     assert services.activity_run_if_runnable(activity_id=activity.pk) == RunOutcome.SKIPPED
     assert CALLS == [goal]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="counts PostgreSQL's statements")
+@pytest.mark.parametrize(("goal", "savepoints"), [("done", 0), ("key", 2)])
+def test_a_result_advances_in_its_own_transaction_and_only_a_raising_handler_takes_a_savepoint(goal, savepoints):
+    """The advance after a result runs in the result's transaction itself (a savepoint is two
+    statements on every activity); when the handler raises, the transaction is done again with
+    the savepoint, which keeps the result: the activity ran once, its result is recorded once."""
+    workflow = services.workflow_launch(kind=KIND, goal=goal)
+    activity = Activity.objects.get(workflow=workflow, name=side_effect.name)
+    with CaptureQueriesContext(connection) as queries:
+        assert services.activity_run_if_runnable(activity_id=activity.pk) == RunOutcome.RECORDED
+
+    assert sum(q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT")) for q in queries.captured_queries) == savepoints
+    assert sum(q["sql"].startswith('WITH moved AS (UPDATE "workflows_activity"') for q in queries.captured_queries) == (
+        1 + bool(savepoints))  # the result's statement, once more in the transaction done again
+    assert CALLS == [goal]
+    assert len(events(workflow, "activity.succeeded")) == 1
+    assert len(events(workflow, "workflow.handler_failed")) == bool(savepoints)
+    assert Activity.objects.get(pk=activity.pk).result == {"call": 1}
+    assert_history_contiguous(workflow)
 
 
 def test_failures_back_off_then_pause_and_resume_after_a_fix_completes(frozen, rung, monkeypatch):

@@ -31,7 +31,7 @@ from workflows.services.common import (
 from workflows.services.lifecycle import RunOutcome
 from workflows.services.progress import progress_record_once, progress_validate
 from workflows.services.steps import COMPENSATION_NODE, ChainSlot, commitment_compensated_by
-from workflows.services.workflows import advance_locked
+from workflows.services.workflows import AdvanceRaised, advance_locked
 from workflows.sql import RowWrite, row_get
 from workflows.tenancy import workflow_tenant
 
@@ -201,7 +201,6 @@ def _refuse_stale(workflow: Workflow, claim: Claim) -> RunOutcome:
     return RunOutcome.STALE
 
 
-@transaction.atomic
 def activity_result_record_if_current(
     *, claim: Claim, result: Any, reconciled: bool = False, chain: ChainSlot | None = None
 ) -> RunOutcome:
@@ -210,7 +209,22 @@ def activity_result_record_if_current(
 
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token); a second
     write, or a write by a superseded attempt, updates no row and is recorded as stale.
+
+    The advance runs without a savepoint of its own: when the workflow's definition code
+    raises, the transaction is rolled back and done again with the savepoint, which keeps the
+    result and records the failure (``advance_locked``).
     """
+    try:
+        return _result_record(claim=claim, result=result, reconciled=reconciled, chain=chain, savepoint=False)
+    except AdvanceRaised:
+        if chain is not None:  # its claim was rolled back with the rest
+            chain.claim, chain.unsteered_at = None, None
+        return _result_record(claim=claim, result=result, reconciled=reconciled, chain=chain, savepoint=True)
+
+
+@transaction.atomic
+def _result_record(*, claim: Claim, result: Any, reconciled: bool, chain: ChainSlot | None,
+                   savepoint: bool) -> RunOutcome:
     workflow = workflow_lock(claim.workflow_id, advance=True)
     now = clock.now()
     try:
@@ -242,7 +256,7 @@ def activity_result_record_if_current(
         event_record(workflow=workflow, kind="activity.succeeded", at=now, operation_id=claim.operation_id,
                      attempt=claim.attempt, reconciled=reconciled)
         commitment_compensated_by(workflow, operation_id=claim.operation_id, input=claim.input, now=now)
-        advance_locked(workflow, chain=chain)
+        advance_locked(workflow, chain=chain, savepoint=savepoint)
     faults.faultpoint("transition.before_commit", workflow_id=workflow.pk, operation_id=claim.operation_id)
     return RunOutcome.RECORDED
 

@@ -1,6 +1,7 @@
 """Workflow lifecycle: launch, advance, signal, supersede, resume."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -223,7 +224,13 @@ def workflow_advance_if_runnable(*, workflow_id: int) -> Outcome:
         return advance_locked(workflow)
 
 
-def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Outcome:
+class AdvanceRaised(Exception):  # noqa: N818 - an outcome, raised to unwind the caller's transaction
+    """An advance without its savepoint (``advance_locked(savepoint=False)``) met definition code
+    that raised: the caller rolls its whole transaction back and does it again with the savepoint,
+    which records the failure."""
+
+
+def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None, savepoint: bool = True) -> Outcome:
     """Advance a workflow whose row lock the caller holds; ``chain`` takes the first activity
     it schedules for the caller to run (see ``activity_schedule``).
 
@@ -233,11 +240,16 @@ def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Out
     backoff, then paused for a person (``handler_failure_record``); HANDLER_FAILED says so.
     ``Permanent`` and a failed activity are not failures of the code: they fail the workflow.
     Errors of the database connection itself propagate (INFRASTRUCTURE_ERRORS).
+
+    ``savepoint=False`` runs the advance in the caller's transaction itself and raises
+    AdvanceRaised where the savepoint would have been rolled back: for a caller that can do its
+    whole transaction again (an activity's result, on every activity: the savepoint is two
+    statements, a round trip each, of the dozen its transaction makes).
     """
     if workflow.status not in (Workflow.Status.RUNNING, Workflow.Status.CANCELLING):
         return Outcome.NOT_RUNNABLE
     started_ns, seq, node = telemetry.now_ns(), workflow.event_seq, workflow.current_node
-    outcome = _advance_guarded(workflow, chain=chain)
+    outcome = _advance_guarded(workflow, chain=chain, savepoint=savepoint)
     if workflow.event_seq != seq and telemetry.enabled():
         # Only an advance that recorded something, once it has committed: replaying recorded steps,
         # or an advance rolled back and done again, makes no second span.
@@ -249,14 +261,16 @@ def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None) -> Out
     return outcome
 
 
-def _advance_guarded(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
+def _advance_guarded(workflow: Workflow, *, chain: ChainSlot | None, savepoint: bool) -> Outcome:
     mark = AdvanceMark.take(workflow, chain)
     try:
-        with transaction.atomic():
+        with transaction.atomic() if savepoint else contextlib.nullcontext():
             outcome = _advance(workflow, chain=chain)
     except INFRASTRUCTURE_ERRORS:
         raise
     except Exception as exc:
+        if not savepoint:
+            raise AdvanceRaised(f"Advancing workflow {workflow.pk} raised {type(exc).__name__}") from exc
         node = workflow.current_node  # where it raised: the restore below goes back to the recorded node
         mark.restore(workflow, chain)
         handler_failure_record(workflow, exc, node=node, now=clock.now())
