@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from workflows import clock, engine, registry, services
 from workflows.activity_context import ActivityContext
 from workflows.models import Activity, Event, Wait, Workflow
 from workflows.services import Outcome, RunOutcome, steps, sweeps
+from workflows.services.common import events_batched, workflow_lock
+from workflows.services.workflows import advance_locked
 from workflows.testing import registered
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("rung")]
@@ -168,6 +170,23 @@ def test_a_result_advances_in_its_own_transaction_and_only_a_raising_handler_tak
     assert len(events(workflow, "activity.succeeded")) == 1
     assert len(events(workflow, "workflow.handler_failed")) == bool(savepoints)
     assert Activity.objects.get(pk=activity.pk).result == {"call": 1}
+    assert_history_contiguous(workflow)
+
+
+def test_a_node_entered_with_the_events_before_a_raising_advance_stays_entered(frozen):
+    """A node entry's fields are written with the block's events, when it ends; an advance that
+    raises after one, in the same block, rolls back its own savepoint only: the entry stays."""
+    workflow, _ = launch_and_call("key")  # at CALL; AFTER's handler raises
+    with transaction.atomic():
+        locked = workflow_lock(workflow.pk, advance=True)
+        with events_batched(locked):
+            steps.enter_node(locked, "AFTER", {"receipt": {"call": 1}}, now=clock.now())
+            assert advance_locked(locked) == Outcome.HANDLER_FAILED
+
+    workflow.refresh_from_db()
+    assert (workflow.current_node, workflow.handler_failures, workflow.state) == ("AFTER", 2, {"receipt": {"call": 1}})
+    assert workflow.checkpoint.node == "AFTER"
+    assert [e["node"] for e in events(workflow, "node.entered")][-1] == "AFTER"
     assert_history_contiguous(workflow)
 
 

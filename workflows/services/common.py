@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -196,33 +196,45 @@ def _fenced_sql(model: type[models.Model], names: tuple[str, ...], shape: WhereS
 
 def _events_with_seq(workflow_id: int, seq_param: int, rows: list[tuple[int, str, datetime, dict[str, Any]]], *,
                      numbered: bool, fenced: str = "", fence_params: list[Any] | None = None,
-                     returning: str = "") -> tuple[int, Any]:
+                     returning: str = "", sets: Mapping[str, Any] | None = None,
+                     status: str | None = None) -> tuple[int, Any]:
     """Write the workflow's ``event_seq`` and insert ``rows`` (n, kind, time, data) in one
     statement (PostgreSQL): ``numbered``, n is each event's number and ``seq_param`` the new
     ``event_seq``; else the next ``seq_param`` numbers are taken and n counts from 0 among them.
-    ``fenced`` (``_fenced_sql``, with its ``fence_params``) comes first. Returns the events
-    inserted, and ``returning`` (an expression over an inserted event) of the first one, or None."""
+    ``fenced`` (``_fenced_sql``, with its ``fence_params``) comes first. ``sets`` are more of the
+    workflow's fields to write, as ``row_update`` takes them, and ``status`` the status the row
+    must still have. Returns the events inserted, and ``returning`` (an expression over an
+    inserted event) of the first one, or None."""
     data = concrete_field(Event, "data")
-    params: list[Any] = [*(fence_params or ()), seq_param, workflow_id]
+    sets = sets or {}
+    params: list[Any] = [*(fence_params or ()), seq_param, *(db_value(Workflow, name, v) for name, v in sets.items()),
+                         workflow_id, *(() if status is None else (db_value(Workflow, "status", status),))]
     for n, kind, at, payload in rows:
         params += [n, kind, data.get_db_prep_save(payload, connection), at]
     with connection.cursor() as cursor:
-        cursor.execute(_events_with_seq_sql(len(rows), numbered, fenced, returning), params)
+        cursor.execute(_events_with_seq_sql(len(rows), numbered, fenced, returning, tuple(sets), status is not None),
+                       params)
         first = cursor.fetchone() if returning else None
         return int(cursor.rowcount), first[0] if first else None
 
 
 @functools.cache
-def _events_with_seq_sql(count: int, numbered: bool, fenced: str = "", returning: str = "") -> str:
+def _events_with_seq_sql(count: int, numbered: bool, fenced: str = "", returning: str = "",
+                         sets: tuple[str, ...] = (), status: bool = False) -> str:
     """``fenced``: CTEs ahead of ``taken``, the last named ``fenced``; the numbers are taken (and
-    the events inserted) only when it gave a row."""
+    the events inserted) only when it gave a row. ``sets``: more fields written; ``status``: the
+    row's status is a condition too."""
     table, seq, id_ = quoted_table(Workflow), quoted_column(concrete_field(Workflow, "event_seq")), \
         quoted_column(concrete_field(Workflow, "id"))
     only_if = " AND EXISTS (SELECT 1 FROM fenced)" if fenced else ""
+    if status:
+        only_if += f" AND {quoted_column(concrete_field(Workflow, 'status'))} = %s"
     columns = ", ".join(quoted_column(concrete_field(Event, name))
                         for name in ("workflow", "seq", "kind", "data", "created_at"))
     rows = ", ".join(["(%s::integer, %s::text, %s::jsonb, %s::timestamptz)"] * count)
     update, number = (f"{seq} = %s", "v.n") if numbered else (f"{seq} = {seq} + %s", f"taken.{seq} - {count} + 1 + v.n")
+    if sets:
+        update += f", {set_sql(Workflow, sets)}"
     return (f"WITH {fenced}taken AS (UPDATE {table} SET {update} WHERE {id_} = %s{only_if} RETURNING {id_}, {seq}) "
             f"INSERT INTO {quoted_table(Event)} ({columns}) "
             f"SELECT taken.{id_}, {number}, v.kind, v.data, v.created_at "
@@ -230,24 +242,50 @@ def _events_with_seq_sql(count: int, numbered: bool, fenced: str = "", returning
             + (f" RETURNING {returning}" if returning else ""))
 
 
-def workflow_save(workflow: Workflow, *fields: str, at: datetime) -> None:
+def workflow_save(workflow: Workflow, *fields: str, at: datetime, with_events: bool = False) -> None:
     """Save named fields and ``updated_at``, as ``workflow.save(update_fields=...)`` does, as SQL
     (every node entry and every result writes the row): raises ``ConcurrentTransition``, writing
     nothing, when the row's status is no longer the one the instance was read with.
 
     Saving ``status`` saves ``pause_cause`` too: the transitions set the cause with the status
     (``pause`` sets it, every way out of paused clears it), so the two never disagree.
+
+    ``with_events``, inside ``events_batched(workflow)``: the fields are written when the block
+    ends, by the statement that writes its events and ``event_seq`` to the same row (a node entry,
+    on every step: one statement instead of two), or by a save without it meanwhile. A save of
+    ``status`` is never put off.
     """
     workflow.updated_at = at
+    batch = _batch_of(workflow)
+    if with_events and batch is not None and "status" not in fields:
+        batch.fields.update(dict.fromkeys(fields))
+        return
     extra = ["pause_cause"] if "status" in fields and "pause_cause" not in fields else []
-    names = [*fields, *extra, "updated_at"]
-    values = {name: getattr(workflow, concrete_field(Workflow, name).attname) for name in names}
-    if not row_update(Workflow, values, {"id": workflow.pk, "status": workflow.status_as_read}):
-        if row_exists(Workflow, {"id": workflow.pk}):
-            raise ConcurrentTransition(f"Workflow {workflow.pk} is no longer {workflow.status_as_read}: another "
-                                       "transaction moved it since this one read it; nothing was saved.")
-        raise workflow_not_found(workflow.pk)
+    names = list(dict.fromkeys([*fields, *extra, *(batch.fields if batch is not None else ()), "updated_at"]))
+    if not row_update(Workflow, _field_values(workflow, names), {"id": workflow.pk, "status": workflow.status_as_read}):
+        raise _save_refused(workflow)
+    if batch is not None:
+        batch.fields.clear()
     workflow.status_saved()
+
+
+def workflow_save_put_off(workflow: Workflow) -> None:
+    """Write now what ``workflow_save(with_events=True)`` put off in the open ``events_batched``
+    block: before a savepoint that may be rolled back alone, so that it takes only its own."""
+    batch = _batch_of(workflow)
+    if batch is not None and batch.fields:
+        workflow_save(workflow, at=workflow.updated_at)
+
+
+def _field_values(workflow: Workflow, names: Iterable[str]) -> dict[str, Any]:
+    return {name: getattr(workflow, concrete_field(Workflow, name).attname) for name in names}
+
+
+def _save_refused(workflow: Workflow) -> NotFound | ConcurrentTransition:
+    if row_exists(Workflow, {"id": workflow.pk}):
+        return ConcurrentTransition(f"Workflow {workflow.pk} is no longer {workflow.status_as_read}: another "
+                                    "transaction moved it since this one read it; nothing was saved.")
+    return workflow_not_found(workflow.pk)
 
 
 def event_record(*, workflow: Workflow, kind: str, at: datetime, **data: Any) -> Event:
@@ -259,59 +297,86 @@ def event_record(*, workflow: Workflow, kind: str, at: datetime, **data: Any) ->
     """
     workflow.event_seq += 1
     event = Event(workflow_id=workflow.pk, seq=workflow.event_seq, kind=kind, data=data, created_at=at)
-    batch = _event_batch.get()
-    if batch is not None and batch[0] == workflow.pk:
-        batch[1].append(event)
+    batch = _batch_of(workflow)
+    if batch is not None:
+        batch.events.append(event)
         return event
     _events_write(workflow, [event])
     return event
 
 
-_event_batch: ContextVar[tuple[int, list[Event]] | None] = ContextVar("event_batch", default=None)
+@dataclass
+class _Batch:
+    """An ``events_batched`` block's workflow, its events, and the fields saved with them."""
+
+    workflow_id: int
+    events: list[Event] = field(default_factory=list)
+    fields: dict[str, None] = field(default_factory=dict)  # an ordered set
+
+
+_event_batch: ContextVar[_Batch | None] = ContextVar("event_batch", default=None)
+
+
+def _batch_of(workflow: Workflow) -> _Batch | None:
+    batch = _event_batch.get()
+    return batch if batch is not None and batch.workflow_id == workflow.pk else None
 
 
 @contextmanager
 def events_batched(workflow: Workflow) -> Iterator[None]:
-    """Write the events the block records for ``workflow``, and its ``event_seq``, with one
-    statement when the block ends (the hot path records three or four; ``_events_write``).
+    """Write the events the block records for ``workflow``, its ``event_seq`` and the fields saved
+    ``with_events``, with one statement when the block ends (the hot path records three or four;
+    ``_events_write``).
 
     The caller holds the row lock for the whole block; an exception writes nothing (and rolls
-    the caller's transaction back). Nothing inside the block may read those events back.
+    the caller's transaction back). Nothing inside the block may read those events back, nor the
+    fields saved with them from the row.
     """
-    events: list[Event] = []
-    token = _event_batch.set((workflow.pk, events))
+    batch = _Batch(workflow.pk)
+    token = _event_batch.set(batch)
     try:
         yield
-        if events:
-            _events_write(workflow, events)
+        if batch.events:
+            _events_write(workflow, batch.events, tuple(batch.fields))
+        elif batch.fields:
+            workflow_save(workflow, at=workflow.updated_at)
     finally:
         _event_batch.reset(token)
 
 
-def _events_write(workflow: Workflow, events: list[Event]) -> None:
-    """Insert ``events`` (numbered in a row) and write the workflow's ``event_seq`` (SQL: every step
-    does it). One statement on PostgreSQL (the UPDATE in a WITH, the INSERT beside it), the two elsewhere."""
+def _events_write(workflow: Workflow, events: list[Event], fields: tuple[str, ...] = ()) -> None:
+    """Insert ``events`` (numbered in a row) and write the workflow's ``event_seq``, and ``fields``
+    while its status is the one it was read with (SQL: every step does it). One statement on
+    PostgreSQL (the UPDATE in a WITH, the INSERT beside it), the two elsewhere."""
+    values = _field_values(workflow, (*fields, "updated_at")) if fields else {}
+    status = workflow.status_as_read if fields else None
     if connection.vendor != "postgresql":
         events_insert(workflow.pk, events[0].seq, [(e.kind, e.created_at, e.data) for e in events])
-        row_update(Workflow, {"event_seq": workflow.event_seq}, {"id": workflow.pk})
+        written = row_update(Workflow, {"event_seq": workflow.event_seq, **values},
+                             {"id": workflow.pk, **({"status": status} if status is not None else {})})
+        if fields and not written:
+            raise _save_refused(workflow)
         return
     rows = [(e.seq, e.kind, e.created_at, e.data) for e in events]
-    if _events_with_seq(workflow.pk, workflow.event_seq, rows, numbered=True)[0] != len(events):
-        raise workflow_not_found(workflow.pk)
+    if _events_with_seq(workflow.pk, workflow.event_seq, rows, numbered=True, sets=values,
+                        status=status)[0] != len(events):
+        raise _save_refused(workflow)
 
 
 def events_pending(workflow: Workflow) -> int:
     """How many events ``events_batched(workflow)`` holds unwritten (0 outside such a block)."""
-    batch = _event_batch.get()
-    return len(batch[1]) if batch is not None and batch[0] == workflow.pk else 0
+    batch = _batch_of(workflow)
+    return len(batch.events) if batch is not None else 0
 
 
 def events_pending_truncate(workflow: Workflow, count: int) -> None:
-    """Drop the batched events recorded after the first ``count`` (their savepoint rolled back;
-    the caller restores ``workflow.event_seq`` to match)."""
-    batch = _event_batch.get()
-    if batch is not None and batch[0] == workflow.pk:
-        del batch[1][count:]
+    """Drop the batched events recorded after the first ``count``, and the fields saved with
+    events (their savepoint rolled back; the caller restores ``workflow.event_seq`` to match, and
+    wrote the fields saved before the savepoint first: ``workflow_save_put_off``)."""
+    batch = _batch_of(workflow)
+    if batch is not None:
+        del batch.events[count:]
+        batch.fields.clear()
 
 
 # Set in Celery worker processes (agentops.celery, before the pool forks): there, the current

@@ -261,7 +261,7 @@ def enter_node(workflow: Workflow, node: str, updates: dict[str, Any], *, now: d
     workflow.checkpoint = checkpoint
     event_record(workflow=workflow, kind="node.entered", at=now, node=node, previous=previous,
                  visit=workflow.node_visit)
-    workflow_save(workflow, "state", "current_node", "node_visit", "checkpoint", at=now)
+    workflow_save(workflow, "state", "current_node", "node_visit", "checkpoint", at=now, with_events=True)
 
 
 def _last_checkpoint_chain(workflow: Workflow) -> tuple[str, int] | None:

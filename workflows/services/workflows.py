@@ -29,6 +29,7 @@ from workflows.services.common import (
     text_checked,
     workflow_lock,
     workflow_save,
+    workflow_save_put_off,
 )
 from workflows.services.failures import (
     INFRASTRUCTURE_ERRORS,
@@ -263,6 +264,8 @@ def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None, savepo
 
 def _advance_guarded(workflow: Workflow, *, chain: ChainSlot | None, savepoint: bool) -> Outcome:
     mark = AdvanceMark.take(workflow, chain)
+    if savepoint:
+        workflow_save_put_off(workflow)  # a rollback of the savepoint undoes only what the advance saved
     try:
         with transaction.atomic() if savepoint else contextlib.nullcontext():
             outcome = _advance(workflow, chain=chain)
