@@ -59,14 +59,20 @@ def snapshot(workflow: Workflow, load_goal: Callable[[], str]) -> engine.Workflo
     )
 
 
-def recorded_activities(workflow: Workflow) -> dict[str, engine.RecordedActivity]:
-    """Activities recorded for the workflow's current node visit, by operation id.
+# What an advance reads of each activity of the node visit (``recorded_activities``).
+RECORDED_COLUMNS = ("operation_id", "name", "status", "result", "error")
+
+
+def recorded_activities(workflow: Workflow, rows: list[tuple[Any, ...]] | None = None
+                        ) -> dict[str, engine.RecordedActivity]:
+    """Activities recorded for the workflow's current node visit, by operation id; from ``rows``
+    (``RECORDED_COLUMNS`` of each, read in this transaction under the row lock) when given.
 
     SQL (``workflows.sql``): every advance replays the node visit with it. The columns
     read are text; the result's JSON comes back as text from both databases (Django reads
     PostgreSQL's jsonb as text too) and is decoded here."""
-    rows = rows_select(Activity, ("operation_id", "name", "status", "result", "error"),
-                       {"workflow": workflow.pk, "node_visit": workflow.node_visit})
+    if rows is None:
+        rows = rows_select(Activity, RECORDED_COLUMNS, {"workflow": workflow.pk, "node_visit": workflow.node_visit})
     return {
         operation_id: engine.RecordedActivity(
             name=name, status=status, error=error,

@@ -200,6 +200,42 @@ def _update_then_sql(first: str, then: str) -> str:
             "SELECT count(*) FROM moved")
 
 
+def row_update_then_select(first: RowWrite, then: RowWrite, names: tuple[str, ...],
+                           where: Where) -> list[tuple[Any, ...]] | None:
+    """``row_update_then``, then ``rows_select(first.model, names, where)`` as the rows are after
+    it; None, reading nothing, when ``first`` updated no row. One statement on PostgreSQL: a
+    statement's own reads see the table as it was before it, so the rows ``first`` updated come
+    from its ``RETURNING`` and the others from the table, beside a row of the count of those
+    updated (the one whose first column is not NULL)."""
+    db = _db()
+    if db.vendor != "postgresql":
+        return rows_select(first.model, names, where) if row_update_then(first, then) else None
+    model, shape = first.model, where_shape(where)
+    matching = where_params(model, where, db)
+    with db.cursor() as cursor:
+        cursor.execute(_update_then_select_sql(first.sql(), then.sql(), model, names, shape),
+                       [*first.params(), *then.params(), *matching, *matching])
+        rows = cursor.fetchall()
+    updated = next(row[0] for row in rows if row[0] is not None)
+    return [row[1:] for row in rows if row[0] is None] if updated else None
+
+
+@functools.cache
+def _update_then_select_sql(first: str, then: str, model: type[models.Model], names: tuple[str, ...],
+                            shape: WhereShape) -> str:
+    pk = quoted_column(model._meta.pk)
+    columns = ", ".join(quoted_column(concrete_field(model, name)) for name in names)
+    returned = dict.fromkeys([pk, *(quoted_column(concrete_field(model, name)) for name in names),
+                              *(quoted_column(concrete_field(model, name.removesuffix(AT_MOST))) for name, _ in shape)])
+    where = where_sql(model, shape)
+    return (f"WITH moved AS ({first} RETURNING {', '.join(returned)}), "
+            f"followed AS ({then} AND EXISTS (SELECT 1 FROM moved)) "
+            f"(SELECT (SELECT count(*) FROM moved), {', '.join(['NULL'] * len(names))}) "
+            f"UNION ALL (SELECT NULL, {columns} FROM moved WHERE {where}) "
+            f"UNION ALL (SELECT NULL, {columns} FROM {quoted_table(model)} WHERE {where} "
+            f"AND {pk} NOT IN (SELECT {pk} FROM moved) AND EXISTS (SELECT 1 FROM moved))")
+
+
 def row_exists(model: type[models.Model], where: Where) -> bool:
     """``model.objects.filter(**where).exists()``, for equality and one-of conditions."""
     db = _db()

@@ -14,7 +14,15 @@ from workflows import clock, services
 from workflows.errors import NotFound
 from workflows.models import Activity, ActivityAttempt, Event, ProgressSample, Workflow
 from workflows.services.common import event_record, events_append, events_batched, workflow_lock, workflow_save
-from workflows.sql import RowWrite, _db_value, row_get, row_insert_unless_exists, row_insert_with, row_update_then
+from workflows.sql import (
+    RowWrite,
+    _db_value,
+    row_get,
+    row_insert_unless_exists,
+    row_insert_with,
+    row_update_then,
+    row_update_then_select,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -139,6 +147,25 @@ def test_a_second_write_follows_the_first_only_when_the_first_moved_a_row() -> N
     stale = RowWrite(Workflow, {"reason": "moved again"}, {"id": first.pk, "status": "completed"})
     assert row_update_then(stale, follows) == 0
     assert dict(Workflow.objects.values_list("pk", "reason")) == {first.pk: "moved", second.pk: ""}
+
+
+def test_a_write_and_a_read_after_it_are_one_statement_and_the_read_sees_the_written_row() -> None:
+    a, b, c = (services.workflow_launch(kind="autonomous", goal=f"Notes {n}") for n in range(3))
+    moved = RowWrite(Workflow, {"reason": "moved"}, {"id": a.pk, "status": a.status})
+    follows = RowWrite(Workflow, {"reason": "followed"}, {"id": b.pk})
+
+    with CaptureQueriesContext(connection) as statements:
+        rows = row_update_then_select(moved, follows, ("id", "reason"), {"id": (a.pk, c.pk)})
+    assert len(statements.captured_queries) == (1 if connection.vendor == "postgresql" else 3)
+    assert sorted(rows or []) == [(a.pk, "moved"), (c.pk, "")]
+    assert dict(Workflow.objects.values_list("pk", "reason")) == {a.pk: "moved", b.pk: "followed", c.pk: ""}
+
+    elsewhere = RowWrite(Workflow, {"reason": "moved twice"}, {"id": a.pk, "status": a.status})
+    assert row_update_then_select(elsewhere, follows, ("id", "reason"), {"id": (c.pk,)}) == [(c.pk, "")]
+
+    stale = RowWrite(Workflow, {"reason": "moved again"}, {"id": a.pk, "status": "completed"})
+    assert row_update_then_select(stale, follows, ("id", "reason"), {"id": (a.pk, c.pk)}) is None
+    assert Workflow.objects.get(pk=a.pk).reason == "moved twice"
 
 
 def test_a_row_and_a_row_that_refers_to_it_are_inserted_together() -> None:

@@ -239,7 +239,8 @@ def _result_record(*, claim: Claim, result: Any, reconciled: bool, chain: ChainS
             progress_validate(result)
         except Refused as exc:
             return _record_failure_locked(workflow, claim, exc, retryable=False)
-    if not lifecycle.activity_succeed_if_current(claim, result=stored.value, now=now):
+    visit = lifecycle.activity_succeed_if_current(claim, result=stored.value, now=now, visit=workflow.node_visit)
+    if visit is None:
         return _refuse_stale(workflow, claim)
     statestore.blobs_store(workflow.pk, stored.blobs, node_visit=workflow.node_visit, now=now)
     if spec.commitment:
@@ -256,7 +257,7 @@ def _result_record(*, claim: Claim, result: Any, reconciled: bool, chain: ChainS
         event_record(workflow=workflow, kind="activity.succeeded", at=now, operation_id=claim.operation_id,
                      attempt=claim.attempt, reconciled=reconciled)
         commitment_compensated_by(workflow, operation_id=claim.operation_id, input=claim.input, now=now)
-        advance_locked(workflow, chain=chain, savepoint=savepoint)
+        advance_locked(workflow, chain=chain, savepoint=savepoint, recorded=visit)
     faults.faultpoint("transition.before_commit", workflow_id=workflow.pk, operation_id=claim.operation_id)
     return RunOutcome.RECORDED
 

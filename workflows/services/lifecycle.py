@@ -28,13 +28,21 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 
-from workflows import clock, registry
+from workflows import clock, registry, selectors
 from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Refused, Throttled
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Workflow
 from workflows.services import slots
 from workflows.services.common import Appended, event_record, events_append_while
-from workflows.sql import RowWrite, row_exists, row_insert, row_insert_with, row_update, row_update_then, rows_insert
+from workflows.sql import (
+    RowWrite,
+    row_exists,
+    row_insert,
+    row_insert_with,
+    row_update,
+    row_update_then_select,
+    rows_insert,
+)
 
 LIVE = (Activity.Status.SCHEDULED, Activity.Status.RUNNING)
 # The throttle streak looks this many attempts back.
@@ -292,17 +300,23 @@ def notes_if_current(claim: Claim, events: list[tuple[str, datetime, dict[str, A
                                also=also, steer_probe=steer_probe)
 
 
-def activity_succeed_if_current(claim: Claim, *, result: Any, now: datetime) -> bool:
+def activity_succeed_if_current(claim: Claim, *, result: Any, now: datetime,
+                                visit: int) -> list[tuple[Any, ...]] | None:
     """Record the running attempt's result (already in its stored form) on the activity and close
-    the attempt; False, writing nothing, when the claim no longer holds the lease.
+    the attempt; None, writing nothing, when the claim no longer holds the lease. Else the
+    activities of the workflow's node visit ``visit`` as they are after it (the columns
+    ``selectors.RECORDED_COLUMNS``): the advance that follows reads them, and the same statement
+    gives them.
 
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token).
     """
-    if not row_update_then(_moving(Activity, "succeed", _fence(claim), result=result, at=now),
-                           _moving(ActivityAttempt, "succeed", _attempt_row(claim), at=now)):
-        return False
+    rows = row_update_then_select(_moving(Activity, "succeed", _fence(claim), result=result, at=now),
+                                  _moving(ActivityAttempt, "succeed", _attempt_row(claim), at=now),
+                                  selectors.RECORDED_COLUMNS, {"workflow": claim.workflow_id, "node_visit": visit})
+    if rows is None:
+        return None
     slots.freed(claim.tenant, claim.kind, now=now)
-    return True
+    return rows
 
 
 def attempt_discard(claim: Claim, *, now: datetime) -> None:

@@ -231,7 +231,8 @@ class AdvanceRaised(Exception):  # noqa: N818 - an outcome, raised to unwind the
     which records the failure."""
 
 
-def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None, savepoint: bool = True) -> Outcome:
+def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None, savepoint: bool = True,
+                   recorded: list[tuple[Any, ...]] | None = None) -> Outcome:
     """Advance a workflow whose row lock the caller holds; ``chain`` takes the first activity
     it schedules for the caller to run (see ``activity_schedule``).
 
@@ -245,12 +246,14 @@ def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None, savepo
     ``savepoint=False`` runs the advance in the caller's transaction itself and raises
     AdvanceRaised where the savepoint would have been rolled back: for a caller that can do its
     whole transaction again (an activity's result, on every activity: the savepoint is two
-    statements, a round trip each, of the dozen its transaction makes).
+    statements more in a transaction of six). ``recorded``: the node visit's activities as
+    ``selectors.recorded_activities`` reads them, read by the caller in this transaction since
+    it last wrote one (the result's own statement gives them).
     """
     if workflow.status not in (Workflow.Status.RUNNING, Workflow.Status.CANCELLING):
         return Outcome.NOT_RUNNABLE
     started_ns, seq, node = telemetry.now_ns(), workflow.event_seq, workflow.current_node
-    outcome = _advance_guarded(workflow, chain=chain, savepoint=savepoint)
+    outcome = _advance_guarded(workflow, chain=chain, savepoint=savepoint, recorded=recorded)
     if workflow.event_seq != seq and telemetry.enabled():
         # Only an advance that recorded something, once it has committed: replaying recorded steps,
         # or an advance rolled back and done again, makes no second span.
@@ -262,13 +265,14 @@ def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None, savepo
     return outcome
 
 
-def _advance_guarded(workflow: Workflow, *, chain: ChainSlot | None, savepoint: bool) -> Outcome:
+def _advance_guarded(workflow: Workflow, *, chain: ChainSlot | None, savepoint: bool,
+                     recorded: list[tuple[Any, ...]] | None) -> Outcome:
     mark = AdvanceMark.take(workflow, chain)
     if savepoint:
         workflow_save_put_off(workflow)  # a rollback of the savepoint undoes only what the advance saved
     try:
         with transaction.atomic() if savepoint else contextlib.nullcontext():
-            outcome = _advance(workflow, chain=chain)
+            outcome = _advance(workflow, chain=chain, recorded_rows=recorded)
     except INFRASTRUCTURE_ERRORS:
         raise
     except Exception as exc:
@@ -282,7 +286,8 @@ def _advance_guarded(workflow: Workflow, *, chain: ChainSlot | None, savepoint: 
     return outcome
 
 
-def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
+def _advance(workflow: Workflow, *, chain: ChainSlot | None,
+             recorded_rows: list[tuple[Any, ...]] | None) -> Outcome:
     if workflow.status == Workflow.Status.CANCELLING:
         return advance_cancellation(workflow)
     definition = registry.definition(workflow.kind)
@@ -292,7 +297,8 @@ def _advance(workflow: Workflow, *, chain: ChainSlot | None) -> Outcome:
         now = clock.now()
         # Every activity of the visit, read under the workflow's row lock, which every change of
         # their status holds (a lease's expiry too).
-        recorded = {} if entered else selectors.recorded_activities(workflow)
+        recorded = {} if entered else selectors.recorded_activities(workflow, recorded_rows)
+        recorded_rows = None  # for the first pass only: the passes after it follow this advance's writes
         ctx: engine.NodeContext[Any] = engine.NodeContext(
             selectors.snapshot(workflow, goal), recorded, functools.partial(selectors.recorded_waits, workflow))
         # A NonDeterminismError (the definition changed under this workflow) propagates to the
