@@ -206,7 +206,8 @@ def row_update_then_select(first: RowWrite, then: RowWrite, names: tuple[str, ..
     it; None, reading nothing, when ``first`` updated no row. One statement on PostgreSQL: a
     statement's own reads see the table as it was before it, so the rows ``first`` updated come
     from its ``RETURNING`` and the others from the table, beside a row of the count of those
-    updated (the one whose first column is not NULL)."""
+    updated (the one whose first column is not NULL). What ``then`` writes to the rows read is
+    not seen there: give it another table."""
     db = _db()
     if db.vendor != "postgresql":
         return rows_select(first.model, names, where) if row_update_then(first, then) else None

@@ -246,7 +246,7 @@ def advance_locked(workflow: Workflow, *, chain: ChainSlot | None = None, savepo
     ``savepoint=False`` runs the advance in the caller's transaction itself and raises
     AdvanceRaised where the savepoint would have been rolled back: for a caller that can do its
     whole transaction again (an activity's result, on every activity: the savepoint is two
-    statements more in a transaction of six). ``recorded``: the node visit's activities as
+    statements more in a transaction of five). ``recorded``: the node visit's activities as
     ``selectors.recorded_activities`` reads them, read by the caller in this transaction since
     it last wrote one (the result's own statement gives them).
     """
