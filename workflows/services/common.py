@@ -338,8 +338,8 @@ def events_batched(workflow: Workflow) -> Iterator[None]:
         yield
         if batch.events:
             _events_write(workflow, batch.events, tuple(batch.fields))
-        elif batch.fields:
-            workflow_save(workflow, at=workflow.updated_at)
+        else:
+            workflow_save_put_off(workflow)
     finally:
         _event_batch.reset(token)
 
