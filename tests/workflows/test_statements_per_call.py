@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.conftest import drive
 from workflows import services
-from workflows.models import Activity, Checkpoint, Event
+from workflows.models import Activity, Checkpoint, Event, Workflow
 
 pytestmark = pytest.mark.django_db
 
@@ -35,49 +35,46 @@ def workspaces(settings, tmp_path):
     settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
 
 
-def test_an_autonomous_run_stays_within_its_statements_per_model_call():
+def driven() -> tuple[Workflow, list[str]]:
+    """An offline autonomous run launched and driven to its end; its statements, launch excluded."""
     workflow_id = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
     with CaptureQueriesContext(connection) as queries:
         workflow = drive(workflow_id)
-
     assert workflow.status == "completed", workflow.reason
-    calls = Event.objects.filter(workflow_id=workflow_id, kind="model.called").count()
-    statements = len(queries.captured_queries)
+    return workflow, [q["sql"] for q in queries.captured_queries]
+
+
+def test_an_autonomous_run_stays_within_its_statements_per_model_call():
+    workflow, statements = driven()
+    calls = Event.objects.filter(workflow_id=workflow.pk, kind="model.called").count()
     assert calls == 11
-    assert statements / calls <= STATEMENTS_PER_CALL_MAX, (
-        f"{statements} statements for {calls} model calls ({statements / calls:.1f} a call): a question asked on "
-        "every call is new; make it SQL written once per shape, or fold it into a statement the call already runs")
+    assert len(statements) / calls <= STATEMENTS_PER_CALL_MAX, (
+        f"{len(statements)} statements for {calls} model calls ({len(statements) / calls:.1f} a call): a question "
+        "asked on every call is new; make it SQL written once per shape, or fold it into a statement the call "
+        "already runs")
 
 
 def test_an_advance_asks_its_goal_last_checkpoint_and_child_waits_with_its_row_lock():
     """Every node entry chains its checkpoint to the last one and looks for children to cancel; a
     workflow with no child asks neither question apart (nor its goal), whatever its length."""
-    workflow_id = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
-    with CaptureQueriesContext(connection) as queries:
-        workflow = drive(workflow_id)
-
-    assert workflow.status == "completed", workflow.reason
-    apart = [q["sql"] for q in queries.captured_queries
-             if q["sql"].startswith("SELECT") and not q["sql"].startswith('SELECT "workflows_workflow".')]
+    workflow, statements = driven()
+    apart = [sql for sql in statements
+             if sql.startswith("SELECT") and not sql.startswith('SELECT "workflows_workflow".')]
     for table in ("workflows_wait", "workflows_checkpoint", "workflows_intent"):
         assert not [sql for sql in apart if f'FROM "{table}"' in sql], table
-    assert Checkpoint.objects.filter(workflow_id=workflow_id).exclude(delta=None).count() >= 5, "chained as deltas"
+    assert Checkpoint.objects.filter(workflow_id=workflow.pk).exclude(delta=None).count() >= 5, "chained as deltas"
 
 
 def test_a_node_entry_is_written_with_the_events_of_its_step():
     """Every step enters a node and records events on the same row: the node, its visit, the state
     and the checkpoint go with the events' statement; only the completion's change of status
     updates the row on its own (and takes what a node entry put off with it)."""
-    workflow_id = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
-    with CaptureQueriesContext(connection) as queries:
-        workflow = drive(workflow_id)
-
-    assert workflow.status == "completed", workflow.reason
-    alone = [q["sql"] for q in queries.captured_queries if q["sql"].startswith('UPDATE "workflows_workflow"')]
+    workflow, statements = driven()
+    alone = [sql for sql in statements if sql.startswith('UPDATE "workflows_workflow"')]
     if connection.vendor == "postgresql":
         [completion] = alone
         assert '"status" = ' in completion and '"current_node" = ' in completion
-    last = Checkpoint.objects.filter(workflow_id=workflow_id).latest("pk")
+    last = Checkpoint.objects.filter(workflow_id=workflow.pk).latest("pk")
     assert (workflow.checkpoint_id, workflow.current_node, workflow.node_visit) == (last.pk, last.node,
                                                                                    last.node_visit)
 
@@ -86,13 +83,8 @@ def test_a_node_entry_is_written_with_the_events_of_its_step():
 def test_the_advance_after_a_result_reads_its_visit_with_the_results_statement():
     """The advance replays the node visit from its activities, one of which the result just wrote:
     on PostgreSQL the result's statement reads them (that row as written), no statement of its own."""
-    workflow_id = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
-    with CaptureQueriesContext(connection) as queries:
-        workflow = drive(workflow_id)
-
-    assert workflow.status == "completed", workflow.reason
-    statements = [q["sql"] for q in queries.captured_queries]
+    workflow, statements = driven()
     results = [n for n, sql in enumerate(statements) if sql.startswith('WITH moved AS (UPDATE "workflows_activity"')]
-    assert len(results) == Activity.objects.filter(workflow_id=workflow_id).count()
+    assert len(results) == Activity.objects.filter(workflow_id=workflow.pk).count()
     visit_read = 'SELECT "operation_id", "name", "status", "result", "error" FROM "workflows_activity"'
     assert not [n for n in results if statements[n + 1].startswith(visit_read)]
