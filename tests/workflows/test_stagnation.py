@@ -93,3 +93,19 @@ def test_steady_progress_is_not_stagnation(time_machine):
     time_machine.move_to(t0 + timedelta(hours=6, minutes=30), tick=False)
     services.activity_heartbeat_if_current(claim=claim)
     assert services.stagnation_check() == 0
+
+
+def test_a_workflow_younger_than_its_window_and_the_silence_costs_the_pass_no_statement(
+        time_machine, django_assert_num_queries):
+    """Launched an hour ago (the silence is 2 h, the window 6 h): none of its samples or events can
+    be old enough to find it stuck, so the pass reads only the list of running workflows."""
+    t0 = clock.now()
+    time_machine.move_to(t0, tick=False)
+    young = [at_first_task()[0] for _ in range(3)]
+    time_machine.move_to(t0 + timedelta(hours=1), tick=False)
+    with django_assert_num_queries(1):
+        assert services.stagnation_check() == 0
+
+    time_machine.move_to(t0 + timedelta(hours=3), tick=False)  # past the silence: each is read, and flagged
+    assert services.stagnation_check() == 3
+    assert all(flagged(workflow) for workflow in young)

@@ -69,12 +69,17 @@ def stagnation_check() -> int:
     """
     now = clock.now()
     silence = timedelta(hours=settings.AGENTOPS_SILENCE_HOURS)
+    # The status too: django-fsm notes every loaded row's (a deferred one is read, a query a row).
     running = Workflow.objects.filter(status=Workflow.Status.RUNNING).only(
-        "pk", "stagnation_window_hours", "stagnation_flagged_at", "created_at"
+        "pk", "status", "stagnation_window_hours", "stagnation_flagged_at", "created_at"
     )
-    # Flagged within its window: nothing to read or write, so no savepoint either.
+    # Nothing to read or write, so no savepoint either, for a workflow flagged within its window,
+    # or one launched within both its window and the silence: each of its samples and events was
+    # recorded after its launch, so none is old enough yet to find it stalled or silent. A fleet's
+    # young workflows then cost this pass nothing (1,000 running: about 4,000 statements a pass).
     due = {w.pk: w for w in running
-           if not (w.stagnation_flagged_at and w.stagnation_flagged_at > now - _window(w))}
+           if w.created_at <= now - min(_window(w), silence)
+           and not (w.stagnation_flagged_at and w.stagnation_flagged_at > now - _window(w))}
     return sum(
         row_isolated("check_stagnation", pk, lambda pk: _stagnation_check_one(due[pk], now=now, silence=silence),
                      workflow_id=lambda pk: pk)
