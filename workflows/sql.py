@@ -225,8 +225,9 @@ def row_update_then_select(first: RowWrite, then: RowWrite, names: tuple[str, ..
 def _update_then_select_sql(first: str, then: str, model: type[models.Model], names: tuple[str, ...],
                             shape: WhereShape) -> str:
     pk = quoted_column(model._meta.pk)
-    columns = ", ".join(quoted_column(concrete_field(model, name)) for name in names)
-    returned = dict.fromkeys([pk, *(quoted_column(concrete_field(model, name)) for name in names),
+    read = [quoted_column(concrete_field(model, name)) for name in names]
+    columns = ", ".join(read)
+    returned = dict.fromkeys([pk, *read,
                               *(quoted_column(concrete_field(model, name.removesuffix(AT_MOST))) for name, _ in shape)])
     where = where_sql(model, shape)
     return (f"WITH moved AS ({first} RETURNING {', '.join(returned)}), "
