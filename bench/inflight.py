@@ -341,5 +341,6 @@ def bench_inflight(bench: Bench) -> dict[str, Any]:
     finally:
         bench.cluster.stop(bench.cluster.workers())
         api.stop()
-    targets = {"peak_in_flight": 500, "ratio_vs_ideal_at_500": 0.8, "worker_rss_mb": 1024}
+    # Issue 28: 500 agents, and 1,000 on one 2-core host, at >= 0.8x the ideal rate.
+    targets = {"peak_in_flight": 500, "ratio_vs_ideal": 0.8, "ratio_vs_ideal_at": [500, 1000], "worker_rss_mb": 1024}
     return {**setup, "rows": rows, "kill_during_model_calls": killed, "targets": targets}

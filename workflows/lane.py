@@ -14,6 +14,14 @@ and steering questions and a model call's reservation, charge and note (``metere
 The activity function itself, the model's answer, the provider's SDK, a rate limit's wait and
 heartbeats run outside it: code that waits never holds the lane.
 
+Work in hand goes first. A thread that holds a claimed attempt (coming back for a model call's
+reservation or charge, a note, its result) is given a turn before one that is about to claim new
+work (a Celery message's first turn, ``turn(new_work=True)``). When a thousand agents are launched
+at once, each thread then takes its agent through to its model call before the next claim, instead
+of every claim going first and every first call waiting behind all of them (bench/README.md,
+"twenty-seventh session"). New work is not starved: one that has waited NEW_WORK_WAIT_SECONDS goes
+before work in hand.
+
 Two rules keep the lane from waiting on itself. A thread inside a transaction takes no turn (it
 runs as if the lane were off): it may hold row locks a thread in the lane waits for. A thread
 that has to wait for its turn gives its pooled database connection back first: a thread in the
@@ -25,6 +33,7 @@ Off (every call a no-op) unless ``configure`` gave it a size: the worker does fo
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,33 +42,46 @@ from django.db import connection
 
 from workflows.connections import connection_release_while_waiting
 
+# The longest a thread about to claim new work waits behind threads with work in hand.
+NEW_WORK_WAIT_SECONDS = 10.0
+
 
 class Turns:
-    """``size`` turns, handed out first come, first served: a turn given back passes straight to
-    the thread that has waited longest, so a thread that comes back to the lane often cannot keep
-    taking turns ahead of one that waits (as with ``threading.Semaphore``)."""
+    """``size`` turns, handed out first come, first served within two lines: a turn given back
+    passes straight to the thread that has waited longest with work in hand, else to the one that
+    has waited longest to claim new work (first, once it has waited NEW_WORK_WAIT_SECONDS). A
+    thread that comes back to the lane often cannot keep taking turns ahead of one that waits in
+    its line (as with ``threading.Semaphore``)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._free = size
         self._lock = threading.Lock()
-        self._waiters: deque[threading.Lock] = deque()  # each held until its turn is handed to it
+        # Each waiter's lock is held until its turn is handed to it.
+        self._in_hand: deque[threading.Lock] = deque()
+        self._new_work: deque[tuple[float, threading.Lock]] = deque()  # with time.monotonic() of asking
 
-    def take(self) -> None:
+    def take(self, *, new_work: bool = False) -> None:
         with self._lock:
             if self._free:
                 self._free -= 1
                 return
             waiter = threading.Lock()
             waiter.acquire()
-            self._waiters.append(waiter)
+            if new_work:
+                self._new_work.append((time.monotonic(), waiter))
+            else:
+                self._in_hand.append(waiter)
         connection_release_while_waiting()
         waiter.acquire()  # released by ``give``, which passes its turn on to this thread
 
     def give(self) -> None:
         with self._lock:
-            if self._waiters:
-                self._waiters.popleft().release()
+            if self._new_work and (not self._in_hand
+                                   or time.monotonic() - self._new_work[0][0] >= NEW_WORK_WAIT_SECONDS):
+                self._new_work.popleft()[1].release()
+            elif self._in_hand:
+                self._in_hand.popleft().release()
             else:
                 self._free += 1
 
@@ -87,14 +109,15 @@ def holding() -> bool:
 
 
 @contextmanager
-def turn() -> Iterator[None]:
+def turn(*, new_work: bool = False) -> Iterator[None]:
     """Run the block holding a turn in the lane (taken here unless this thread holds one already,
-    or is inside a transaction: see the module's docstring)."""
+    or is inside a transaction: see the module's docstring). ``new_work``: the block is about to
+    claim an attempt, and waits behind threads that hold one."""
     turns = _turns
     if turns is None or holding() or connection.in_atomic_block:
         yield
         return
-    turns.take()
+    turns.take(new_work=new_work)
     _local.holding = True
     try:
         yield

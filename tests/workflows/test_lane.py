@@ -136,18 +136,72 @@ def test_turns_are_handed_out_in_the_order_they_were_asked_for() -> None:
         with lane.turn():
             order.append(name)
 
-    waiters = []
+    waiters: list[threading.Thread] = []
     for name in ("first", "second", "third"):
         waiters.append(in_thread(lambda name=name: take(name)))  # type: ignore[misc]
-        deadline = time.monotonic() + JOIN_SECONDS
-        while len(turns._waiters) < len(waiters) and time.monotonic() < deadline:
-            time.sleep(0.005)
+        queued_behind(waiters, turns._in_hand)
     let_go.set()
     joined(holder)
     take("came last")
     for waiter in waiters:
         joined(waiter)
     assert order == ["first", "second", "third", "came last"]
+
+
+def queued_behind(waiters: list[threading.Thread], line: Any) -> None:
+    """Wait until the lane's line holds as many threads as ``waiters``."""
+    deadline = time.monotonic() + JOIN_SECONDS
+    while len(line) < len(waiters) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert len(line) == len(waiters), "a thread did not queue for a turn"
+
+
+def test_a_thread_with_work_in_hand_gets_a_turn_before_threads_about_to_claim_new_work() -> None:
+    """A thousand agents launched at once: each thread takes its agent on to its model call
+    before the next claim, not every claim first and every call behind them."""
+    let_go, holder = holding_the_only_turn()
+    turns = lane._turns
+    assert turns is not None
+    order: list[str] = []
+
+    def take(name: str, *, new_work: bool) -> None:
+        with lane.turn(new_work=new_work):
+            order.append(name)
+
+    claims: list[threading.Thread] = []
+    for name in ("claim 1", "claim 2"):
+        claims.append(in_thread(lambda name=name: take(name, new_work=True)))  # type: ignore[misc]
+        queued_behind(claims, turns._new_work)
+    in_hand: list[threading.Thread] = []
+    for name in ("in hand 1", "in hand 2"):
+        in_hand.append(in_thread(lambda name=name: take(name, new_work=False)))  # type: ignore[misc]
+        queued_behind(in_hand, turns._in_hand)
+    let_go.set()
+    for thread in (holder, *claims, *in_hand):
+        joined(thread)
+    assert order == ["in hand 1", "in hand 2", "claim 1", "claim 2"]
+
+
+def test_new_work_that_has_waited_its_limit_goes_before_work_in_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lane, "NEW_WORK_WAIT_SECONDS", 0.2)
+    let_go, holder = holding_the_only_turn()
+    turns = lane._turns
+    assert turns is not None
+    order: list[str] = []
+
+    def take(name: str, *, new_work: bool) -> None:
+        with lane.turn(new_work=new_work):
+            order.append(name)
+
+    claim = in_thread(lambda: take("claim", new_work=True))
+    queued_behind([claim], turns._new_work)
+    in_hand = in_thread(lambda: take("in hand", new_work=False))
+    queued_behind([in_hand], turns._in_hand)
+    time.sleep(0.25)
+    let_go.set()
+    for thread in (holder, claim, in_hand):
+        joined(thread)
+    assert order == ["claim", "in hand"]
 
 
 def holding_the_only_turn() -> tuple[threading.Event, threading.Thread]:
@@ -292,6 +346,14 @@ def test_an_attempt_is_claimed_and_recorded_in_the_lane_and_its_function_runs_ou
     lane.configure(1)
     HELD_IN_FUNCTION.clear()
     seen: dict[str, list[bool]] = {"claim": [], "record": [], "note": []}
+    asked_as_new_work: list[bool] = []
+    real_take = lane.Turns.take
+
+    def take(self: lane.Turns, *, new_work: bool = False) -> None:
+        asked_as_new_work.append(new_work)
+        real_take(self, new_work=new_work)
+
+    monkeypatch.setattr(lane.Turns, "take", take)
     for name, key in (("activity_claim_if_runnable", "claim"), ("activity_result_record_if_current", "record"),
                       ("activity_note_if_current", "note")):
         real = getattr(activities, name)
@@ -311,3 +373,5 @@ def test_an_attempt_is_claimed_and_recorded_in_the_lane_and_its_function_runs_ou
     assert workflow.status == Workflow.Status.COMPLETED
     assert HELD_IN_FUNCTION == [False]
     assert seen == {"claim": [True], "record": [True], "note": [True]}
+    # The claim's turn is new work's; the note's and the result's are work in hand.
+    assert asked_as_new_work == [True, False, False]

@@ -56,7 +56,7 @@ def activity_run_if_runnable(*, activity_id: int, worker: str = "", task_id: str
     A chained activity is claimed in the transaction that records the result before it
     (no doorbell): if this process dies, its lease runs out and the lease sweep retries it.
     """
-    with lane.turn():  # the activity function runs outside it (_attempt_run)
+    with lane.turn(new_work=True):  # the activity function runs outside it (_attempt_run)
         claim = activity_claim_if_runnable(activity_id=activity_id, worker=worker, task_id=task_id)
         if claim is None:
             return RunOutcome.SKIPPED
