@@ -131,21 +131,22 @@ def test_turns_are_handed_out_in_the_order_they_were_asked_for() -> None:
     turns = lane._turns
     assert turns is not None
     order: list[str] = []
-
-    def take(name: str) -> None:
-        with lane.turn():
-            order.append(name)
-
     waiters: list[threading.Thread] = []
     for name in ("first", "second", "third"):
-        waiters.append(in_thread(lambda name=name: take(name)))  # type: ignore[misc]
+        waiters.append(in_thread(lambda name=name: turn_noted(order, name)))  # type: ignore[misc]
         queued_behind(waiters, turns._in_hand)
     let_go.set()
     joined(holder)
-    take("came last")
+    turn_noted(order, "came last")
     for waiter in waiters:
         joined(waiter)
     assert order == ["first", "second", "third", "came last"]
+
+
+def turn_noted(order: list[str], name: str, *, new_work: bool = False) -> None:
+    """Take a turn in the lane (as new work, or with work in hand) and note ``name`` in it."""
+    with lane.turn(new_work=new_work):
+        order.append(name)
 
 
 def queued_behind(waiters: list[threading.Thread], line: Any) -> None:
@@ -163,18 +164,13 @@ def test_a_thread_with_work_in_hand_gets_a_turn_before_threads_about_to_claim_ne
     turns = lane._turns
     assert turns is not None
     order: list[str] = []
-
-    def take(name: str, *, new_work: bool) -> None:
-        with lane.turn(new_work=new_work):
-            order.append(name)
-
     claims: list[threading.Thread] = []
     for name in ("claim 1", "claim 2"):
-        claims.append(in_thread(lambda name=name: take(name, new_work=True)))  # type: ignore[misc]
+        claims.append(in_thread(lambda name=name: turn_noted(order, name, new_work=True)))  # type: ignore[misc]
         queued_behind(claims, turns._new_work)
     in_hand: list[threading.Thread] = []
     for name in ("in hand 1", "in hand 2"):
-        in_hand.append(in_thread(lambda name=name: take(name, new_work=False)))  # type: ignore[misc]
+        in_hand.append(in_thread(lambda name=name: turn_noted(order, name)))  # type: ignore[misc]
         queued_behind(in_hand, turns._in_hand)
     let_go.set()
     for thread in (holder, *claims, *in_hand):
@@ -188,14 +184,9 @@ def test_new_work_that_has_waited_its_limit_goes_before_work_in_hand(monkeypatch
     turns = lane._turns
     assert turns is not None
     order: list[str] = []
-
-    def take(name: str, *, new_work: bool) -> None:
-        with lane.turn(new_work=new_work):
-            order.append(name)
-
-    claim = in_thread(lambda: take("claim", new_work=True))
+    claim = in_thread(lambda: turn_noted(order, "claim", new_work=True))
     queued_behind([claim], turns._new_work)
-    in_hand = in_thread(lambda: take("in hand", new_work=False))
+    in_hand = in_thread(lambda: turn_noted(order, "in hand"))
     queued_behind([in_hand], turns._in_hand)
     time.sleep(0.25)
     let_go.set()
