@@ -102,3 +102,12 @@ def announce_release(**_: Any) -> None:
         # for good, and on a threads worker hold one of AGENTOPS_DB_POOL_SIZE's for good.
         connection.close()
     logging.getLogger("agentops.celery").info("release.announced", extra={"release": str(release)})
+
+
+@signals.worker_ready.connect
+def report_isolation(**_: Any) -> None:
+    """Say what a model's commands get on this worker: bubblewrap, or why they are refused or not
+    isolated (the start-up check agentops.W010-W012, in the worker's log)."""
+    from agentops import sandbox
+
+    sandbox.log_isolation()

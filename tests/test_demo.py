@@ -21,5 +21,8 @@ def test_demo_completes_a_release_on_sqlite_and_the_filesystem_broker(tmp_path: 
                           text=True, timeout=150)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "completed" in done.stdout
+    # Said once, visibly: what the demo's commands ran in.
+    assert done.stdout.count("Sandbox: ") == 1 and ("Sandbox: bubblewrap" in done.stdout or
+                                                    "the project's own" in done.stdout), done.stdout[:2000]
     assert "wait.approved" in done.stdout
     assert (tmp_path / "var" / "agentops.sqlite3").exists()

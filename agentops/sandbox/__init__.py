@@ -9,7 +9,10 @@ What a sandboxed command sees (docs/operators.md, "The sandbox"):
   writable but its ``.git`` read-only, nothing else of the file system, a private ``/tmp`` of
   bounded size, no network (or a session's own loopback-only network, ``network.py``), its own
   PID namespace; it dies with the worker;
-- with ``none`` (or ``auto`` where bubblewrap is absent): the worker's file system and network.
+- with ``none``: the worker's file system and network. ``auto`` where bubblewrap is absent runs the
+  offline scripted model's commands so (they are the project's own) and refuses a real model's:
+  without bubblewrap a model-chosen command only runs unisolated when an operator said
+  AGENTOPS_SANDBOX=none (``isolation``).
 
 Either way the command runs in its own session and process group, under the resource limits of
 ``limits.py`` (a control group of its own where the worker can make one): a timeout sends SIGTERM
@@ -33,9 +36,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 from django.conf import settings
+from django.core import checks
 
 from agentops.sandbox import limits as resource_limits
 from agentops.sandbox.network import Network
@@ -54,7 +59,8 @@ _SYSTEM_READ_ONLY = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64"
 
 
 class SandboxUnavailable(Permanent):
-    """AGENTOPS_SANDBOX=bwrap, and bubblewrap does not run on this worker."""
+    """Bubblewrap does not run on this worker, and the command may not run without it
+    (AGENTOPS_SANDBOX=bwrap, or ``auto`` with a real model)."""
 
 
 @dataclass(frozen=True)
@@ -191,9 +197,25 @@ def _probe_bwrap() -> tuple[bool, str]:
     return True, path
 
 
+def model_is_real() -> bool:
+    """Whether this worker's model is a real one (any provider but the offline scripted one): its
+    commands are chosen by a model, not written by the project."""
+    return settings.AGENTOPS_MODEL_PROVIDER != "scripted"
+
+
+def unisolated_refusal(detail: str) -> str:
+    """Why a command is not run: a real model, and no bubblewrap; what to install, or the one setting
+    that accepts the risk."""
+    return (f"A model-chosen command needs bubblewrap and {detail}; it was not run. Install bubblewrap on "
+            "this worker (apt-get install bubblewrap), or set AGENTOPS_SANDBOX=none to accept running a "
+            "model's commands with the worker's file system, network and user.")
+
+
 def isolation() -> str:
-    """The isolation the next command gets: "bwrap" or "none"; raises SandboxUnavailable when
-    AGENTOPS_SANDBOX=bwrap and bubblewrap does not work on this worker."""
+    """The isolation the next command gets: "bwrap" or "none" (only with AGENTOPS_SANDBOX=none, or
+    with ``auto`` for the offline scripted model, whose commands are the project's own). Raises
+    SandboxUnavailable when bubblewrap does not work here and AGENTOPS_SANDBOX=bwrap, or ``auto``
+    with a real model: it fails closed."""
     mode = settings.AGENTOPS_SANDBOX
     if mode == "none":
         return "none"
@@ -202,8 +224,59 @@ def isolation() -> str:
         return "bwrap"
     if mode == "bwrap":
         raise SandboxUnavailable(f"AGENTOPS_SANDBOX=bwrap but {detail}; the command was not run. Install "
-                                 "bubblewrap on this worker or set AGENTOPS_SANDBOX=auto to run without it.")
+                                 "bubblewrap on this worker, or set AGENTOPS_SANDBOX=none to accept running "
+                                 "commands without it.")
+    if model_is_real():
+        raise SandboxUnavailable(unisolated_refusal(detail))
+    _say_unisolated_offline(detail)
     return "none"
+
+
+@functools.cache
+def _say_unisolated_offline(detail: str) -> None:
+    logger.warning("sandbox.unisolated_offline", extra={"detail": detail, "why": (
+        "the offline scripted model's commands (the project's own) run without isolation; a real model's "
+        "would be refused")})
+
+
+def isolation_problems() -> list[tuple[str, str, str]]:
+    """What this worker's isolation means for model-chosen commands, as (id, message, hint): the
+    start-up check's warnings (``checks.py``) and the worker's log at start."""
+    mode, real = settings.AGENTOPS_SANDBOX, model_is_real()
+    if mode == "none":
+        if not real:
+            return []
+        return [("agentops.W010", "AGENTOPS_SANDBOX=none: a real model's commands, services and checks run with "
+                 "the worker's file system, network and user.",
+                 "Install bubblewrap and set AGENTOPS_SANDBOX=auto (the default) to isolate them.")]
+    works, detail = bwrap_works()
+    if works:
+        return []
+    if mode == "bwrap" or real:
+        why = ("AGENTOPS_SANDBOX=bwrap" if mode == "bwrap"
+               else f"the model provider is {settings.AGENTOPS_MODEL_PROVIDER!r}")
+        return [("agentops.W012", f"{why} and {detail}: this worker refuses every model-chosen command, service "
+                 "and check (the attempt fails, saying so).",
+                 "Install bubblewrap (apt-get install bubblewrap), or set AGENTOPS_SANDBOX=none to accept the risk.")]
+    return [("agentops.W011", f"{detail}: the offline scripted model's commands (the project's own) run without "
+             "isolation; a real model's would be refused.",
+             "Install bubblewrap (apt-get install bubblewrap) before configuring a real model.")]
+
+
+@checks.register("agentops")
+def check_isolation(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The start-up check (`manage.py check`, runserver, migrate) of ``isolation_problems``."""
+    return [checks.Warning(message, hint=hint, id=code) for code, message, hint in isolation_problems()]
+
+
+def log_isolation() -> None:
+    """Say at a worker's start what its model-chosen commands get (bubblewrap, or why not)."""
+    problems = isolation_problems()
+    for code, message, hint in problems:
+        logger.warning("sandbox.isolation", extra={"check": code, "detail": message, "hint": hint})
+    if not problems:
+        logger.info("sandbox.isolation", extra={"detail": "none (AGENTOPS_SANDBOX=none)" if
+                                                settings.AGENTOPS_SANDBOX == "none" else "bwrap"})
 
 
 def child_path() -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from agentops import sandbox
 from tests.harness.conftest import (
     APP_BOTH,
     APP_GREET,
@@ -72,6 +73,31 @@ def test_without_the_required_isolation_the_workflow_pauses_before_anything_runs
     workflow = drive_all(wf.pk)
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
     assert workflow.state["isolation"]["level"] == "bwrap"
+
+
+def test_a_real_model_without_bubblewrap_pauses_even_with_isolation_none(harness_approver, mini_schedule, settings,
+                                                                        monkeypatch):
+    """isolation=none lets a launch run unisolated; with a real model and no bubblewrap the worker
+    still refuses (only AGENTOPS_SANDBOX=none accepts that risk): paused at INITIALIZE saying what to
+    install and which setting, nothing run; with the setting, resume goes on."""
+    mini_schedule({})
+    settings.AGENTOPS_SANDBOX = "auto"
+    monkeypatch.setattr(sandbox, "bwrap_works", lambda: (False, "bwrap is not installed (apt-get install bubblewrap)"))
+    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={"isolation": "none"})
+    settings.AGENTOPS_MODEL_PROVIDER = "anthropic"  # the worker's: the probe asks it, no model is called
+    workflow = drive_all(wf.pk)
+    assert (workflow.status, workflow.pause_cause, workflow.current_node) == ("paused", "definition", "INITIALIZE")
+    assert "A model-chosen command needs bubblewrap" in workflow.reason
+    assert "apt-get install bubblewrap" in workflow.reason and "AGENTOPS_SANDBOX=none" in workflow.reason
+    assert workflow.state["isolation"]["level"] == "refused"
+    assert not Activity.objects.filter(workflow_id=wf.pk, name="harness_initialize").exists()
+
+    settings.AGENTOPS_SANDBOX = "none"
+    settings.AGENTOPS_MODEL_PROVIDER = "scripted"
+    services.workflow_resume(workflow_id=wf.pk, user=harness_approver)
+    workflow = drive_all(wf.pk)
+    assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
+    assert workflow.state["isolation"]["level"] == "none"
 
 
 def test_weaker_isolation_runs_only_when_the_launch_allows_it_and_is_recorded(harness_approver, mini_schedule,

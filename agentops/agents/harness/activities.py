@@ -68,7 +68,7 @@ class ProbeInput:
 
 
 class Probe(TypedDict):
-    level: str  # bwrap or none: what commands of this workflow get on this worker
+    level: str  # bwrap, none, or refused: what commands of this workflow get on this worker
     detail: str
     mode: str  # the worker's AGENTOPS_SANDBOX
     required: str
@@ -77,14 +77,16 @@ class Probe(TypedDict):
 
 @activity("harness_probe", retry=CHECK_RETRY)
 def harness_probe(ctx: ActivityContext, input: ProbeInput) -> Probe:
-    """Probe the isolation commands would get here (bubblewrap with the network off, or none)."""
+    """Probe the isolation commands would get here: bubblewrap with the network off, none, or
+    "refused" (no bubblewrap, and this worker may not run a model's commands without it)."""
     mode = settings.AGENTOPS_SANDBOX
-    works, detail = sandbox.bwrap_works()
-    level = "bwrap" if works and mode != "none" else "none"
-    if mode == "none":
-        detail = "AGENTOPS_SANDBOX=none on this worker"
-    probe: Probe = {"level": level, "detail": detail[:300], "mode": mode, "required": input.required,
-                    "enough": level == "bwrap" or input.required == "none"}
+    try:
+        level = sandbox.isolation()
+        detail = "AGENTOPS_SANDBOX=none on this worker" if mode == "none" else sandbox.bwrap_works()[1]
+    except sandbox.SandboxUnavailable as exc:
+        level, detail = "refused", str(exc)
+    probe: Probe = {"level": level, "detail": detail[:400], "mode": mode, "required": input.required,
+                    "enough": level == "bwrap" or (level == "none" and input.required == "none")}
     ctx.note("harness.isolation_probed", **probe)
     return probe
 
@@ -277,10 +279,14 @@ def _smoke(root: Path, timeout: float, require_isolation: str) -> Smoke:
             if require_isolation == "bwrap" and sandbox.isolation() != "bwrap":
                 output += f"$ {command}: not run: this worker has no bubblewrap, which the workflow requires\n"
                 break
+            sandbox.isolation()  # SandboxUnavailable: a real model and no bubblewrap, nothing runs
             ran = True
             done = sandbox.run(command.split(), workspace=root, timeout_seconds=timeout, max_output_bytes=8000)
             exit_code, isolation = (done.exit_code if not done.timed_out else 124), done.isolation
             output += f"$ {command} -> exit {exit_code}\n{done.output}\n"
+        except sandbox.SandboxUnavailable as exc:
+            output += f"$ {command}: not run: {exc}\n"
+            break
         except FileNotFoundError as exc:
             exit_code, output = -1, output + f"$ {command}: could not run: {exc}\n"
         if exit_code != 0:

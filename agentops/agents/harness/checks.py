@@ -147,7 +147,7 @@ def _run_one(checkout: Path, commit: str, feature: Feature, where: str, timeout_
         done = sandbox.run(shlex.split(command), workspace=checkout, timeout_seconds=timeout_seconds,
                            max_output_bytes=4 * OUTPUT_TAIL_CHARS)
         exit_code, output, timed_out, isolation = done.exit_code, done.output, done.timed_out, done.isolation
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, sandbox.SandboxUnavailable) as exc:
         exit_code, output, timed_out, isolation = -1, f"unverified: the check could not run: {exc}", False, ""
     if timed_out:
         output += f"\n[the check was stopped after its timeout of {timeout_seconds:g} s]"

@@ -201,6 +201,18 @@ def _pause_text(ctx: Ctx, why: str, then: str) -> str:
             "gives up. Recorded work is kept.")
 
 
+def _isolation_pause(ctx: Ctx, probe: Probe) -> str:
+    if probe["level"] == "refused":
+        # A real model and no bubblewrap: the worker runs none of its commands (sandbox.isolation).
+        return _pause_text(ctx, probe["detail"].rstrip("."), "probes again after bubblewrap is installed or the "
+                           "worker's AGENTOPS_SANDBOX changed")
+    return _pause_text(
+        ctx, f"commands must run under bubblewrap (isolation=bwrap) and this worker has {probe['level']} "
+             f"({probe['detail']})", "probes again after bubblewrap is installed (apt-get install "
+             "bubblewrap; AGENTOPS_SANDBOX=auto or bwrap); to run without isolation, launch again with "
+             "--param isolation=none")
+
+
 @register_definition
 class Harness(WorkflowDefinition):
     kind = "harness"
@@ -252,11 +264,8 @@ class Harness(WorkflowDefinition):
         writes the feature list, checks, init.sh, progress.md, a stub; first commit."""
         probe: Probe = ctx.activity(harness_probe, ProbeInput(required=ctx.params["isolation"]))
         if not probe["enough"]:
-            return Goto("INITIALIZE", {"isolation": probe, "paused_for": {"kind": "isolation"}}, pause=_pause_text(
-                ctx, f"commands must run under bubblewrap (isolation=bwrap) and this worker has {probe['level']} "
-                     f"({probe['detail']})", "probes again after bubblewrap is installed (apt-get install "
-                     "bubblewrap; AGENTOPS_SANDBOX=auto or bwrap); to run without isolation, launch again with "
-                     "--param isolation=none"))
+            return Goto("INITIALIZE", {"isolation": probe, "paused_for": {"kind": "isolation"}},
+                        pause=_isolation_pause(ctx, probe))
         try:
             init: InitResult = ctx.activity(harness_initialize, InitInput(
                 goal=ctx.goal, workspace=ctx.params["workspace"], require_isolation=ctx.params["isolation"]))

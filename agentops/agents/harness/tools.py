@@ -251,7 +251,10 @@ def _read(path: Path, start: Any, end: Any) -> str:
 
 
 def _isolation_or_refuse(session: Session) -> str:
-    got = sandbox.isolation()
+    try:
+        got = sandbox.isolation()
+    except sandbox.SandboxUnavailable as exc:  # no bubblewrap, and a real model: nothing runs
+        raise PermissionError(str(exc)) from exc
     if session.require_isolation == "bwrap" and got != "bwrap":
         raise PermissionError("this workflow requires bubblewrap isolation and this worker would run the command "
                               f"with {got!r}; it was not run")

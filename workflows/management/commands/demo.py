@@ -17,7 +17,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group, Permission, User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentops import telemetry
+from agentops import sandbox, telemetry
 from workflows import services, statestore
 from workflows.management.commands.agent import console_for, render_detail
 from workflows.models import Event, Wait, Workflow
@@ -67,6 +67,7 @@ class Command(BaseCommand):
             self.console.print(f"[bold]agentops demo[/]: database {settings.DATABASES['default']['NAME']}, "
                                f"broker {settings.CELERY_BROKER_URL}, provider {settings.AGENTOPS_MODEL_PROVIDER} "
                                "(offline, deterministic)")
+            self.say_isolation()
             workflow = services.workflow_launch(
                 kind="release", goal=options["goal"], user=requester,
                 params={"repo": str(repo), "test_command": f"{sys.executable} check.py"},
@@ -138,6 +139,21 @@ class Command(BaseCommand):
         for root in roots:
             show(root, 0)
 
+    def say_isolation(self) -> None:
+        """Once, visibly: what the demo's commands run in (its workers see the same machine)."""
+        try:
+            level = sandbox.isolation()
+        except sandbox.SandboxUnavailable as exc:
+            self.console.print(f"[bold red]Sandbox[/]: {exc}")
+            return
+        if level == "bwrap":
+            self.console.print("Sandbox: bubblewrap (each command isolated from this machine).")
+        else:
+            why = "AGENTOPS_SANDBOX=none" if settings.AGENTOPS_SANDBOX == "none" else "bubblewrap does not run here"
+            self.console.print(f"Sandbox: none ({why}). The demo's commands are the project's "
+                               "own, from the offline scripted model; a real model's would be refused until "
+                               "bubblewrap is installed (apt-get install bubblewrap).")
+
     def run_harness(self, logs: Path, *, timeout: float, reviewer: bool = False) -> None:
         """The harness's todo demo (scripted provider): launch, approve the feature list, resume the
         pause its feature budget makes, and print the board's progress to ``completed``."""
@@ -155,6 +171,7 @@ class Command(BaseCommand):
             self.console.print(f"[bold]agentops harness demo[/]: database {settings.DATABASES['default']['NAME']}, "
                                f"broker {settings.CELERY_BROKER_URL}, provider {settings.AGENTOPS_MODEL_PROVIDER}, "
                                f"workspace {workspace}")
+            self.say_isolation()
             self.console.print("The worker's pool process will SIGKILL itself once, in F03's second session: "
                                "watch the next attempt save its half-work to wip/F03/2.")
             workflow = services.workflow_launch(kind="harness", goal="Build the todo CLI of the demo", user=requester,
