@@ -1,8 +1,10 @@
 """The feature list and its checks: schema, the hash an approval is bound to, and running checks as the engine.
 
-A check runs in a checkout the session never touched (a detached ``git worktree`` of one commit,
-or a fresh clone for the final verify), through ``agentops.sandbox`` with its own timeout. Its
-exit status is the verdict: 0 passes, anything else (a timeout, a missing command) does not.
+Each check runs in a checkout of its own that nothing else touched, not the session and not
+another check's run (a detached ``git worktree`` of one commit, or a fresh clone for the final
+verify), through ``agentops.sandbox`` with its own timeout: the model's code a check runs cannot
+rewrite a check graded after it. Its exit status is the verdict: 0 passes, anything else (a
+timeout, a missing command) does not.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import json
 import re
 import shlex
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -110,31 +113,48 @@ def contract_hash(repo: Path, commit: str) -> str:
 
 def run_checks(repo: Path, commit: str, features: list[Feature], *, where: str, timeout_seconds: float,
                scratch: Path, require_isolation: str = "none") -> list[CheckResult]:
-    """Run the checks of ``features`` on ``commit`` in a checkout of their own (``where``: worktree
-    or clone) under ``scratch``, which is emptied first and removed after; results in list order.
-    With ``require_isolation="bwrap"`` on a worker without bubblewrap, no check runs: each is
+    """Run the checks of ``features`` on ``commit``, each in a fresh checkout of its own (``where``:
+    worktree or clone) under ``scratch``, which is emptied first and removed after; results in list
+    order. With ``require_isolation="bwrap"`` on a worker without bubblewrap, no check runs: each is
     unverified (exit code -1), never passing."""
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.parent.mkdir(parents=True, exist_ok=True)
     git(repo, "worktree", "prune")
-    checkout = scratch / "checkout"
     scratch.mkdir()
+    git_lock = threading.Lock()  # git's worktree bookkeeping in ``repo``: one change at a time
+
+    def graded(number: int, feature: Feature) -> CheckResult:
+        checkout = scratch / f"check-{number}"
+        with git_lock:
+            _checkout(repo, commit, checkout, where)
+        try:
+            return _run_one(checkout, commit, feature, where, timeout_seconds, require_isolation)
+        finally:
+            with git_lock:
+                _discard(repo, checkout, where)
+
     try:
-        if where == "clone":
-            git(scratch, "clone", "-q", "--no-checkout", str(repo), str(checkout))
-            git(checkout, "checkout", "-q", "--detach", commit)
-        else:
-            git(repo, "worktree", "add", "-q", "--detach", str(checkout), commit)
         workers = max(1, int(settings.AGENTOPS_HARNESS_CHECK_PARALLELISM))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_run_one, checkout, commit, f, where, timeout_seconds, require_isolation)
-                       for f in features]
+            futures = [pool.submit(graded, number, f) for number, f in enumerate(features)]
             return [future.result() for future in futures]
     finally:
-        if where != "clone":
-            git(repo, "worktree", "remove", "--force", str(checkout), check=False)
         shutil.rmtree(scratch, ignore_errors=True)
         git(repo, "worktree", "prune", check=False)
+
+
+def _checkout(repo: Path, commit: str, checkout: Path, where: str) -> None:
+    if where == "clone":
+        git(checkout.parent, "clone", "-q", "--no-checkout", str(repo), str(checkout))
+        git(checkout, "checkout", "-q", "--detach", commit)
+    else:
+        git(repo, "worktree", "add", "-q", "--detach", str(checkout), commit)
+
+
+def _discard(repo: Path, checkout: Path, where: str) -> None:
+    if where != "clone":
+        git(repo, "worktree", "remove", "--force", str(checkout), check=False)
+    shutil.rmtree(checkout, ignore_errors=True)
 
 
 def _run_one(checkout: Path, commit: str, feature: Feature, where: str, timeout_seconds: float,
