@@ -472,6 +472,11 @@ AGENTOPS_SANDBOX_MAX_PROCESSES = env_int("AGENTOPS_SANDBOX_MAX_PROCESSES", 256)
 AGENTOPS_SANDBOX_MAX_FILE_MB = env_int("AGENTOPS_SANDBOX_MAX_FILE_MB", 512)
 AGENTOPS_SANDBOX_TMP_MB = env_int("AGENTOPS_SANDBOX_TMP_MB", 512)
 AGENTOPS_SANDBOX_CGROUP = env_str("AGENTOPS_SANDBOX_CGROUP", "auto")
+# A workspace's whole disk use (its .git included): a command that takes it past this is stopped,
+# an engine write tool that would is refused (docs/security.md, "Limits").
+AGENTOPS_SANDBOX_WORKSPACE_MB = env_int("AGENTOPS_SANDBOX_WORKSPACE_MB", 4096)
+if AGENTOPS_SANDBOX_WORKSPACE_MB < 1:
+    raise ImproperlyConfigured(f"AGENTOPS_SANDBOX_WORKSPACE_MB={AGENTOPS_SANDBOX_WORKSPACE_MB} must be at least 1.")
 # The harness kind (docs/harness.md): how many of a feature list's checks run at once on a worker,
 # and the ceiling of the hard timeout of one run_command on this worker (a workflow's
 # command_timeout_seconds applies under it; the command and its children are killed).

@@ -17,6 +17,7 @@ from agentops import sandbox
 from agentops.agents.autonomous.activities import run_tool
 from agentops.providers.base import ModelResponse, Usage
 from agentops.providers.scripted import ScriptedProvider
+from agentops.sandbox import limits
 from tests.conftest import drive, make_git_repo, release_params
 from workflows import services
 from workflows.models import Activity, Event
@@ -373,3 +374,45 @@ def test_the_head_of_a_cut_output_is_kept_when_asked(isolation, workspace):
                        timeout_seconds=30, max_output_bytes=1000, keep_head_bytes=6)
     assert (done.head, done.output.rstrip()[-4:]) == ("first\n", "last") and done.cut_bytes > 49000
     assert sandbox.run(["echo", "short"], workspace=workspace, timeout_seconds=30, keep_head_bytes=6).head == ""
+
+
+# --- a workspace's disk use ---------------------------------------------------------------------
+
+def test_disk_use_counts_each_file_once_and_follows_no_link(workspace, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(os.urandom(2 * 1024 * 1024))
+    (workspace / "a").write_bytes(os.urandom(1024 * 1024))
+    os.link(workspace / "a", workspace / "a-again")
+    (workspace / "out").symlink_to(outside)
+    used = limits.disk_use_bytes(workspace)
+    assert 1024 * 1024 <= used < 1024 * 1024 + 64 * 1024, used
+
+
+def test_a_command_that_fills_the_workspace_is_stopped(isolation, settings, workspace):
+    """Many files, none of them large (RLIMIT_FSIZE does not see them): past the workspace's bound
+    the command is stopped and told why."""
+    settings.AGENTOPS_SANDBOX_WORKSPACE_MB = 8
+    flood = ("python3 -c \"import os, time\nfor n in range(400):\n    open(f'f{n}', 'wb').write(os.urandom(1 << 20))\n"
+             "    time.sleep(0.02)\"")
+    ok, output = command(workspace, flood)
+    assert not ok and output.startswith("command stopped: the command took the workspace past its disk limit (8 MB"), \
+        output
+    written = sum(1 for p in workspace.iterdir() if p.name.startswith("f"))
+    assert written < 400, written
+
+
+def test_a_workspace_already_over_its_bound_may_run_commands_that_do_not_grow_it(isolation, settings, workspace):
+    settings.AGENTOPS_SANDBOX_WORKSPACE_MB = 1
+    (workspace / "data").write_bytes(os.urandom(3 * 1024 * 1024))
+    ok, output = command(workspace, "sh -c 'sleep 2.5; wc -c data'")
+    assert ok and "3145728 data" in output, output
+
+
+def test_a_write_tool_that_would_pass_the_bound_is_refused(settings, workspace):
+    settings.AGENTOPS_SANDBOX_WORKSPACE_MB = 1
+    (workspace / "data").write_bytes(os.urandom(900 * 1024))
+    ok, output = run_tool(workspace, "write_file", {"path": "more.txt", "content": "x" * 150_000})
+    assert not ok and "of its 1 MB (AGENTOPS_SANDBOX_WORKSPACE_MB)" in output, output
+    assert not (workspace / "more.txt").exists()
+    assert run_tool(workspace, "write_file", {"path": "small.txt", "content": "fits"})[0]

@@ -74,7 +74,7 @@ class Completed:
     cut_bytes: int = 0
     idle_timed_out: bool = False  # stopped after ``idle_timeout_seconds`` without output
     head: str = ""  # with ``keep_head_bytes`` and output cut: its first bytes (redacted), not in ``output``
-    limit_hit: str = ""  # "memory" or "processes": the command met its control group's limit
+    limit_hit: str = ""  # "memory" or "processes" (its control group's limit), "disk" (its workspace's)
 
     def limit_note(self) -> str:
         """What to tell the model when the command met a limit ("" when it did not)."""
@@ -82,6 +82,9 @@ class Completed:
             return f"the command reached the sandbox's memory limit ({settings.AGENTOPS_SANDBOX_MEMORY_MB} MB)"
         if self.limit_hit == "processes":
             return f"the command reached the sandbox's limit of {settings.AGENTOPS_SANDBOX_MAX_PROCESSES} processes"
+        if self.limit_hit == "disk":
+            return (f"the command took the workspace past its disk limit ({settings.AGENTOPS_SANDBOX_WORKSPACE_MB} MB, "
+                    "AGENTOPS_SANDBOX_WORKSPACE_MB) and was stopped; remove files to make room")
         return ""
 
 
@@ -372,24 +375,27 @@ def run(argv: Sequence[str], *, workspace: Path, timeout_seconds: float,
     workspace = Path(workspace).resolve()
     kind = isolation()
     _check_found(argv[0], workspace)
+    disk = resource_limits.DiskWatch(workspace)
     tmpdir = Path(tempfile.mkdtemp(dir=workspace.parent, prefix=f".{workspace.name}.tmp-"))
     group: resource_limits.Group | None = None
+    disk_full = False
     try:
         command, group = command_line(argv, kind=kind, workspace=workspace, tmpdir=tmpdir, network=network)
         proc = subprocess.Popen(command, cwd=workspace, env=child_environment(workspace, tmpdir),
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
-            raw, cut, timed_out, idled, head = _collect(
+            raw, cut, timed_out, idled, head, disk_full = _collect(
                 proc, deadline=time.monotonic() + timeout_seconds, on_wait=on_wait, wait_every=wait_every_seconds,
                 limit=max_output_bytes, spare_leader=kind == "bwrap", idle_seconds=idle_timeout_seconds,
-                head_bytes=keep_head_bytes)
+                head_bytes=keep_head_bytes, disk=disk)
         finally:
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
     finally:
         # Whatever the command started goes with it, wherever in the process tree it went.
         hit = group.limit_hit() if group is not None else ""
+        hit = hit or ("disk" if disk_full else "")
         if group is not None:
             group.remove()
         shutil.rmtree(tmpdir, ignore_errors=True)
@@ -413,15 +419,17 @@ def _check_found(command: str, workspace: Path) -> None:
 
 
 def _collect(proc: subprocess.Popen[bytes], *, deadline: float, on_wait: Callable[[], None] | None,
-             wait_every: float, limit: int, spare_leader: bool,
-             idle_seconds: float | None = None, head_bytes: int = 0) -> tuple[bytes, int, bool, bool, bytes]:
-    """Read the output until the command is gone, enforcing the timeouts; returns (tail, bytes cut,
-    timed out, stopped for silence, the first ``head_bytes`` when anything was cut)."""
+             wait_every: float, limit: int, spare_leader: bool, idle_seconds: float | None = None,
+             head_bytes: int = 0, disk: resource_limits.DiskWatch | None = None,
+             ) -> tuple[bytes, int, bool, bool, bytes, bool]:
+    """Read the output until the command is gone, enforcing the timeouts and the workspace's disk
+    bound; returns (tail, bytes cut, timed out, stopped for silence, the first ``head_bytes`` when
+    anything was cut, stopped for disk)."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
     os.set_blocking(fd, False)
     buffer, cut, head = bytearray(), 0, bytearray()
-    timed_out, idled, eof = False, False, False
+    timed_out, idled, eof, disk_full = False, False, False, False
     last_output = time.monotonic()
     kill_at: float | None = None  # SIGKILL the group at this time
     killed_at: float | None = None
@@ -441,6 +449,9 @@ def _collect(proc: subprocess.Popen[bytes], *, deadline: float, on_wait: Callabl
                 timed_out, idled = now >= deadline, not now >= deadline
                 kill_at = now + settings.AGENTOPS_SANDBOX_GRACE_SECONDS
                 _signal_group(proc.pid, signal.SIGTERM, spare_leader=spare_leader)
+            if not exited and killed_at is None and disk is not None and disk.over(now):
+                # No grace: every second it runs it may write more.
+                disk_full, kill_at = True, now
             # Once the command is done, whatever it left behind goes too (it may hold the pipe open).
             if killed_at is None and (exited or (kill_at is not None and now >= kill_at)):
                 _signal_group(proc.pid, signal.SIGKILL)
@@ -465,7 +476,7 @@ def _collect(proc: subprocess.Popen[bytes], *, deadline: float, on_wait: Callabl
             head += buffer[:head_bytes]
         cut += len(buffer) - limit
         del buffer[:-limit]
-    return bytes(buffer), cut, timed_out, idled, bytes(head)
+    return bytes(buffer), cut, timed_out, idled, bytes(head), disk_full
 
 
 def _exited(proc: subprocess.Popen[bytes]) -> bool:

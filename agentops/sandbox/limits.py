@@ -180,3 +180,60 @@ def wrap(argv: Sequence[str], limits: Limits, group: Group | None) -> list[str]:
     if group is None:
         return command
     return ["/bin/sh", "-c", _JOIN, "sh", *(str(path / "cgroup.procs") for path in group.dirs), "--", *command]
+
+
+# --- a workspace's disk use ----------------------------------------------------------------
+
+def disk_use_bytes(root: Path) -> int:
+    """The disk a workspace takes (its ``.git`` included): allocated blocks, each file counted once
+    however many names it has, links never followed. Walked by directory descriptors, so a
+    directory swapped for a link mid-walk is not entered."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for _dir, dirs, files, dir_fd in os.fwalk(root, follow_symlinks=False):
+        for name in [*dirs, *files]:
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                continue  # gone since it was listed
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def workspace_bound_bytes() -> int:
+    return int(settings.AGENTOPS_SANDBOX_WORKSPACE_MB) * MB
+
+
+def room_check(root: Path, *, adding_bytes: int) -> None:
+    """Raise PermissionError when writing ``adding_bytes`` more would take the workspace past
+    AGENTOPS_SANDBOX_WORKSPACE_MB (the engine's own write tools ask before they write)."""
+    used, bound = disk_use_bytes(root), workspace_bound_bytes()
+    if used + adding_bytes > bound:
+        raise PermissionError(f"the workspace uses {used / MB:,.1f} MB of its {bound // MB:,} MB "
+                              f"(AGENTOPS_SANDBOX_WORKSPACE_MB); remove files before writing more")
+
+
+class DiskWatch:
+    """Whether a running command took its workspace past the bound: past AGENTOPS_SANDBOX_WORKSPACE_MB,
+    or past what the workspace already used when the command started if that was more (a command
+    may always run in a workspace already over, it may not grow it). Walks at most every
+    ``every_seconds``, and less often when a walk is slow (never more than a tenth of the time)."""
+
+    def __init__(self, root: Path, *, every_seconds: float = 2.0) -> None:
+        self.root, self.every = root, every_seconds
+        self.bound = max(workspace_bound_bytes(), self._measure())
+        self.next_at = time.monotonic() + self.every
+
+    def _measure(self) -> int:
+        started = time.monotonic()
+        used = disk_use_bytes(self.root)
+        self.every = max(self.every, 10 * (time.monotonic() - started))
+        return used
+
+    def over(self, now: float) -> bool:
+        if now < self.next_at:
+            return False
+        self.next_at = now + self.every
+        return self._measure() > self.bound

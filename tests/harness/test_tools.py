@@ -180,3 +180,13 @@ def test_a_service_started_after_another_stopped_never_takes_a_running_ones_port
     assert session.services["c"].port != session.services["b"].port
     assert session.services["c"].proc.poll() is None  # it bound its port: nothing else held it
     session.close()
+
+
+def test_writes_that_would_pass_the_workspaces_disk_bound_are_refused(session, settings):
+    settings.AGENTOPS_SANDBOX_WORKSPACE_MB = 1
+    (session.root / "data.bin").write_bytes(os.urandom(1024 * 1024))
+    for name, args in [("write_file", {"path": "new.txt", "content": "x" * 10_000}),
+                       ("str_replace", {"path": "app.py", "old_str": "line 3\n", "new_str": "x" * 10_000})]:
+        ok, out = tools.call(session, name, args)
+        assert not ok and "AGENTOPS_SANDBOX_WORKSPACE_MB" in out, (name, out)
+    assert not (session.root / "new.txt").exists() and (session.root / "app.py").read_text() == SOURCE

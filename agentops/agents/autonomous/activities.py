@@ -273,6 +273,7 @@ def _run_tool(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str]:
             content = str(args["content"])
             if len(content) > 200_000:
                 return False, "content is over 200,000 characters"
+            sandbox.resource_limits.room_check(root, adding_bytes=len(content.encode()))
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(content, encoding="utf-8")
             return True, f"wrote {len(content)} characters to {target.relative_to(root)}"

@@ -173,6 +173,7 @@ def _call(session: Session, name: str, args: dict[str, Any]) -> tuple[bool, str]
         target, content = _writable(session, str(args["path"])), str(args["content"])
         if len(content) > MAX_WRITE_CHARS:
             return False, f"content is over {MAX_WRITE_CHARS:,} characters"
+        sandbox.resource_limits.room_check(root, adding_bytes=len(content.encode()))
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content, encoding="utf-8")
         session.touch(target)
@@ -235,6 +236,7 @@ def _call(session: Session, name: str, args: dict[str, Any]) -> tuple[bool, str]
 def _save(session: Session, target: Path, text: str, message: str) -> tuple[bool, str]:
     if len(text) > MAX_WRITE_CHARS:
         return False, f"the file would be over {MAX_WRITE_CHARS:,} characters"
+    sandbox.resource_limits.room_check(session.root, adding_bytes=len(text.encode()))
     target.write_text(text, encoding="utf-8")
     session.touch(target)
     return True, message
