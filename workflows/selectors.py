@@ -299,7 +299,8 @@ def workflow_detail(workflow: Workflow, *, events: int = 50) -> dict[str, Any]:
         for a in activities
     ]
     detail["commitments"] = [
-        {"id": c.pk, "kind": c.kind, "status": c.status, "operation_id": c.activity.operation_id}
+        {"id": c.pk, "kind": c.kind, "status": c.status, "operation_id": c.activity.operation_id,
+         "handed_over_by": c.handed_over_by_id}
         for c in workflow.commitments.select_related("activity").order_by("pk")
     ]
     # Delivered signals are in the history (wait.satisfied); the queued ones wait for a wait.

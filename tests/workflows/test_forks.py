@@ -1,6 +1,7 @@
 """Fork: a new workflow reuses the first N node visits of another and runs on; no effect is repeated."""
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ from agentops.agents.autonomous.definition import Autonomous
 from tests.conftest import drive, open_approval, release_params
 from workflows import replay, selectors, services, statestore
 from workflows.errors import TransitionRefused
-from workflows.models import Activity, Commitment, Event, Workflow
+from workflows.models import Activity, Commitment, Event, UsageEntry, Workflow
 
 pytestmark = pytest.mark.django_db
 
@@ -147,3 +148,21 @@ def test_a_fork_carries_the_originals_labels(settings, tmp_path):
     assert selectors.workflow_summary(fork)["labels"] == {"env": "prod", "team": "docs"}
     found = selectors.workflow_list(labels=[("team", "docs")]).values_list("pk", flat=True)
     assert list(found) == [fork.pk, original.pk]
+
+
+def test_a_fork_gets_what_the_original_has_left_of_its_budget(settings, tmp_path):
+    """One budget, not two: original and fork together never spend more than the original's total."""
+    settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
+    original = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes",
+                                              budget_total_usd=Decimal("1.00")).pk)
+    UsageEntry.objects.create(workflow=original, key=f"test/{original.pk}/spend", operation_id="spend",
+                              provider="scripted", model="m", status="charged", reserved_usd=Decimal("0.30"),
+                              cost_usd=Decimal("0.30"), created_at=original.created_at)
+    left = Decimal("1.00") - selectors.spent_usd(original)
+    assert left <= Decimal("0.70")
+
+    fork = services.workflow_fork(workflow_id=original.pk, from_visit=1)
+
+    assert fork.budget_total_usd == left
+    unbudgeted = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk)
+    assert services.workflow_fork(workflow_id=unbudgeted.pk, from_visit=1).budget_total_usd is None

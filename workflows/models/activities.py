@@ -256,6 +256,12 @@ class Commitment(ConcurrentTransitionMixin, models.Model):
     data = models.JSONField(default=dict, blank=True, help_text="What the external system said about it.")
     created_at = models.DateTimeField()
     closed_at = models.DateTimeField(null=True, blank=True)
+    intent_version = models.PositiveIntegerField(
+        default=1, help_text="The owner's intent it serves: its activity's, or for one a child handed over, the "
+                             "intent its parent started that child under.")
+    handed_over_by = models.ForeignKey(
+        Workflow, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="The completed child that handed it to this workflow (its tree owns it until the root ends).")
 
     # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.
     objects: models.Manager[Commitment] = models.Manager()

@@ -247,7 +247,9 @@ def _result_record(*, claim: Claim, result: Any, reconciled: bool, chain: ChainS
         Commitment.objects.get_or_create(
             activity_id=claim.activity_id,
             defaults={"workflow": workflow, "kind": spec.commitment, "compensation": spec.compensation,
-                      "data": result if isinstance(result, dict) else {"result": result}, "created_at": now},
+                      "data": result if isinstance(result, dict) else {"result": result}, "created_at": now,
+                      # Its attempt was fenced to the current visit, so to the current intent.
+                      "intent_version": workflow.intent_version},
         )
     if spec.records_progress:
         sample = progress_record_once(workflow=workflow, operation_id=claim.operation_id, result=result, now=now)

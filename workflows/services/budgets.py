@@ -297,6 +297,8 @@ def workflow_budget_set(
     if workflow.is_terminal:
         raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; its budget no longer matters.")
     now = clock.now()
+    if total_usd is not None and workflow.parent_id is not None:
+        _check_fits_in_ancestors(workflow, total_usd)
     old = {"total": _str(workflow.budget_total_usd), "hourly": _str(workflow.budget_hourly_usd)}
     if total_usd is not None:
         workflow.budget_total_usd = total_usd
@@ -308,6 +310,31 @@ def workflow_budget_set(
     if workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.BUDGET:
         wake_locked(workflow, now=now, cause=f"budget raised by {getattr(user, 'username', '') or 'an operator'}")
     return workflow
+
+
+def _check_fits_in_ancestors(child: Workflow, total_usd: Decimal) -> None:
+    """Refuse a child's new total when what its parent counts for it would grow past what its
+    ancestors have left: the tree's spend never passes the root's total. A parent counts a running
+    child's whole budget (``selectors.children_reserved_usd``); growing it by X takes X from the
+    parent's room, or, for a parent without a total of its own, from its parent's, and so on."""
+    spent = spent_usd(child)
+    counted = max(child.budget_total_usd, spent) if child.budget_total_usd is not None else spent
+    growth = max(total_usd, spent) - counted
+    if growth <= 0:
+        return
+    ancestor = child.parent
+    while ancestor is not None:
+        if ancestor.budget_total_usd is not None:
+            room = ancestor.budget_total_usd - spent_usd(ancestor)
+            if growth > room:
+                raise InvalidInput(
+                    f"Workflow {child.pk} is a child of workflow {child.parent_id}: a total of {total_usd:.4f} USD "
+                    f"would count {growth:.4f} more against workflow {ancestor.pk}, which has {max(room, 0):.4f} "
+                    f"of its {ancestor.budget_total_usd:.4f} left. Raise workflow {ancestor.pk}'s total first "
+                    f"(`manage.py agent budget {ancestor.pk} --total USD`); nothing was changed.",
+                    workflow_id=child.pk, field="total_usd")
+            return
+        ancestor = ancestor.parent
 
 
 @transaction.atomic

@@ -15,6 +15,7 @@ from workflows.services.steps import (
     COMPENSATION_NODE,
     Outcome,
     Result,
+    child_commitments_adopt,
     commitment_close_compensated,
     compensation_ensure,
     live_work_void,
@@ -129,6 +130,8 @@ def advance_cancellation(workflow: Workflow) -> Outcome:
     now = clock.now()
     if selectors.children_live(workflow):
         return Outcome.SUSPENDED  # each child's end rings this workflow again
+    # A child that completed before its end was collected hands over what it made: undone too.
+    child_commitments_adopt(workflow, now=now)
     uncertain_commitments_ensure(workflow, now=now)
     for commitment in workflow.commitments.filter(status=Commitment.Status.ACTIVE).order_by("-created_at", "-pk"):
         compensation = compensation_ensure(workflow, commitment, now=now)

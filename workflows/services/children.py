@@ -13,7 +13,7 @@ from workflows.errors import BudgetExhausted, InvalidInput, NotFound
 from workflows.models import Commitment, Wait, Workflow
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import amount_checked, event_record, workflow_lock
-from workflows.services.steps import BUDGET_PAUSE_PREFIX, commitments_compensate, wake_locked
+from workflows.services.steps import BUDGET_PAUSE_PREFIX, child_commitments_adopt, commitments_compensate, wake_locked
 
 BUDGET_STEP = Decimal("0.0001")  # Workflow.budget_total_usd's precision
 
@@ -123,6 +123,8 @@ def children_collect_if_finished(*, workflow_id: int) -> int:
         child_wait_close(workflow, wait, child, now=now)
         closed += 1
         current |= (wait.node_visit, wait.intent_version) == (workflow.node_visit, workflow.intent_version)
+    # Before the parent goes on: what a completed child made is the parent's from now on.
+    child_commitments_adopt(workflow, now=now)
     if closed and current and workflow.status == Workflow.Status.WAITING:
         wake_locked(workflow, now=now, cause=f"{closed} child workflow{'s' if closed > 1 else ''} ended")
     elif closed and workflow.status in (Workflow.Status.RUNNING, Workflow.Status.CANCELLING):
@@ -146,7 +148,7 @@ def compensations_after_children(workflow: Workflow, *, now: datetime) -> int:
         return 0
     else:
         before = workflow.intent_version
-        active = active.filter(activity__intent_version__lt=before)
+        active = active.filter(intent_version__lt=before)
     due = list(active)
     if not due or selectors.children_live(workflow, before_intent=before):
         return 0

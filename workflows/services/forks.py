@@ -12,11 +12,12 @@ releases or compensates them.
 from __future__ import annotations
 
 import logging
+from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
 
-from workflows import clock, registry, statestore
+from workflows import clock, registry, selectors, statestore
 from workflows.errors import TransitionRefused
 from workflows.models import Checkpoint, Intent, Workflow, WorkflowLabel
 from workflows.services.common import event_record, events_batched, release_current, workflow_lock
@@ -29,8 +30,9 @@ def workflow_fork(*, workflow_id: int, from_visit: int, user: Any = None, by: st
     """Start a fork of workflow ``workflow_id`` that reuses its visits 1 to ``from_visit`` (see the
     module's docstring) and advance it in the same transaction, as a launch does.
 
-    The fork has the original's kind, parameters, labels and options (release policy, priority, budgets,
-    stagnation policy, fallback model; a time limit as long as the original's, from now), the goal
+    The fork has the original's kind, parameters, labels and options (release policy, priority, hourly
+    budget, stagnation policy, fallback model; as its total budget what the original has left of its
+    own; a time limit as long as the original's, from now), the goal
     of the intent version that visit was entered under (as its intent v1), the current release and
     definition version, ``forked_from`` and ``forked_from_visit``; ``user`` (or ``by``) launched it.
     Recorded as ``workflow.forked`` on the original and ``workflow.launched`` (with the relation)
@@ -102,7 +104,7 @@ def _fork_create(original: Workflow, entered: Checkpoint, *, definition_version:
         node_visit=entered.node_visit, params=original.params, release=release,
         release_provisional=release.announced_at is None, release_policy=original.release_policy, launched_by=user,
         deadline=now + limit if limit is not None else None, priority=original.priority,
-        budget_total_usd=original.budget_total_usd, budget_hourly_usd=original.budget_hourly_usd,
+        budget_total_usd=_left(original), budget_hourly_usd=original.budget_hourly_usd,
         stagnation_policy=original.stagnation_policy, stagnation_window_hours=original.stagnation_window_hours,
         fallback_model=original.fallback_model, forked_from=original, forked_from_visit=from_visit,
         created_at=now, updated_at=now,
@@ -120,3 +122,11 @@ def _fork_create(original: Workflow, entered: Checkpoint, *, definition_version:
         delta=None, state_hash=written.state_hash, chain_bytes=0, created_at=now)
     fork.save(update_fields=["state", "checkpoint"])
     return fork
+
+
+def _left(original: Workflow) -> Decimal | None:
+    """A fork's total: what the original has left of its own (never below nothing), so that the two
+    together never spend more than the one budget they came from; None when it has none."""
+    if original.budget_total_usd is None:
+        return None
+    return max(original.budget_total_usd - selectors.spent_usd(original), Decimal(0))

@@ -154,9 +154,34 @@ DOCS_LEAD = {
 }
 
 
+# Commitments change owner without a transition: a child's are handed to its parent.
+COMMITMENT_DOCS = """
+Created `active` by the activity that made the effect (or, for an attempt cut off mid-effect,
+`active` with `{"uncertain": true}`), serving that activity's intent (`intent_version`). A tree of
+workflows owns its effects until its root ends:
+
+| the workflow that holds it | its active commitments |
+|---|---|
+| completes, and is a root | `release`: the outcome (`commitment.released`) |
+| completes, and is a child | stay `active`, kept for the parent (`commitment.held_for_parent`) |
+| collects a completed child's end, or cancels, fails or takes a new goal with one not yet \
+collected | takes them over (`commitment.adopted`: `workflow` becomes the parent, `handed_over_by` \
+the child, `intent_version` the intent the parent started the child under) |
+| is cancelled | `compensated`, newest first, once its children have ended (a cancelling child undoes its own first) |
+| fails | `compensated`, all at once, once its children have ended |
+| takes a new goal | those of older intents `compensated`, once those intents' children have ended |
+
+A release change counts the tree's effects: a woken workflow whose own, handed-over or running
+children's commitments of its current intent stand keeps course (`release.kept_course`).
+"""
+
+
 def docs_section(model_name: str) -> str:
     """What docs/state-machines.md shows under a model's graph (``make docs``): for the
-    lifecycle's two models, where they start and the table of their transitions."""
+    lifecycle's two models, where they start and the table of their transitions; for commitments,
+    who owns them as a tree of workflows ends."""
+    if model_name == "Commitment":
+        return COMMITMENT_DOCS
     model = {"Activity": Activity, "ActivityAttempt": ActivityAttempt}.get(model_name)
     return "" if model is None else f"\n{DOCS_LEAD[model_name]}\n\n{transition_table(model)}\n"
 

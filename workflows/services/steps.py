@@ -281,13 +281,21 @@ def _last_checkpoint_chain(workflow: Workflow) -> tuple[str, int] | None:
 
 
 def complete_locked(workflow: Workflow, result: Any, *, now: datetime) -> None:
-    """Complete: the active commitments are handed over as the outcome (released); children still
-    running are no longer wanted (cancelled)."""
+    """Complete: children still running are no longer wanted (cancelled); the active commitments
+    (those its completed children handed over included) are the outcome. A root releases them; a
+    child keeps them active for its parent, which takes them over when it collects this end
+    (``child_commitments_adopt``): the tree owns them until its root ends, so a cancel, a new goal
+    or a failure of any ancestor still undoes them."""
     from workflows.services.cancellation import children_cancel_live  # it imports this module
 
     commitments_compensate(workflow, live_work_void(workflow, now=now, reason="workflow completed"), now=now)
     children_cancel_live(workflow, why="completed without waiting for it", by="workflow completed", now=now)
+    child_commitments_adopt(workflow, now=now)
     for commitment in workflow.commitments.filter(status=Commitment.Status.ACTIVE):
+        if workflow.parent_id is not None:
+            event_record(workflow=workflow, kind="commitment.held_for_parent", at=now, commitment_id=commitment.pk,
+                         commitment_kind=commitment.kind, parent=workflow.parent_id)
+            continue
         commitment.release(at=now)
         commitment.save(update_fields=["status", "closed_at"])
         event_record(workflow=workflow, kind="commitment.released", at=now, commitment_id=commitment.pk,
@@ -297,6 +305,34 @@ def complete_locked(workflow: Workflow, result: Any, *, now: datetime) -> None:
     workflow_save(workflow, "status", "result", at=now)
     trace_finished_on_commit(workflow)
     parent_ring_on_commit(workflow)
+
+
+def child_commitments_adopt(workflow: Workflow, *, now: datetime) -> int:
+    """Take over the active commitments of ``workflow``'s completed children (a completed child
+    keeps them for its parent: ``complete_locked``), oldest first, each recorded
+    (``commitment.adopted``) and serving the intent its child was started under. The caller holds
+    the workflow's row lock; a completed child changes no more, so its rows need no lock of its own.
+    Returns how many it took over.
+
+    Idempotent: a commitment taken over belongs to this workflow, no longer to the child.
+    """
+    if workflow.child_waits_open is False:
+        # Read with the row lock (an advance): no child wait open, so every child's end was
+        # collected, and collecting adopts.
+        return 0
+    handed = list(Commitment.objects.filter(
+        status=Commitment.Status.ACTIVE, workflow__parent_id=workflow.pk, workflow__status=Workflow.Status.COMPLETED,
+    ).select_related("workflow__parent_wait", "activity").order_by("created_at", "pk"))
+    for commitment in handed:
+        child = commitment.workflow
+        wait = child.parent_wait
+        commitment.handed_over_by = child
+        commitment.workflow = workflow
+        commitment.intent_version = wait.intent_version if wait is not None else workflow.intent_version
+        commitment.save(update_fields=["handed_over_by", "workflow", "intent_version"])
+        event_record(workflow=workflow, kind="commitment.adopted", at=now, commitment_id=commitment.pk,
+                     commitment_kind=commitment.kind, child=child.pk, operation_id=commitment.activity.operation_id)
+    return len(handed)
 
 
 def fail_locked(workflow: Workflow, reason: str, *, now: datetime) -> None:
@@ -314,6 +350,7 @@ def fail_locked(workflow: Workflow, reason: str, *, now: datetime) -> None:
     trace_finished_on_commit(workflow)
     parent_ring_on_commit(workflow)
     children_cancel_live(workflow, why=f"failed: {reason[:300]}", by="workflow failed", now=now)
+    child_commitments_adopt(workflow, now=now)
     commitments_compensate_after_children(workflow, workflow.commitments.filter(status=Commitment.Status.ACTIVE),
                                           now=now)
 
@@ -390,7 +427,7 @@ def uncertain_commitments_ensure(
         if spec.commitment:
             created.append(Commitment.objects.create(
                 workflow=workflow, activity=activity, kind=spec.commitment, compensation=spec.compensation,
-                data={"uncertain": True}, created_at=now,
+                data={"uncertain": True}, created_at=now, intent_version=activity.intent_version,
             ))
             event_record(workflow=workflow, kind="commitment.uncertain", at=now,
                          operation_id=activity.operation_id, commitment_kind=spec.commitment)
@@ -482,9 +519,10 @@ def release_revalidate_if_no_effect(workflow: Workflow, *, now: datetime) -> boo
     """Under ``revalidate``, send a woken workflow whose release changed to its definition's
     revalidate node, unless that would repeat or strand what it already did. Returns whether it went.
 
-    - An **effect** of the current intent (a commitment, recorded or uncertain, not undone)
-      stands: the workflow goes on from where it waited, with the new release for what follows
-      (``release.kept_course``); a revalidation would redo the effect under a new operation.
+    - An **effect** of the current intent (a commitment, recorded or uncertain, not undone; its
+      own or one of its children's) stands: the workflow goes on from where it waited, with the
+      new release for what follows (``release.kept_course``); a revalidation would redo the
+      effect under a new operation.
     - A rejection, or an expiry whose policy is fail, is final: the node's handler must see it
       instead of being sent back to rebuild a candidate and ask again.
     - Otherwise it revalidates, and every signal a wait of the visit it leaves had taken goes
@@ -494,9 +532,12 @@ def release_revalidate_if_no_effect(workflow: Workflow, *, now: datetime) -> boo
     visit = workflow.waits.filter(node_visit=workflow.node_visit)
     if visit.filter(Q(decision=Wait.Decision.REJECTED) | Q(status=Wait.Status.EXPIRED, timeout_policy="fail")).exists():
         return False
-    effects = list(workflow.commitments.filter(
+    # The tree's: its own and those its completed children handed over, and those of the
+    # children it started for this intent that are still running.
+    effects = list(Commitment.objects.filter(
+        Q(workflow=workflow, intent_version=workflow.intent_version)
+        | Q(workflow__parent=workflow, workflow__parent_wait__intent_version=workflow.intent_version),
         status__in=(Commitment.Status.ACTIVE, Commitment.Status.RELEASED),
-        activity__intent_version=workflow.intent_version,
     ).values_list("activity__operation_id", flat=True))
     if effects:
         event_record(workflow=workflow, kind="release.kept_course", at=now, node=workflow.current_node,

@@ -48,6 +48,7 @@ from workflows.services.steps import (
     Outcome,
     Result,
     activity_schedule,
+    child_commitments_adopt,
     commitments_compensate_after_children,
     complete_locked,
     enter_node,
@@ -512,6 +513,7 @@ def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None, idempot
     live_work_void(workflow, now=now, reason=f"intent v{old} superseded")
     children_cancel_live(workflow, why=f"superseded its goal (intent v{old} → v{old + 1})", by=username_of(user)
                          or "supersede", now=now, before_intent=old + 1)
+    child_commitments_adopt(workflow, now=now)
     commitments_compensate_after_children(workflow, workflow.commitments.filter(status=Commitment.Status.ACTIVE),
                                           now=now, before_intent=old + 1)
     event_record(workflow=workflow, kind="intent.superseded", at=now, old=old, new=old + 1, by=username_of(user))

@@ -797,9 +797,11 @@ def render_detail(detail: dict[str, Any]) -> Any:
         activities.add_row(a["operation_id"], a["name"], a["status"], str(a["attempts"]), a["error"][:60])
     parts.append(activities)
     if detail["commitments"]:
-        commitments = Table("commitment", "kind", "status", "operation", title="Commitments")
+        commitments = Table("commitment", "kind", "status", "operation", "handed over by", title="Commitments")
         for c in detail["commitments"]:
-            commitments.add_row(str(c["id"]), c["kind"], c["status"], c["operation_id"])
+            handed = c.get("handed_over_by")
+            commitments.add_row(str(c["id"]), c["kind"], c["status"], c["operation_id"],
+                                f"child {handed}" if handed else "")
         parts.append(commitments)
     events = Table("#", "at", "event", "details", title="Recent events")
     for e in detail["events"]:
