@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
+from django.db.migrations.executor import MigrationExecutor
 
 from tests.workflows.test_schedules import KIND, T0, WaitsForDone, add, finish, fire, outcomes
 from workflows.errors import Refused
@@ -83,6 +84,16 @@ def test_buffer_one_a_second_trigger_replaces_the_first(at, requester):
     assert outcomes(schedule) == [("04:00:00", "launched"), ("04:01:40", "replaced"), ("04:03:20", "launched")]
     assert ScheduleOccurrence.objects.get(pk=older.pk).workflow_id is None
     assert ScheduleOccurrence.objects.filter(schedule=schedule, outcome="buffered").count() == 0
+
+
+def test_the_database_keeps_one_buffered_occurrence_per_schedule(at):
+    schedule = add(overlap="buffer_one")
+    live_run(schedule, at)
+    at(3700)
+    buffered = schedules.schedule_trigger(name="nightly")
+    with pytest.raises(IntegrityError, match="schedule_one_buffered_occurrence"), transaction.atomic():
+        ScheduleOccurrence.objects.create(schedule=schedule, at=buffered.at + timedelta(seconds=1),
+                                          outcome="buffered", recorded_at=buffered.at)
 
 
 def test_buffer_one_a_trigger_replaces_beats_buffered_occurrence_and_beat_replaces_a_trigger(at, requester):
@@ -216,3 +227,31 @@ def test_two_sweeps_at_once_launch_a_buffered_occurrence_once(at, monkeypatch):
     assert sorted(counts) == [0, 1]
     assert ScheduleOccurrence.objects.get(pk=occurrence.pk).outcome == "launched"
     assert Workflow.objects.filter(kind=KIND).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_leaves_each_schedule_one_buffered_occurrence_pointed_at(at):
+    before, after = [("workflows", "0021_fewer_index_writes")], [("workflows", "0022_schedule_one_buffered_occurrence")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    try:
+        apps = executor.loader.project_state(before).apps
+        Old, OldOccurrence = apps.get_model("workflows", "Schedule"), apps.get_model("workflows", "ScheduleOccurrence")
+        made = {"kind": KIND, "goal": "g", "every_seconds": 3600, "anchor_at": T0, "created_at": T0,
+                "handled_until": T0, "next_due_at": T0}
+        lost = Old.objects.create(name="lost", buffered_at=T0 + timedelta(hours=1), **made)  # the replaced one
+        for minutes, outcome in ((60, "replaced"), (70, "buffered"), (80, "buffered")):
+            OldOccurrence.objects.create(schedule=lost, at=T0 + timedelta(minutes=minutes), outcome=outcome,
+                                         recorded_at=T0 + timedelta(minutes=minutes))
+        stale = Old.objects.create(name="stale", buffered_at=T0, **made)
+        OldOccurrence.objects.create(schedule=stale, at=T0, outcome="replaced", recorded_at=T0)
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(after)
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
+    repaired = Schedule.objects.get(name="lost")
+    assert repaired.buffered_at == T0 + timedelta(minutes=80)
+    assert outcomes(repaired) == [("04:00:00", "replaced"), ("04:10:00", "replaced"), ("04:20:00", "buffered")]
+    assert Schedule.objects.get(name="stale").buffered_at is None

@@ -96,7 +96,12 @@ class ScheduleOccurrence(models.Model):
     recorded_at = models.DateTimeField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["schedule", "at"], name="uniq_schedule_occurrence")]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "at"], name="uniq_schedule_occurrence"),
+            # buffer_one's one place: a newer buffered occurrence replaces the older in the same transaction.
+            models.UniqueConstraint(fields=["schedule"], condition=models.Q(outcome="buffered"),
+                                    name="schedule_one_buffered_occurrence"),
+        ]
         indexes = [models.Index(fields=["schedule", "-at"], name="schedule_occurrence_newest")]
 
     def __str__(self) -> str:
