@@ -8,8 +8,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
@@ -255,3 +257,25 @@ def test_the_migration_leaves_each_schedule_one_buffered_occurrence_pointed_at(a
     assert repaired.buffered_at == T0 + timedelta(minutes=80)
     assert outcomes(repaired) == [("04:00:00", "replaced"), ("04:10:00", "replaced"), ("04:20:00", "buffered")]
     assert Schedule.objects.get(name="stale").buffered_at is None
+
+
+def test_a_schedule_paused_while_an_occurrence_is_buffered_launches_it_after_resume(at, requester):
+    schedule = add(overlap="buffer_one")
+    first = live_run(schedule, at)
+    at(3700)
+    buffered = schedules.schedule_trigger(name="nightly", user=requester)
+    schedules.schedule_pause(name="nightly")
+    finish(first)
+    at(3730)
+    assert schedules.schedules_fire_due() == 0 and fire(schedule) == 0  # paused: nothing launches
+    schedules.schedule_resume(name="nightly")
+    assert schedules.schedules_fire_due() == 1
+    assert ScheduleOccurrence.objects.get(pk=buffered.pk).outcome == "launched"
+
+
+def test_the_command_says_why_a_trigger_is_refused_and_exits_3(at):
+    schedule = add(overlap="skip")
+    first = live_run(schedule, at)
+    with pytest.raises(CommandError, match=f"workflow {first} .*under overlap skip") as refused:
+        call_command("agent", "schedule", "trigger", "nightly", stdout=StringIO())
+    assert refused.value.returncode == 3
