@@ -279,3 +279,24 @@ def test_the_command_says_why_a_trigger_is_refused_and_exits_3(at):
     with pytest.raises(CommandError, match=f"workflow {first} .*under overlap skip") as refused:
         call_command("agent", "schedule", "trigger", "nightly", stdout=StringIO())
     assert refused.value.returncode == 3
+
+
+@pytest.mark.parametrize("overlap", ["skip", "buffer_one", "cancel_previous"])
+def test_the_live_run_is_the_one_launched_last_not_the_one_with_the_latest_time(at, overlap):
+    schedule = add(overlap=overlap, jitter="10m")
+    delay = schedules.jitter(schedule, T0 + timedelta(hours=1)).total_seconds()
+    assert delay > 60  # 04:00 launches after a trigger made later than 04:00
+    at(3630)
+    trigger = schedules.schedule_trigger(name="nightly")  # 04:00:30, launched: nothing was live
+    finish(trigger.workflow_id)
+    at(3600 + delay)
+    assert fire(schedule) == 1  # 04:00, jittered: launched after the trigger, so now the live run
+    beat = schedule.occurrences.get(at=T0 + timedelta(hours=1)).workflow_id
+    at(3600 + delay + 10)
+    if overlap == "skip":
+        with pytest.raises(schedules.ScheduleRefused, match=f"workflow {beat} "):
+            schedules.schedule_trigger(name="nightly")
+    else:
+        answer = schedules.schedule_trigger(name="nightly")
+        assert answer.outcome == {"buffer_one": "buffered", "cancel_previous": "launched"}[overlap]
+        assert Workflow.objects.get(pk=beat).is_terminal == (overlap == "cancel_previous")

@@ -4,6 +4,9 @@ Before this, a trigger behind a live run left its occurrence ``buffered`` withou
 schedule at it: a schedule may have several buffered rows, or point at one since replaced. The
 newest recorded buffered row keeps the place (as a newer occurrence always took it); the others
 become ``replaced``; a schedule pointing at no buffered row points at that one, or at none.
+
+The run a schedule launched last (its live run, for the overlap policies) is found by an index of
+its launched occurrences by workflow.
 """
 from django.db import migrations, models
 
@@ -37,5 +40,10 @@ class Migration(migrations.Migration):
             model_name="scheduleoccurrence",
             constraint=models.UniqueConstraint(condition=models.Q(("outcome", "buffered")), fields=("schedule",),
                                                name="schedule_one_buffered_occurrence"),
+        ),
+        migrations.AddIndex(
+            model_name="scheduleoccurrence",
+            index=models.Index(condition=models.Q(("outcome", "launched")), fields=["schedule", "-workflow"],
+                               name="schedule_occurrence_launched"),
         ),
     ]

@@ -102,7 +102,12 @@ class ScheduleOccurrence(models.Model):
             models.UniqueConstraint(fields=["schedule"], condition=models.Q(outcome="buffered"),
                                     name="schedule_one_buffered_occurrence"),
         ]
-        indexes = [models.Index(fields=["schedule", "-at"], name="schedule_occurrence_newest")]
+        indexes = [
+            models.Index(fields=["schedule", "-at"], name="schedule_occurrence_newest"),
+            # The run a schedule launched last (the overlap policies' live run).
+            models.Index(fields=["schedule", "-workflow"], condition=models.Q(outcome="launched"),
+                         name="schedule_occurrence_launched"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.schedule.name} at {self.at:%Y-%m-%d %H:%M:%S} ({self.outcome})"

@@ -299,9 +299,11 @@ def _record_missed(schedule: Schedule, now: datetime) -> None:
 
 
 def _live_run(schedule: Schedule) -> Workflow | None:
+    """The run the schedule launched last, while it is live. Last launched, not latest in time: a
+    trigger, a buffered or a jittered occurrence launches after occurrences of later times."""
     newest = (ScheduleOccurrence.objects.filter(schedule=schedule, outcome=ScheduleOccurrence.Outcome.LAUNCHED,
                                                 workflow__isnull=False)
-              .select_related("workflow").order_by("-at").first())
+              .select_related("workflow").order_by("-workflow_id").first())
     workflow = newest.workflow if newest is not None else None
     return workflow if workflow is not None and not workflow.is_terminal else None
 
