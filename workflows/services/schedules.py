@@ -277,6 +277,7 @@ def _buffered_launched(schedule: Schedule, *, now: datetime) -> int:
     occurrence.reason = f"buffered; launched at {now.isoformat()} once the previous run ended"
     return _launched(schedule, occurrence).outcome == ScheduleOccurrence.Outcome.LAUNCHED
 
+
 def _record_missed(schedule: Schedule, now: datetime) -> None:
     """Occurrences due (jitter included) before the catch-up window (beat was not running) are
     not launched: one MISSED row, at the newest of them, counts them."""
