@@ -45,6 +45,11 @@ class TransitionRefused(Refused):
     """The workflow is not in a state that allows the requested operation."""
 
 
+class ScheduleRefused(Refused):
+    """A schedule's trigger the overlap policy refuses: a run it launched is live (overlap skip), or
+    the occurrence would wait behind it on a paused schedule. Nothing is written."""
+
+
 class Retryable(AgentOpsError):
     """A transient failure (timeout, connection error, 429, 5xx): the activity may try again."""
 

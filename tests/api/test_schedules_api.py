@@ -60,3 +60,21 @@ def test_a_token_without_the_permission_is_refused(http, requester_token):
                        token=requester_token)
     assert answer.status == 403 and "workflows.add_schedule" in answer.body["error"]
     assert http.get("/schedules", token=requester_token).status == 403
+
+
+@pytest.mark.parametrize("overlap, status, outcome", [("skip", 409, None), ("buffer_one", 200, "buffered")])
+def test_a_trigger_behind_a_live_run_is_refused_or_buffered(http, scheduler_token, git_repo, overlap, status,
+                                                            outcome):
+    body = {"name": "nightly", "kind": "release", "goal": "Check tonight's release", "cron": "0 3 * * *",
+            "params": {k: str(v) for k, v in release_params(git_repo).items()}, "overlap": overlap}
+    assert http.post("/schedules", body, token=scheduler_token).status == 201
+    live = http.post("/schedules/nightly/trigger", token=scheduler_token).body["workflow_id"]
+    answer = http.post("/schedules/nightly/trigger", token=scheduler_token)
+    assert answer.status == status, answer.body
+    if outcome is None:
+        assert set(answer.body) == {"error"} and f"workflow {live}" in answer.body["error"]
+        assert Schedule.objects.get().occurrences.count() == 1  # nothing written
+    else:
+        assert answer.body["outcome"] == outcome and answer.body["workflow_id"] is None
+        listed = http.get("/schedules", token=scheduler_token).body["items"][0]
+        assert listed["buffered_at"] == answer.body["at"]

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django_celery_beat.models import PeriodicTask
 
 from workflows import clock, engine, services
-from workflows.errors import InvalidInput
+from workflows.errors import InvalidInput, ScheduleRefused
 from workflows.models import Event, Schedule, Workflow
 from workflows.services import schedules
 from workflows.testing import registered
@@ -186,7 +186,8 @@ def test_trigger_launches_now_and_remove_leaves_the_runs_alone(at, requester):
     assert occurrence.outcome == "launched" and occurrence.triggered_by == requester
     assert Workflow.objects.get(pk=occurrence.workflow_id).launched_by == requester
     at(60)
-    assert schedules.schedule_trigger(name="nightly").outcome == "skipped"  # the first is live
+    with pytest.raises(ScheduleRefused, match="under overlap skip"):  # the first is live
+        schedules.schedule_trigger(name="nightly")
     schedules.schedule_remove(name="nightly")
     assert not PeriodicTask.objects.filter(pk=schedule.periodic_task_id).exists()
     assert Workflow.objects.get(pk=occurrence.workflow_id).status == Workflow.Status.WAITING

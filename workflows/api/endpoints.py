@@ -371,8 +371,9 @@ def schedule_resume(request: HttpRequest, name: str = SCHEDULE_NAME) -> Json:
 @api.post("/schedules/{name}/trigger", response={200: OccurrenceOut, **ERRORS}, summary="Trigger a schedule now",
           tags=["schedules"])
 def schedule_trigger(request: HttpRequest, name: str = SCHEDULE_NAME) -> Json:
-    """`agent schedule trigger`: an occurrence now, under the overlap policy, launched as the token's user.
-    Needs `workflows.change_schedule`."""
+    """`agent schedule trigger`: an occurrence now, under the overlap policy, launched as the token's user;
+    behind a live run `buffered` (buffer_one: launched once it ends) or 409 (skip, or a paused schedule it
+    would wait on; nothing written). Needs `workflows.change_schedule`."""
     require(caller(request), "workflows.change_schedule", to="trigger schedules")
     return selectors.occurrence_summary(schedules.schedule_trigger(name=name, user=caller(request)))
 

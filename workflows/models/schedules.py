@@ -96,8 +96,18 @@ class ScheduleOccurrence(models.Model):
     recorded_at = models.DateTimeField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["schedule", "at"], name="uniq_schedule_occurrence")]
-        indexes = [models.Index(fields=["schedule", "-at"], name="schedule_occurrence_newest")]
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "at"], name="uniq_schedule_occurrence"),
+            # buffer_one's one place: a newer buffered occurrence replaces the older in the same transaction.
+            models.UniqueConstraint(fields=["schedule"], condition=models.Q(outcome="buffered"),
+                                    name="schedule_one_buffered_occurrence"),
+        ]
+        indexes = [
+            models.Index(fields=["schedule", "-at"], name="schedule_occurrence_newest"),
+            # The run a schedule launched last (the overlap policies' live run).
+            models.Index(fields=["schedule", "-workflow"], condition=models.Q(outcome="launched"),
+                         name="schedule_occurrence_launched"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.schedule.name} at {self.at:%Y-%m-%d %H:%M:%S} ({self.outcome})"

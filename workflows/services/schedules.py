@@ -24,7 +24,7 @@ from django.db.models import Q
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from workflows import clock, registry
-from workflows.errors import InvalidInput, NotFound, Refused
+from workflows.errors import InvalidInput, NotFound, Refused, ScheduleRefused
 from workflows.models import Schedule, ScheduleOccurrence, Workflow
 from workflows.services.cancellation import workflow_cancel
 from workflows.services.common import json_checked, text_checked
@@ -214,9 +214,27 @@ def _beat_changed() -> None:
 
 
 def schedule_trigger(*, name: str, user: Any = None) -> ScheduleOccurrence:
-    """An occurrence now, asked by a person (a paused schedule too), under the overlap policy."""
+    """An occurrence now, asked by a person (a paused schedule too), under the overlap policy.
+
+    While the run the schedule launched last is live: ``skip`` raises ScheduleRefused (nothing
+    written); ``buffer_one`` buffers it (a buffered occurrence before it is replaced) and the sweep
+    launches this same row, as ``user``, once that run ends; ``cancel_previous`` cancels the run,
+    then launches; ``allow_all`` launches. On a paused schedule a trigger that would be buffered
+    raises ScheduleRefused: a paused schedule's sweep launches nothing.
+    """
     with transaction.atomic():
         schedule = schedule_named(name, lock=True)
+        live = _live_run(schedule) if schedule.overlap != Schedule.Overlap.ALLOW_ALL else None
+        if live is not None and schedule.overlap == Schedule.Overlap.SKIP:
+            raise ScheduleRefused(
+                f"Schedule {name}: workflow {live.pk} it launched is {live.status}, and under overlap skip a "
+                f"trigger launches nothing beside it; trigger again once it ends, or cancel it first "
+                f"(manage.py agent cancel {live.pk}).", workflow_id=live.pk)
+        if live is not None and schedule.overlap == Schedule.Overlap.BUFFER_ONE and schedule.paused:
+            raise ScheduleRefused(
+                f"Schedule {name} is paused and workflow {live.pk} it launched is {live.status}: a trigger would "
+                f"wait behind it, and a paused schedule launches nothing; resume the schedule first, or trigger "
+                "once the run ends.", workflow_id=live.pk)
         now = clock.now()
         return _handle(schedule, now, now=now, triggered_by=user)
 
@@ -230,10 +248,7 @@ def schedule_fire(*, schedule_id: int) -> int:
         schedule = Schedule.objects.select_for_update().filter(pk=schedule_id).first()
         if schedule is None or schedule.paused:
             return 0
-        if schedule.buffered_at is not None and _live_run(schedule) is None:
-            buffered, schedule.buffered_at = schedule.buffered_at, None
-            ScheduleOccurrence.objects.filter(schedule=schedule, at=buffered).delete()  # its BUFFERED row
-            launched += _handle(schedule, buffered, now=now).outcome == ScheduleOccurrence.Outcome.LAUNCHED
+        launched += _buffered_launched(schedule, now=now)
         _record_missed(schedule, now)
         for _ in range(MAX_OCCURRENCES_PER_FIRE):
             at = next(occurrences(schedule, after=schedule.handled_until))
@@ -244,6 +259,23 @@ def schedule_fire(*, schedule_id: int) -> int:
         schedule.next_due_at = _next_due(schedule)
         schedule.save(update_fields=["handled_until", "next_due_at", "buffered_at"])
     return launched
+
+
+def _buffered_launched(schedule: Schedule, *, now: datetime) -> int:
+    """Launch the buffered occurrence, in its own row, once the run it waited for ended (under the
+    schedule's row lock, in the fire's transaction: a second fire finds it launched)."""
+    if schedule.buffered_at is None or _live_run(schedule) is not None:
+        return 0
+    occurrence = (ScheduleOccurrence.objects.select_for_update(of=("self",))
+                  .filter(schedule=schedule, at=schedule.buffered_at, outcome=ScheduleOccurrence.Outcome.BUFFERED)
+                  .select_related("triggered_by").first())
+    schedule.buffered_at = None
+    schedule.save(update_fields=["buffered_at"])
+    if occurrence is None:
+        logger.warning("schedule.buffered_missing", extra={"schedule": schedule.name})
+        return 0
+    occurrence.reason = f"buffered; launched at {now.isoformat()} once the previous run ended"
+    return _launched(schedule, occurrence).outcome == ScheduleOccurrence.Outcome.LAUNCHED
 
 
 def _record_missed(schedule: Schedule, now: datetime) -> None:
@@ -268,9 +300,11 @@ def _record_missed(schedule: Schedule, now: datetime) -> None:
 
 
 def _live_run(schedule: Schedule) -> Workflow | None:
+    """The run the schedule launched last, while it is live. Last launched, not latest in time: a
+    trigger, a buffered or a jittered occurrence launches after occurrences of later times."""
     newest = (ScheduleOccurrence.objects.filter(schedule=schedule, outcome=ScheduleOccurrence.Outcome.LAUNCHED,
                                                 workflow__isnull=False)
-              .select_related("workflow").order_by("-at").first())
+              .select_related("workflow").order_by("-workflow_id").first())
     workflow = newest.workflow if newest is not None else None
     return workflow if workflow is not None and not workflow.is_terminal else None
 
@@ -288,26 +322,39 @@ def _handle(schedule: Schedule, at: datetime, *, now: datetime, triggered_by: An
     if live is not None and schedule.overlap == Schedule.Overlap.SKIP:
         return _ended(occurrence, ScheduleOccurrence.Outcome.SKIPPED, f"workflow {live.pk} was {live.status}")
     if live is not None and schedule.overlap == Schedule.Overlap.BUFFER_ONE:
-        if schedule.buffered_at is not None:
-            ScheduleOccurrence.objects.filter(schedule=schedule, at=schedule.buffered_at).update(
-                outcome=ScheduleOccurrence.Outcome.REPLACED,
-                reason=f"the occurrence at {at.isoformat()} took its place")
-        schedule.buffered_at = at
-        return _ended(occurrence, ScheduleOccurrence.Outcome.BUFFERED, f"waits for workflow {live.pk} to end")
+        return _buffered(schedule, occurrence, live)
     if live is not None and schedule.overlap == Schedule.Overlap.CANCEL_PREVIOUS:
         workflow_cancel(workflow_id=live.pk, reason=f"schedule {schedule.name}: the occurrence at "
                                                     f"{at.isoformat()} replaces it", user=triggered_by,
                         by=f"schedule {schedule.name}")
+    return _launched(schedule, occurrence)
+
+
+def _buffered(schedule: Schedule, occurrence: ScheduleOccurrence, live: Workflow) -> ScheduleOccurrence:
+    """The one buffered place: the occurrence waiting there before is replaced, and the schedule
+    points at this one (saved here, whoever called)."""
+    ScheduleOccurrence.objects.filter(schedule=schedule, outcome=ScheduleOccurrence.Outcome.BUFFERED).exclude(
+        pk=occurrence.pk).update(outcome=ScheduleOccurrence.Outcome.REPLACED,
+                                 reason=f"the occurrence at {occurrence.at.isoformat()} took its place")
+    _ended(occurrence, ScheduleOccurrence.Outcome.BUFFERED, f"waits for workflow {live.pk} to end")
+    schedule.buffered_at = occurrence.at
+    schedule.save(update_fields=["buffered_at"])
+    return occurrence
+
+
+def _launched(schedule: Schedule, occurrence: ScheduleOccurrence) -> ScheduleOccurrence:
+    """Launch the occurrence's workflow, as who triggered it or else who added the schedule; a
+    launch the kind refuses leaves the occurrence failed."""
     try:
         with transaction.atomic():
             workflow = workflow_launch(kind=schedule.kind, goal=schedule.goal, params=schedule.params,
-                                       labels=schedule.labels, user=triggered_by or schedule.created_by)
+                                       labels=schedule.labels, user=occurrence.triggered_by or schedule.created_by)
     except (InvalidInput, Refused) as exc:
         logger.warning("schedule.launch_refused", extra={"schedule": schedule.name, "reason": str(exc)})
         return _ended(occurrence, ScheduleOccurrence.Outcome.FAILED, str(exc))
-    occurrence.workflow = workflow
-    occurrence.save(update_fields=["workflow"])
-    logger.info("schedule.launched", extra={"schedule": schedule.name, "at": at.isoformat(),
+    occurrence.outcome, occurrence.workflow = ScheduleOccurrence.Outcome.LAUNCHED, workflow
+    occurrence.save(update_fields=["outcome", "workflow", "reason"])
+    logger.info("schedule.launched", extra={"schedule": schedule.name, "at": occurrence.at.isoformat(),
                                             "workflow_id": workflow.pk})
     return occurrence
 
