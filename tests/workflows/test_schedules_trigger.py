@@ -233,7 +233,8 @@ def test_two_sweeps_at_once_launch_a_buffered_occurrence_once(at, monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_migration_leaves_each_schedule_one_buffered_occurrence_pointed_at(at):
-    before, after = [("workflows", "0021_fewer_index_writes")], [("workflows", "0022_schedule_one_buffered_occurrence")]
+    before = [("workflows", "0022_tree_owns_commitments")]
+    after = [("workflows", "0023_schedule_one_buffered_occurrence")]
     executor = MigrationExecutor(connection)
     executor.migrate(before)
     try:

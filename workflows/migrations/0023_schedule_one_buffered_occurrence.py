@@ -31,7 +31,7 @@ def buffered_repaired(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("workflows", "0021_fewer_index_writes"),
+        ("workflows", "0022_tree_owns_commitments"),
     ]
 
     operations = [
