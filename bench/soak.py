@@ -1024,7 +1024,7 @@ class Soak:
 
 
 def _workflow_of(key: str) -> int:
-    """``<installation id>/wf-12/COMMIT_OPERATION.7/i1/0`` (or the bare operation id an activity
+    """``<installation id>/wf-12/COMMIT_OPERATION.7/i1/0~<nonce>`` (or the bare operation id an activity
     scheduled before installation ids sends) → 12; -1 for a key of another shape."""
     parts = key.split("/", 2)
     head = parts[1] if len(parts) > 1 and not parts[0].startswith("wf-") else parts[0]

@@ -46,7 +46,7 @@ class ActivityContext:
 
     @property
     def idempotency_key(self) -> str:
-        """The idempotency key to send to external systems: ``<installation id>/<operation id>``,
+        """The idempotency key to send to external systems: ``<installation id>/<operation id>~<nonce>``,
         stable across attempts and workers and unique across installations (two databases
         calling one system never share a key). Fixed when the activity was scheduled: an
         activity scheduled before installations had ids sends its operation id, as it did."""

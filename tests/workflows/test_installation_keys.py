@@ -9,6 +9,9 @@ activity scheduled before installations had ids keeps sending the key it may alr
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 from collections.abc import Iterator
 from io import StringIO
 from typing import Any
@@ -85,7 +88,8 @@ def test_two_installations_send_different_keys_and_each_gets_its_own_reply():
 
     assert Activity.objects.get(workflow=second).operation_id == first_op  # the same string in both databases
     assert services.installation_id() != first_installation
-    assert SENT == [f"{first_installation}/{first_op}", f"{services.installation_id()}/{first_op}"]
+    assert [key.rsplit("~", 1)[0] for key in SENT] == [f"{first_installation}/{first_op}",
+                                                       f"{services.installation_id()}/{first_op}"]
     assert first.result == {"reply_to": "Reply to ticket 7 (staging)", "n": 1}
     assert second.result == {"reply_to": "Reply to ticket 7 (production)", "n": 2}
 
@@ -98,7 +102,7 @@ def test_the_key_is_fixed_at_scheduling_and_shown_by_agent_show():
     workflow = services.workflow_launch(kind=KIND, goal="Reply")
     scheduled = Activity.objects.get(workflow=workflow)
     installation = Installation.objects.get()
-    assert scheduled.idempotency_key == f"{installation.installation_id}/{scheduled.operation_id}"
+    assert scheduled.idempotency_key.rsplit("~", 1)[0] == f"{installation.installation_id}/{scheduled.operation_id}"
     drive(workflow.pk)
 
     out = StringIO()
@@ -118,7 +122,9 @@ def test_a_long_operation_id_still_gives_a_key_within_the_protocols_limit():
     long_a, long_b = "wf-1/" + "N" * 190 + "/a", "wf-1/" + "N" * 190 + "/b"
     keys = {idempotency_key_for(long_a), idempotency_key_for(long_b)}
     assert len(keys) == 2 and all(len(k) <= MAX_SENT_KEY_LENGTH for k in keys)
-    assert idempotency_key_for("wf-1/SEND.1/i1/0") == f"{services.installation_id()}/wf-1/SEND.1/i1/0"
+    key = idempotency_key_for("wf-1/SEND.1/i1/0")
+    assert re.fullmatch(rf"{services.installation_id()}/wf-1/SEND\.1/i1/0~[0-9a-f]{{12}}", key), key
+    assert idempotency_key_for("wf-1/SEND.1/i1/0") != key  # each scheduling makes its own
 
 
 @pytest.mark.django_db(transaction=True)
@@ -160,4 +166,36 @@ def test_an_activity_scheduled_before_the_migration_keeps_the_key_it_sent():
     drive(in_flight)
     after = drive(services.workflow_launch(kind=KIND, goal="Sent after the upgrade").pk)
     new_op = Activity.objects.get(workflow=after).operation_id
-    assert SENT == [old_op, f"{made.installation_id}/{new_op}"]
+    assert SENT[0] == old_op and SENT[1].rsplit("~", 1)[0] == f"{made.installation_id}/{new_op}"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("rung")
+def test_after_a_restore_from_before_the_effect_a_new_workflow_sends_a_new_key(tmp_path):
+    """A real pg_dump before the effect, pg_restore after it: the next workflow takes the same id and
+    operation id in the same installation, and still sends a key nothing was sent under (its
+    reply is its own, not the lost workflow's)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("pg_dump and pg_restore need PostgreSQL")
+    db = connection.settings_dict
+    where = ["-h", db["HOST"] or "127.0.0.1", "-p", str(db["PORT"] or 5432), "-U", db["USER"] or "postgres"]
+    env = {**os.environ, "PGPASSWORD": db["PASSWORD"] or ""}
+    installation = services.installation_id()
+    backup = tmp_path / "before.dump"
+    subprocess.run(["pg_dump", *where, "-Fc", "-f", str(backup), db["NAME"]], check=True, env=env, timeout=120)
+
+    lost = drive(services.workflow_launch(kind=KIND, goal="Reply to ticket 7").pk)
+    lost_op = Activity.objects.get(workflow=lost).operation_id
+
+    connection.close()
+    subprocess.run(["pg_restore", *where, "--clean", "--if-exists", "--single-transaction", "-d", db["NAME"],
+                    str(backup)], check=True, env=env, timeout=300)
+    installation_forget()
+    assert not Workflow.objects.filter(pk=lost.pk).exists()  # the database went back to before it
+
+    again = drive(services.workflow_launch(kind=KIND, goal="Reply to ticket 8").pk)
+
+    assert (again.pk, Activity.objects.get(workflow=again).operation_id) == (lost.pk, lost_op)
+    assert services.installation_id() == installation
+    assert len(SENT) == 2 and SENT[0] != SENT[1]
+    assert again.result == {"reply_to": "Reply to ticket 8", "n": 2}

@@ -41,9 +41,9 @@ class Activity(FSMModelMixin, models.Model):
     )
     idempotency_key = models.CharField(
         max_length=240, blank=True,
-        help_text="The key sent to external systems: the installation id, then the operation id, fixed when the "
-                  "activity is scheduled. Empty for activities scheduled before installations had ids: they send "
-                  "their operation id, as they always did.",
+        help_text="The key sent to external systems: the installation id, the operation id and a random nonce, "
+                  "fixed when the activity is scheduled. Empty for activities scheduled before installations had "
+                  "ids: they send their operation id, as they always did.",
     )
     name = models.CharField(max_length=80, help_text="Registered activity type.")
     node = models.CharField(max_length=60, help_text="Node that scheduled it.")

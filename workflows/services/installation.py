@@ -2,12 +2,17 @@
 
 An operation id (``wf-1/SEND.4/i1/0``) is unique within one database only: a second
 environment, a restored backup or a test run counts its workflows from 1 again. What goes out
-is ``<installation id>/<operation id>``: the installation id is random, made once per database
-(migration 0011, or the first process that needs it) and shown by ``agent show``.
+is ``<installation id>/<operation id>~<nonce>``: the installation id is random, made once per
+database (migration 0011, or the first process that needs it) and shown by ``agent show``; the
+nonce is random, made when the activity is scheduled and stored with it (``Activity.idempotency_key``),
+so every attempt sends the same key, and an activity scheduled again after the database was
+restored from a backup taken before it (the same workflow id, the same operation id, the same
+installation id) sends a key nothing was sent under before.
 """
 from __future__ import annotations
 
 import hashlib
+import secrets
 import uuid
 from typing import Any
 
@@ -57,14 +62,16 @@ def installation_forget(**_: Any) -> None:
 
 
 def idempotency_key_for(operation_id: str) -> str:
-    """The key an activity with ``operation_id`` sends out: ``<installation id>/<operation id>``.
+    """A new key for an activity with ``operation_id``, made when it is scheduled:
+    ``<installation id>/<operation id>~<nonce>`` (48 random bits).
 
-    Pure given the installation id; at most MAX_SENT_KEY_LENGTH characters (a longer operation
-    id keeps its head and ends with its SHA-256, so the key stays unique).
+    At most MAX_SENT_KEY_LENGTH characters (a longer operation id keeps its head and ends with its
+    SHA-256, so the key stays unique).
     """
-    key = f"{installation_id()}/{operation_id}"
+    suffix = f"~{secrets.token_hex(6)}"
+    key = f"{installation_id()}/{operation_id}{suffix}"
     if len(key) <= MAX_SENT_KEY_LENGTH:
         return key
     digest = hashlib.sha256(operation_id.encode()).hexdigest()
-    head = MAX_SENT_KEY_LENGTH - len(installation_id()) - 1 - len(digest) - 1
-    return f"{installation_id()}/{operation_id[:head]}#{digest}"
+    head = MAX_SENT_KEY_LENGTH - len(installation_id()) - 1 - len(digest) - 1 - len(suffix)
+    return f"{installation_id()}/{operation_id[:head]}#{digest}{suffix}"
