@@ -14,8 +14,8 @@ from django.db import transaction
 import tests.child_kinds  # noqa: F401 (registers the kinds)
 from tests.conftest import drive
 from workflows import clock, selectors, services
-from workflows.errors import InvalidInput
-from workflows.models import Activity, Commitment, Event, Workflow
+from workflows.errors import BudgetDeferred, InvalidInput
+from workflows.models import Activity, Commitment, Event, UsageEntry, Workflow
 from workflows.services.children import children_collect_if_finished
 from workflows.services.common import workflow_lock
 from workflows.services.steps import fail_locked
@@ -175,3 +175,28 @@ def test_a_childs_budget_never_grows_past_what_its_ancestors_have_left(deploy_ta
     assert selectors.spent_usd(Workflow.objects.get(pk=parent.pk)) == Decimal("1.00")
     services.workflow_budget_set(workflow_id=kid.pk, user=None, total_usd=Decimal("0.10"))
     assert Workflow.objects.get(pk=kid.pk).budget_total_usd == Decimal("0.10")
+
+
+def reserve(workflow_id: int, key: str, usd: str) -> bool:
+    return services.budget_reserve_ensure(workflow_id=workflow_id, key=key, operation_id=key.split("#")[0],
+                                          provider="scripted", model="scripted/m", estimate_usd=Decimal(usd))
+
+
+def test_children_spend_within_their_parents_hourly_limit_together(deploy_target):
+    """Each child gets its parent's hourly limit, and the tree's last hour counts against the
+    parent's: two children at 0.40 each under a 1.00/h parent leave room for one more 0.20, not 0.80."""
+    parent = services.workflow_launch(kind="test-fanout", goal="Deploy", budget_hourly_usd=Decimal("1.00"),
+                                      params={"ns": [1, 2], "child_kind": "test-deployer"})
+    drive_tree(parent.pk, rounds=2)
+    first, second = children_of(parent.pk)
+    assert first.budget_hourly_usd == second.budget_hourly_usd == Decimal("1.00")
+    reserve(first.pk, "a#0", "0.40")
+    reserve(second.pk, "b#0", "0.40")
+
+    with pytest.raises(BudgetDeferred, match=rf"The tree of workflow {parent.pk} spent 0.8000 USD in the last "
+                                             r"hour \(its hourly limit 1.0000"):
+        reserve(first.pk, "c#0", "0.30")
+    with pytest.raises(BudgetDeferred, match=rf"Workflow {parent.pk} spent 0.8000 USD in the last hour"):
+        reserve(parent.pk, "p#0", "0.30")
+    assert reserve(second.pk, "d#0", "0.20") is True
+    assert not UsageEntry.objects.filter(key__in=["c#0", "p#0"]).exists()

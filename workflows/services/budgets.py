@@ -50,6 +50,10 @@ HOUR = timedelta(hours=1)
 PRIORITY_PASSES_HOURLY = 9
 
 
+# The first key of the advisory locks of ``_tree_lock`` (the second is the workflow's id).
+TREE_LOCK_SPACE = 0x616F7472  # "aotr"
+
+
 def usage_key(*, operation_id: str, call: int, attempt: int, request: int) -> str:
     """The ledger key of one request: ``<operation_id>#<call>@<attempt>.<request>``."""
     return f"{operation_id}#{call}@{attempt}.{request}"
@@ -128,6 +132,8 @@ def _reserve_locked(row: dict[str, Any], fence: Fence | None) -> bool:
     _check_total(limits, row["reserved_usd"])
     if limits.priority < PRIORITY_PASSES_HOURLY:
         _check_hourly(limits, row["reserved_usd"], now=row["created_at"])
+        if limits.parent_id is not None:
+            _check_ancestors_hourly(limits, row["reserved_usd"], now=row["created_at"])
     rows_insert(UsageEntry, [row])
     return True
 
@@ -141,6 +147,8 @@ class _Limits:
     hourly_usd: Decimal | None
     priority: int
     reserved: bool
+    parent_id: int | None = None
+    has_children: bool = False
 
 
 def _budget_lock(workflow_id: int, key: str) -> _Limits:
@@ -150,18 +158,21 @@ def _budget_lock(workflow_id: int, key: str) -> _Limits:
         row = cursor.fetchone()
     if row is None:
         raise workflow_not_found(workflow_id)
-    total, hourly, priority, reserved = row
+    total, hourly, priority, reserved, parent_id, has_children = row
     return _Limits(workflow_id=workflow_id, total_usd=_decimal(total), hourly_usd=_decimal(hourly),
-                   priority=int(priority), reserved=bool(reserved))
+                   priority=int(priority), reserved=bool(reserved), parent_id=parent_id,
+                   has_children=bool(has_children))
 
 
 @functools.cache
 def _budget_lock_sql() -> str:
-    total, hourly, priority, id_ = (quoted_column(concrete_field(Workflow, name))
-                                    for name in ("budget_total_usd", "budget_hourly_usd", "priority", "id"))
+    total, hourly, priority, id_, parent = (quoted_column(concrete_field(Workflow, name)) for name in (
+        "budget_total_usd", "budget_hourly_usd", "priority", "id", "parent"))
+    table = quoted_table(Workflow)
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
     return (f"SELECT {total}, {hourly}, {priority}, EXISTS (SELECT 1 FROM {quoted_table(UsageEntry)} WHERE "
-            f"{quoted_column(concrete_field(UsageEntry, 'key'))} = %s) FROM {quoted_table(Workflow)} "
+            f"{quoted_column(concrete_field(UsageEntry, 'key'))} = %s), {parent}, "
+            f"EXISTS (SELECT 1 FROM {table} AS child WHERE child.{parent} = {table}.{id_}) FROM {table} "
             f"WHERE {id_} = %s{lock}")
 
 
@@ -185,30 +196,74 @@ def _check_total(limits: _Limits, estimate: Decimal) -> None:
 
 
 def _check_hourly(limits: _Limits, estimate: Decimal, *, now: datetime) -> None:
-    limit = limits.hourly_usd
-    if limit is None:
+    """The workflow's hourly limit over its tree's last hour: its own calls and its children's
+    (a child's spend counts against its parent's limit)."""
+    if limits.hourly_usd is None:
         return
-    window = list(UsageEntry.objects.filter(workflow_id=limits.workflow_id, created_at__gt=now - HOUR)
+    if limits.has_children:
+        _tree_lock(limits.workflow_id)
+    ids = _tree(limits.workflow_id) if limits.has_children else [limits.workflow_id]
+    _check_window(limits.workflow_id, limits.hourly_usd, ids, estimate, now=now, owner=limits.workflow_id)
+
+
+def _check_ancestors_hourly(limits: _Limits, estimate: Decimal, *, now: datetime) -> None:
+    """Each ancestor's hourly limit over the ancestor's whole tree: children, however many, never
+    spend more in an hour than their parent's limit allows."""
+    ancestor_id = limits.parent_id
+    while ancestor_id is not None:
+        parent_id, hourly = Workflow.objects.filter(pk=ancestor_id).values_list("parent_id", "budget_hourly_usd")[0]
+        if hourly is not None:
+            _tree_lock(ancestor_id)
+            _check_window(limits.workflow_id, hourly, _tree(ancestor_id), estimate, now=now, owner=ancestor_id)
+        ancestor_id = parent_id
+
+
+def _tree_lock(workflow_id: int) -> None:
+    """Serialize the reservations counted against one workflow's tree (its own, its descendants'):
+    a lock of its own, taken after the reserving workflow's row lock, nearest ancestor first, so it
+    never waits on a writer that locks parent then child (PostgreSQL; SQLite has one writer)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [TREE_LOCK_SPACE, workflow_id])
+
+
+def _tree(workflow_id: int) -> list[int]:
+    """The workflow and its descendants, level by level."""
+    ids, level = [workflow_id], [workflow_id]
+    while level:
+        level = list(Workflow.objects.filter(parent_id__in=level).values_list("pk", flat=True))
+        ids += level
+    return ids
+
+
+def _check_window(workflow_id: int, limit: Decimal, ids: list[int], estimate: Decimal, *, now: datetime,
+                  owner: int) -> None:
+    """``owner``'s hourly ``limit`` over the last hour of the workflows ``ids`` (``workflow_id`` asks)."""
+    whose = "its" if owner == workflow_id else f"its ancestor workflow {owner}'s (over that workflow's tree)"
+    window = list(UsageEntry.objects.filter(workflow_id__in=ids, created_at__gt=now - HOUR)
                   .order_by("created_at", "pk"))
     spend = total = sum((e.amount_usd for e in window), Decimal(0))
     if spend + estimate <= limit:
         return
     if estimate > limit:
         raise BudgetExhausted(
-            f"{BUDGET_PAUSE_PREFIX}: one call of workflow {limits.workflow_id} may cost {estimate:.4f} USD, more "
-            f"than its hourly budget of {limit:.4f}; raise it (`manage.py agent budget {limits.workflow_id} "
-            f"--hourly USD`, or POST /api/workflows/{limits.workflow_id}/budget).",
-            workflow_id=limits.workflow_id,
+            f"{BUDGET_PAUSE_PREFIX}: one call of workflow {workflow_id} may cost {estimate:.4f} USD, more "
+            f"than {whose} hourly budget of {limit:.4f}; raise it (`manage.py agent budget {owner} "
+            f"--hourly USD`, or POST /api/workflows/{owner}/budget).",
+            workflow_id=workflow_id,
         )
     for entry in window:
         spend -= entry.amount_usd
         if spend + estimate <= limit:
             retry_at = entry.created_at + HOUR
             break
+    spent = (f"Workflow {workflow_id} spent {total:.4f} USD in the last hour (limit {limit:.4f})"
+             if owner == workflow_id else
+             f"The tree of workflow {owner} spent {total:.4f} USD in the last hour (its hourly limit {limit:.4f}, "
+             f"which workflow {workflow_id} counts against)")
     raise BudgetDeferred(
-        f"Workflow {limits.workflow_id} spent {total:.4f} USD in the last hour "
-        f"(limit {limit:.4f}); the next call waits until {retry_at:%H:%M:%S} UTC.",
-        workflow_id=limits.workflow_id, retry_after_seconds=max((retry_at - now).total_seconds(), 1.0),
+        f"{spent}; the next call waits until {retry_at:%H:%M:%S} UTC.",
+        workflow_id=workflow_id, retry_after_seconds=max((retry_at - now).total_seconds(), 1.0),
     )
 
 
