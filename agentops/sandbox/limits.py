@@ -128,7 +128,10 @@ def cgroup_kind() -> tuple[str, str]:
         return "v2", setting
     try:
         for hierarchy in ("pids", "memory"):
-            (V1_ROOT / hierarchy / PARENT).mkdir(exist_ok=True)
+            parent = V1_ROOT / hierarchy / PARENT
+            parent.mkdir(exist_ok=True)
+            if not os.access(parent, os.W_OK | os.X_OK):  # made by another user (a root process before)
+                raise PermissionError(13, "Permission denied", str(parent))
     except OSError as exc:
         logger.warning("sandbox.cgroup_unavailable", extra={"detail": str(exc)})
         return "none", f"no writable cgroup v1 pids and memory hierarchies ({exc.strerror})"
@@ -172,14 +175,35 @@ def _write(path: Path, *, memory: str, swap: str, pids: str, limits: Limits) -> 
 
 
 def wrap(argv: Sequence[str], limits: Limits, group: Group | None) -> list[str]:
-    """``argv`` under ``prlimit`` and, with ``group``, joined to the control group before it runs."""
+    """``argv`` under ``prlimit`` and, with ``group``, joined to the control group before it runs.
+
+    Without a group: memory is an address-space limit per process, and for a worker that is not
+    root (the image's) processes are bounded by ``RLIMIT_NPROC``, which the kernel counts per user:
+    the user's tasks now plus AGENTOPS_SANDBOX_MAX_PROCESSES, so a fork bomb stops there. A root
+    worker is exempt from it; it has a cgroup v1 hierarchy to write instead (``cgroup_kind``)."""
     rlimits = ["prlimit", "--core=0", f"--fsize={limits.file_bytes}"]
     if group is None:
         rlimits.append(f"--as={limits.memory_bytes}")  # per process: the best there is without a group
+        if os.geteuid() != 0:
+            rlimits.append(f"--nproc={user_tasks(os.getuid()) + limits.processes}")
     command = [*rlimits, "--", *argv]
     if group is None:
         return command
     return ["/bin/sh", "-c", _JOIN, "sh", *(str(path / "cgroup.procs") for path in group.dirs), "--", *command]
+
+
+def user_tasks(uid: int) -> int:
+    """How many tasks (processes and their threads) the user ``uid`` runs: what RLIMIT_NPROC counts."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid == uid:
+                count += len(os.listdir(f"/proc/{entry.name}/task"))
+        except OSError:
+            continue  # gone
+    return count
 
 
 # --- a workspace's disk use ----------------------------------------------------------------
