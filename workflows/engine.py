@@ -163,7 +163,7 @@ class Step:
 
     operation_id: str
     node: str
-    kind: str  # "activity", or the wait's kind: "approval", "event", "timer"
+    kind: str  # "activity", or the wait's kind: "approval", "event", "timer", "child", "first"
     name: str  # the activity's name, or the event's name
     status: str
     result: Any = None
