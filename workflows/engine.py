@@ -3,7 +3,7 @@
 A node handler is a deterministic function of the workflow's durable state, marked with
 ``@node("NAME")`` on a ``WorkflowDefinition``. It asks for steps through its ``NodeContext``
 (``ctx.activity(ref, input)``, ``ctx.approval``, ``ctx.sleep``, ``ctx.wait_for_event``,
-``ctx.child`` and ``ctx.wait_children``).
+``ctx.child``, ``ctx.wait_children`` and ``ctx.wait_first``).
 A recorded step returns its recorded outcome; a step not yet recorded becomes a command
 for the services to persist, and the handler is suspended until the step's outcome is
 recorded. Nothing here touches the database, Celery or the
@@ -15,7 +15,7 @@ import hashlib
 import inspect
 import json
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import cached_property
@@ -86,6 +86,7 @@ class OpenWait:
     state_versions: dict[str, Any] = field(default_factory=dict)
     event_name: str = ""
     timeout_policy: str = "fail"
+    children: tuple[str, ...] = ()  # a first-of wait's child waits (their operation ids), in the order given
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ class Step:
 
     operation_id: str
     node: str
-    kind: str  # "activity", or the wait's kind: "approval", "event", "timer"
+    kind: str  # "activity", or the wait's kind: "approval", "event", "timer", "child", "first"
     name: str  # the activity's name, or the event's name
     status: str
     result: Any = None
@@ -206,6 +207,47 @@ class ChildOutcome:
     @property
     def completed(self) -> bool:
         return self.status == "completed"
+
+
+FIRST_SOURCES = ("signal", "child", "timer")
+
+
+@dataclass(frozen=True)
+class FirstOutcome:
+    """Which source ended a ``ctx.wait_first``: ``won`` is signal, child or timer. ``payload`` is
+    the signal's payload when the signal won; ``child`` the winning child's outcome (and
+    ``operation_id`` its handle's) when a child's end won."""
+
+    won: str
+    payload: Any = None
+    child: ChildOutcome | None = None
+    operation_id: str = ""
+
+    @property
+    def signalled(self) -> bool:
+        return self.won == "signal"
+
+    @property
+    def timed_out(self) -> bool:
+        return self.won == "timer"
+
+
+def child_outcome_of(payload: Any, kind: str, status: str = "") -> ChildOutcome:
+    """The ``ChildOutcome`` a child wait's payload records (``children.child_outcome``)."""
+    payload = payload if isinstance(payload, dict) else {}
+    return ChildOutcome(workflow_id=int(payload.get("workflow_id") or 0), kind=kind,
+                        status=str(payload.get("status") or status), result=payload.get("result"),
+                        reason=str(payload.get("reason") or ""))
+
+
+def first_outcome_of(payload: Any) -> FirstOutcome:
+    """The ``FirstOutcome`` a settled first-of wait's payload records (``races.first_wait_settle``)."""
+    payload = payload if isinstance(payload, dict) else {}
+    won = str(payload.get("won") or "")
+    if won == "child":
+        return FirstOutcome(won=won, child=child_outcome_of(payload.get("child"), str(payload.get("kind") or "")),
+                            operation_id=str(payload.get("operation_id") or ""))
+    return FirstOutcome(won=won, payload=payload.get("payload"))
 
 
 class ActivityFailed(Exception):
@@ -400,24 +442,59 @@ class NodeContext(Generic[S]):
         """Wait until every child of ``handles`` has ended (durably: the workflow waits, as at a
         wait); their outcomes in the order given. Children run in parallel whatever the order."""
         started = {c.operation_id for c in self.commands if isinstance(c, StartChild)}
-        s = self.snapshot
-        visit = f"wf-{s.workflow_id}/{s.node}.{s.node_visit}/"
         outcomes = []
         for handle in handles:
-            if not handle.operation_id.startswith(visit):
-                raise InvalidDecision(
-                    f"Handler {s.node} waits for child {handle.operation_id}, which another node visit started; a "
-                    "child belongs to the visit that started it (leaving the visit cancelled it). Start and wait for "
-                    "children in the same handler.")
+            self._check_own_visit(handle)
             recorded = None if handle.operation_id in started else self._waits.get(handle.operation_id)
             if recorded is None or recorded.status == "open":
                 raise _SuspendOnChildren
-            payload = recorded.payload if isinstance(recorded.payload, dict) else {}
-            outcomes.append(ChildOutcome(
-                workflow_id=int(payload.get("workflow_id") or 0), kind=handle.kind,
-                status=str(payload.get("status") or recorded.status), result=payload.get("result"),
-                reason=str(payload.get("reason") or "")))
+            outcomes.append(child_outcome_of(recorded.payload, handle.kind, recorded.status))
         return tuple(outcomes)
+
+    def wait_first(self, *, signal: str = "", children: Sequence[ChildHandle] = (),
+                   timeout_seconds: float | None = None) -> FirstOutcome:
+        """Wait for whichever comes first: a signal called ``signal``, the end of one of
+        ``children`` (started by this node visit), or ``timeout_seconds`` passing; which one it
+        was is decided once, under the workflow's row lock, and recorded on the wait, so a replay
+        returns the same. The losers are closed: the children that did not win are cancelled
+        (their effects undone), the timer is ignored, and a signal that did not win stays queued
+        for the next wait of its name."""
+        if not signal and not children and timeout_seconds is None:
+            raise InvalidDecision(f"Handler {self.snapshot.node} calls ctx.wait_first() with nothing to wait for; "
+                                  "pass signal=, children= or timeout_seconds=.")
+        if timeout_seconds is not None and timeout_seconds <= 0:
+            raise InvalidDecision(f"ctx.wait_first(timeout_seconds={timeout_seconds!r}) must be positive.")
+        for handle in children:
+            self._check_own_visit(handle)
+        return self._first(OpenWait(
+            operation_id=self._next_operation_id(), kind="first", expires_in_seconds=timeout_seconds,
+            event_name=signal, children=tuple(h.operation_id for h in children),
+        ))
+
+    def _first(self, command: OpenWait) -> FirstOutcome:
+        recorded = self._waits.get(command.operation_id)
+        if recorded is None:
+            self.commands.append(command)
+            raise _Suspend
+        if recorded.kind != command.kind or recorded.name != command.event_name:
+            what = f"a first-of wait for {recorded.name!r}" if recorded.kind == "first" else f"a {recorded.kind} wait"
+            raise NonDeterminismError(
+                f"Operation {command.operation_id} was recorded as {what}, the handler now asks for a first-of wait "
+                f"for {command.event_name!r}; branch on the definition version instead of changing a running "
+                "workflow's steps.",
+                operation_id=command.operation_id,
+            )
+        if recorded.status != "satisfied":
+            raise _Suspend
+        return first_outcome_of(recorded.payload)
+
+    def _check_own_visit(self, handle: ChildHandle) -> None:
+        s = self.snapshot
+        if not handle.operation_id.startswith(f"wf-{s.workflow_id}/{s.node}.{s.node_visit}/"):
+            raise InvalidDecision(
+                f"Handler {s.node} waits for child {handle.operation_id}, which another node visit started; a "
+                "child belongs to the visit that started it (leaving the visit cancelled it). Start and wait for "
+                "children in the same handler.")
 
 
 TIMEOUT_POLICIES = ("fail", "continue")

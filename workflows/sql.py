@@ -255,6 +255,15 @@ def rows_select(model: type[models.Model], names: tuple[str, ...], where: Where)
         return list(cursor.fetchall())
 
 
+def row_lock_clause() -> str:
+    """How a writer locks a row: FOR NO KEY UPDATE where the database has it. A plain FOR UPDATE
+    also blocks the KEY SHARE lock that PostgreSQL's deferred foreign-key checks take at commit
+    on the rows referenced: a child workflow whose transaction updated its own row twice checks
+    its parent's key at commit, and a parent holding its own row FOR UPDATE while it waits for the
+    child's lock (a cancel, a first-of wait) would deadlock with it. No writer changes a key."""
+    return "FOR NO KEY UPDATE" if connection.features.has_select_for_no_key_update else "FOR UPDATE"
+
+
 def row_get(model: type[M], pk: Any, *, lock: bool = False, related: str | None = None) -> M | None:
     """``model.objects.select_for_update(of=("self",)).select_related(related).get(pk=pk)``, or None
     when there is no such row: the instance as the ORM would load it (each column through its
@@ -335,7 +344,7 @@ def _get_sql(model: type[models.Model], lock: bool, related: str | None, extras:
     columns += [f"({extra})" for extra in extras]
     locking = ""
     if lock and connection.features.has_select_for_update:
-        locking = f" FOR UPDATE OF {table}" if connection.features.has_select_for_update_of else " FOR UPDATE"
+        locking = f" {row_lock_clause()}" + (f" OF {table}" if connection.features.has_select_for_update_of else "")
     sql = f"SELECT {', '.join(columns)} FROM {table}{join} WHERE {table}.{quoted_column(pk)} = %s{locking}"
     return sql, fields, related_fields
 

@@ -20,6 +20,7 @@ class Wait(ConcurrentTransitionMixin, models.Model):
         EVENT = "event"
         TIMER = "timer"
         CHILD = "child", "Child: a child workflow's end (ctx.child)"
+        FIRST = "first", "First: whichever comes first of a signal, a child's end and a timer (ctx.wait_first)"
 
     class Status(models.TextChoices):
         OPEN = "open"
@@ -62,6 +63,10 @@ class Wait(ConcurrentTransitionMixin, models.Model):
         null=True, blank=True,
         help_text="Payload of the event that satisfied the wait; a child wait's outcome (workflow_id, status, "
                   "result, reason).")
+    first_of = models.JSONField(
+        default=list, blank=True,
+        help_text="A first-of wait's child waits (operation ids), in the order the handler gave them; the payload "
+                  "records which source won (signal, child or timer).")
     created_at = models.DateTimeField()
 
     # Declared for type checkers: the FSM mixins hide the implicit manager from django-stubs.

@@ -38,6 +38,7 @@ from workflows.sql import (
     insert_select_sql,
     quoted_column,
     quoted_table,
+    row_lock_clause,
     row_update,
     rows_insert,
     set_sql,
@@ -77,7 +78,7 @@ def budget_reserve_ensure(
     every request of every model call makes them.
 
     A workflow with neither budget limit needs no row lock of its own: on PostgreSQL the limits
-    read (the row share-locked, as the new row's foreign key does anyway), the fence (the lease
+    read (the row share-locked: a writer holding it is waited for), the fence (the lease
     extended as ``ctx.fence`` does, under the same condition) and the reservation are one
     statement, which inserts the row only when the workflow had no limit and the fence held. A
     limit being set meanwhile is waited for and seen. Any other outcome (a limit, the fence
@@ -107,14 +108,14 @@ def _reserve_without_limits(claim: Claim, detail: str, row: dict[str, Any]) -> b
 
 @functools.cache
 def _reserve_without_limits_sql(names: tuple[str, ...], shape: WhereShape, columns: tuple[str, ...]) -> str:
-    """The workflow's row first (``FOR KEY SHARE``, what the new row's foreign key takes anyway: it
-    waits for a writer holding the row's lock), then the activity's, the order every writer takes
-    them in: a cancel holding the workflow's row and waiting for the activity's never waits on
+    """The workflow's row first (``FOR SHARE``: it waits for a writer holding the row's lock, ``FOR
+    NO KEY UPDATE``, which the new row's foreign key alone would not), then the activity's, the
+    order every writer takes them in: a cancel holding the workflow's row and waiting for the activity's never waits on
     this statement in turn."""
     id_, total, hourly = (quoted_column(concrete_field(Workflow, name))
                           for name in ("id", "budget_total_usd", "budget_hourly_usd"))
     return (f"WITH unlimited AS (SELECT 1 FROM {quoted_table(Workflow)} WHERE {id_} = %s AND {total} IS NULL "
-            f"AND {hourly} IS NULL FOR KEY SHARE), "
+            f"AND {hourly} IS NULL FOR SHARE), "
             f"fenced AS (UPDATE {quoted_table(Activity)} SET {set_sql(Activity, names)} "
             f"WHERE {where_sql(Activity, shape)} AND EXISTS (SELECT 1 FROM unlimited) RETURNING 1), "
             f"reserved AS ({insert_select_sql(UsageEntry, columns)} FROM fenced "
@@ -169,7 +170,7 @@ def _budget_lock_sql() -> str:
     total, hourly, priority, id_, parent = (quoted_column(concrete_field(Workflow, name)) for name in (
         "budget_total_usd", "budget_hourly_usd", "priority", "id", "parent"))
     table = quoted_table(Workflow)
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    lock = f" {row_lock_clause()}" if connection.features.has_select_for_update else ""
     return (f"SELECT {total}, {hourly}, {priority}, EXISTS (SELECT 1 FROM {quoted_table(UsageEntry)} WHERE "
             f"{quoted_column(concrete_field(UsageEntry, 'key'))} = %s), {parent}, "
             f"EXISTS (SELECT 1 FROM {table} AS child WHERE child.{parent} = {table}.{id_}) FROM {table} "

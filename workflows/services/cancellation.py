@@ -90,9 +90,10 @@ def _cancel_locked(workflow: Workflow, reason: str, *, by: str, now: datetime) -
 
 
 def children_cancel_live(workflow: Workflow, *, why: str, by: str, now: datetime, visit: int | None = None,
-                         before_intent: int | None = None) -> list[int]:
+                         before_intent: int | None = None, operation_ids: list[str] | None = None) -> list[int]:
     """Cancel the children of ``workflow`` that have not ended, nor begun cancelling (those its node
-    visit ``visit`` started, or those of intents before ``before_intent``, or all), each as
+    visit ``visit`` started, or those of intents before ``before_intent``, or those of the child
+    waits ``operation_ids``, or all), each as
     ``agent cancel`` would, with the reason "parent workflow N <why>" and ``by`` recorded on the
     child (``workflow.cancelling``) and a ``child.cancelled`` event on the parent. The caller
     holds the parent's row lock; each child is locked after it (always parent first, child
@@ -110,6 +111,8 @@ def children_cancel_live(workflow: Workflow, *, why: str, by: str, now: datetime
     waits = Wait.objects.filter(**open_child_waits)
     if before_intent is not None:
         waits = waits.filter(intent_version__lt=before_intent)
+    if operation_ids is not None:
+        waits = waits.filter(operation_id__in=operation_ids)
     ids = list(Workflow.objects.filter(parent_wait__in=waits.values("pk"), status__in=Workflow.CANCELLABLE)
                .order_by("pk").values_list("pk", flat=True))
     cancelled = []

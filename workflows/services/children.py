@@ -125,8 +125,20 @@ def children_collect_if_finished(*, workflow_id: int) -> int:
         current |= (wait.node_visit, wait.intent_version) == (workflow.node_visit, workflow.intent_version)
     # Before the parent goes on: what a completed child made is the parent's from now on.
     child_commitments_adopt(workflow, now=now)
-    if closed and current and workflow.status == Workflow.Status.WAITING:
-        wake_locked(workflow, now=now, cause=f"{closed} child workflow{'s' if closed > 1 else ''} ended")
+    settled = 0
+    if closed and current:
+        from workflows.services.races import first_waits_settle  # it imports this module
+
+        # A first-of wait that the end of one of its children wins wakes the parent itself.
+        settled = first_waits_settle(workflow, now=now)
+    if settled:
+        pass
+    elif closed and current and workflow.status == Workflow.Status.WAITING:
+        # A handler that stops at a wait still open (a race's loser ending after the race was
+        # decided, while the handler waits for something else) has nothing to go on with.
+        if not workflow.waits.filter(node_visit=workflow.node_visit, status=Wait.Status.OPEN).exclude(
+                kind=Wait.Kind.CHILD).exists():
+            wake_locked(workflow, now=now, cause=f"{closed} child workflow{'s' if closed > 1 else ''} ended")
     elif closed and workflow.status in (Workflow.Status.RUNNING, Workflow.Status.CANCELLING):
         doorbells.workflow_advance(workflow_id=workflow.pk)
     compensations_after_children(workflow, now=now)

@@ -190,7 +190,7 @@ def wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) ->
             "candidate_hash": command.candidate_hash,
             "required_role": command.required_role, "state_versions": command.state_versions,
             "event_name": command.event_name, "expires_at": expires_at, "timeout_policy": command.timeout_policy,
-            "created_at": now,
+            "first_of": list(command.children), "created_at": now,
         },
     )
     if not created:
@@ -212,6 +212,12 @@ def wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) ->
                                        consumed_by__isnull=True).order_by("pk").first()
         if signal is not None:
             signal_consume(workflow, wait, signal, now=now)
+            return True
+    if wait.kind == Wait.Kind.FIRST:
+        from workflows.services.races import first_wait_settle  # it imports this module
+
+        # A child of the race that has ended, or a signal queued before the wait opened, wins at once.
+        if first_wait_settle(workflow, wait, now=now):
             return True
     workflow.park(at=now)
     workflow_save(workflow, "status", at=now)

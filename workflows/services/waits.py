@@ -13,6 +13,7 @@ from workflows import clock
 from workflows.errors import NotFound, WaitRefused
 from workflows.models import Intent, Timer, Wait, Workflow
 from workflows.services.common import event_record, text_checked, workflow_lock
+from workflows.services.races import first_wait_settle
 from workflows.services.steps import wake_locked
 
 MAX_COMMENT_CHARS = 5_000
@@ -167,6 +168,12 @@ def timer_fire_if_due(*, timer_id: int) -> bool:
             event_record(workflow=workflow, kind="timer.ignored", at=now, timer_id=timer_id, reason=stale)
             return True
         wait = timer.wait
+        if wait.kind == Wait.Kind.FIRST:
+            event_record(workflow=workflow, kind="timer.fired", at=now, timer_id=timer_id, wait_id=wait.pk,
+                         purpose=timer.purpose, late_seconds=round((now - timer.fire_at).total_seconds(), 3))
+            # It wakes the workflow; a child of the race that ended before the timer still wins.
+            first_wait_settle(workflow, wait, now=now, timer_fired=True)
+            return True
         if timer.purpose == Timer.Purpose.WAKE:
             wait.satisfy(at=now, payload=None)
         else:

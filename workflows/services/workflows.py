@@ -40,6 +40,7 @@ from workflows.services.failures import (
 from workflows.services.labels import labels_checked
 from workflows.services.lifecycle import LIVE
 from workflows.services.pauses import operator_resume_locked
+from workflows.services.races import first_wait_settle
 from workflows.services.steps import (
     MAX_GOAL_CHARS,
     MAX_HOURS,
@@ -448,7 +449,8 @@ def _signal_deliver(*, workflow_id: int, name: str, payload: Any, dedupe_key: st
             n += 1
             key = f"{SIGNAL_AUTO_KEY_PREFIX}{seq}.{n}"
     signal = Signal.objects.create(workflow=workflow, name=name, payload=payload, dedupe_key=key, received_at=now)
-    wait = workflow.waits.filter(kind=Wait.Kind.EVENT, status=Wait.Status.OPEN, event_name=name).order_by("pk").first()
+    wait = workflow.waits.filter(kind__in=(Wait.Kind.EVENT, Wait.Kind.FIRST), status=Wait.Status.OPEN,
+                                 event_name=name).order_by("pk").first()
     queued = keys.filter(name=name, consumed_by__isnull=True)
     event_record(workflow=workflow, kind="signal.received", at=now, name=name, dedupe_key=key,
                  queued=wait is None)
@@ -460,6 +462,14 @@ def _signal_deliver(*, workflow_id: int, name: str, payload: Any, dedupe_key: st
                          + f" and the next wait for {name!r} receives it (oldest first).")
     # The oldest queued signal of the name: normally this one, since an open wait leaves none queued.
     oldest = queued.order_by("pk").first() or signal
+    if wait.kind == Wait.Kind.FIRST:
+        won = first_wait_settle(workflow, wait, now=now, signal=oldest)
+        if won != "signal":
+            return Result.of(workflow, Outcome.QUEUED,
+                             f"Signal {name!r} came after the end of a child that wait {wait.pk} (first of) was "
+                             f"waiting for, which won; the signal is queued and the next wait for {name!r} "
+                             "receives it (oldest first).")
+        return Result.of(workflow, Outcome.APPLIED, f"Signal {name!r} delivered to wait {wait.pk}.")
     signal_consume(workflow, wait, oldest, now=now)
     wake_locked(workflow, now=now, cause=f"signal {name}")
     return Result.of(workflow, Outcome.APPLIED, f"Signal {name!r} delivered to wait {wait.pk}.")

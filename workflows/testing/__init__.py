@@ -240,7 +240,12 @@ class WorkflowRun:
         return result
 
     def signal(self, name: str, payload: Any = None) -> None:
-        """Deliver a signal to the open event wait for ``name``."""
+        """Deliver a signal to the open event wait for ``name``, or to the open ``ctx.wait_first``
+        that races one (the signal wins it: its children are cancelled)."""
+        race = self._open_first(lambda w: w.event_name == name)
+        if race is not None:
+            self._first_won(race, {"won": "signal", "signal": name, "payload": _stored(payload)})
+            return
         op = self._open_wait("event", name)
         self._record(Step(op, self.node, "event", name, "satisfied", result=_stored(payload)))
 
@@ -262,7 +267,12 @@ class WorkflowRun:
         self._record(Step(op, self.node, self.open_waits[op].kind, self.open_waits[op].event_name, "expired"))
 
     def fire_timer(self) -> None:
-        """Let the open ``ctx.sleep`` end."""
+        """Let the open ``ctx.sleep`` end, or the timeout of the open ``ctx.wait_first`` pass (the
+        timer wins it: its children are cancelled)."""
+        race = self._open_first(lambda w: w.expires_in_seconds is not None)
+        if race is not None:
+            self._first_won(race, {"won": "timer"})
+            return
         op = self._open_wait("timer")
         self._record(Step(op, self.node, "timer", "", "satisfied"))
 
@@ -277,6 +287,11 @@ class WorkflowRun:
                                  f"{kind!r}; running children: {running}.")
         payload = {"workflow_id": workflow_id or 1000 + len(self.history), "status": status,
                    "result": _stored(codec.to_json(result)) if status == "completed" else None, "reason": reason}
+        race = self._open_first(lambda w: op in w.children)
+        if race is not None:  # its end wins the race: the others are cancelled, a signal stays queued
+            self._first_won(race, {"won": "child", "operation_id": op, "kind": kind, "child": payload},
+                            ended=[Step(op, self.node, "child", kind, "satisfied", result=payload)])
+            return
         self._record(Step(op, self.node, "child", kind, "satisfied", result=payload))
 
     def resume(self) -> None:
@@ -338,12 +353,34 @@ class WorkflowRun:
         return bool(commands) and isinstance(commands[-1], engine.StartChild)
 
     def _record(self, step: Step) -> None:
+        self._ended(step)
+        self.status = "running"
+        self.advance()
+
+    def _ended(self, step: Step) -> None:
         self.pending.pop(step.operation_id, None)
         self.open_waits.pop(step.operation_id, None)
         self.children.pop(step.operation_id, None)
         self.history.append(step)
-        self.status = "running"
-        self.advance()
+
+    def _open_first(self, matches: Any) -> engine.OpenWait | None:
+        return next((w for w in self.open_waits.values() if w.kind == "first" and matches(w)), None)
+
+    def _first_won(self, race: engine.OpenWait, payload: dict[str, Any], ended: list[Step] | None = None) -> None:
+        """Record ``race`` won as ``payload`` says (after the ``ended`` steps), with its losing
+        children ended cancelled, as their workflows would end once cancelled, and advance. The
+        steps go in the order the handler asked for them, as a replay records them."""
+        won, steps = payload["won"], list(ended or [])
+        for op in race.children:
+            child = self.children.get(op)
+            if child is not None and op != payload.get("operation_id"):
+                why = f"parent workflow {self.workflow_id} lost first-of wait {race.operation_id} to the {won}"
+                steps.append(Step(op, self.node, "child", child.child_kind, "satisfied", result={
+                    "workflow_id": 1000 + len(self.history) + len(steps), "status": "cancelled", "result": None,
+                    "reason": why}))
+        for step in sorted(steps, key=lambda s: s.seq):
+            self._ended(step)
+        self._record(Step(race.operation_id, self.node, "first", race.event_name, "satisfied", result=payload))
 
     def _snapshot(self) -> engine.WorkflowSnapshot:
         return engine.WorkflowSnapshot(
