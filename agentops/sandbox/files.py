@@ -152,8 +152,10 @@ def _open_beneath(root_fd: int, names: tuple[str, ...], flags: int, relative: st
         try:
             return _openat2(root_fd, "/".join(names), flags)
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EXDEV):
-                raise _refuse_link(relative, _first_link(root_fd, names) or relative) from None
+            link = _first_link(root_fd, names) if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR) else None
+            # ELOOP: a link on the way (RESOLVE_NO_SYMLINKS); ENOTDIR: O_DIRECTORY on a final link.
+            if exc.errno in (errno.ELOOP, errno.EXDEV) or link is not None:
+                raise _refuse_link(relative, link or relative) from None
             raise _refusal_or_named(root_fd, names, exc, relative) from None
     fd = os.dup(root_fd)
     try:
@@ -172,7 +174,8 @@ def _step(dir_fd: int, names: tuple[str, ...], at: int, flags: int, relative: st
     try:
         return os.open(names[at], flags | os.O_NOFOLLOW, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(dir_fd, names[at]):
+        # ELOOP: a link. ENOTDIR on a name that is a directory or a link now: a link, swapped since.
+        if exc.errno == errno.ELOOP or exc.errno == errno.ENOTDIR and _link_or_directory(dir_fd, names[at]):
             raise _refuse_link(relative, "/".join(names[:at + 1])) from None
         if at == len(names) - 1:
             raise _refusal_or_named(dir_fd, names[at:], exc, relative) from None
@@ -184,6 +187,14 @@ def _is_link(dir_fd: int, name: str) -> bool:
         return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
     except OSError:
         return False
+
+
+def _link_or_directory(dir_fd: int, name: str) -> bool:
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except OSError:
+        return False
+    return stat.S_ISLNK(mode) or stat.S_ISDIR(mode)
 
 
 def _first_link(root_fd: int, names: tuple[str, ...]) -> str | None:
@@ -205,16 +216,14 @@ def _first_link(root_fd: int, names: tuple[str, ...]) -> str | None:
 
 
 def _refusal_or_named(dir_fd: int, names: tuple[str, ...], exc: OSError, relative: str) -> OSError:
-    """A socket cannot be opened at all (ENXIO): say what it is, as for a FIFO or device."""
-    if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):
-        try:
-            mode = os.stat("/".join(names), dir_fd=dir_fd, follow_symlinks=False).st_mode
-        except OSError:
-            pass
-        else:
-            if not stat.S_ISREG(mode):
-                return _not_regular(relative, mode)
-    return _named(exc, relative)
+    """A socket cannot be opened at all (ENXIO), nor a device on a ``nodev`` mount (EACCES): say
+    what it is, as for a FIFO or device that opened."""
+    try:
+        mode = os.stat("/".join(names), dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except OSError:
+        return _named(exc, relative)
+    special = stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+    return _not_regular(relative, mode) if special else _named(exc, relative)
 
 
 def _named(exc: OSError, relative: str) -> OSError:
@@ -353,6 +362,8 @@ def list_files(root: Path, relative: str = ".", *, limit: int = 500, skip: Colle
     """Regular files under directory ``relative`` of ``root`` (paths from ``root``), at most ``limit``,
     sorted. Links are skipped, not followed; so are directories named in ``skip`` at any depth."""
     names = parts(relative)
+    if any(name in skip for name in names):
+        return []
     found: list[str] = []
     seen = 0
     with _held(_root_fd(root)) as root_fd:
