@@ -152,26 +152,6 @@ def _redact_cut(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
-# --- paths the tools touch -------------------------------------------------------------------
-
-def confined(root: Path, relative: str) -> Path:
-    """Resolve ``relative`` inside ``root`` (symbolic links included) or raise PermissionError: a
-    model's path, or a link it made, never reaches outside its workspace."""
-    target = (root / relative).resolve()
-    if target != root and not target.is_relative_to(root):
-        raise PermissionError(f"{relative!r} is outside the workspace")
-    return target
-
-
-def confined_for_writing(root: Path, relative: str) -> Path:
-    """``confined``, and never a file with a second name: a hard link made where the model could
-    reach a file outside (without bubblewrap) would carry the write there."""
-    target = confined(root, relative)
-    if target.is_file() and target.stat().st_nlink > 1:
-        raise PermissionError(f"{relative!r} is a hard link to another file; write a file of its own instead")
-    return target
-
-
 # --- isolation -----------------------------------------------------------------------------
 
 @functools.cache

@@ -16,6 +16,7 @@ from django.conf import settings
 from agentops import sandbox, telemetry
 from agentops.budgets import MODEL_CALL_LEASE, metered_complete
 from agentops.providers.answers import AnswerTool, ask_structured
+from agentops.sandbox import files
 from agentops.steering import steered
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent, Retryable
@@ -263,20 +264,16 @@ def _run_command_tool(root: Path, args: dict[str, Any]) -> tuple[bool, str, str]
 def _run_tool(root: Path, name: str, args: dict[str, Any]) -> tuple[bool, str]:
     try:
         if name == "list_files":
-            base = sandbox.confined(root, str(args.get("path") or "."))
-            files = sorted(str(p.relative_to(root)) for p in base.rglob("*") if p.is_file())
-            return True, "\n".join(files[:500]) or "(no files)"
+            listed = files.list_files(root, str(args.get("path") or "."), limit=500)
+            return True, "\n".join(listed) or "(no files)"
         if name == "read_file":
-            return True, sandbox.confined(root, str(args["path"])).read_text(encoding="utf-8")[:MAX_OUTPUT_CHARS]
+            return True, files.read_text(root, str(args["path"]))[:MAX_OUTPUT_CHARS]
         if name == "write_file":
-            target = sandbox.confined_for_writing(root, str(args["path"]))
             content = str(args["content"])
             if len(content) > 200_000:
                 return False, "content is over 200,000 characters"
             sandbox.resource_limits.room_check(root, adding_bytes=len(content.encode()))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content, encoding="utf-8")
-            return True, f"wrote {len(content)} characters to {target.relative_to(root)}"
+            return True, f"wrote {len(content)} characters to {files.write_text(root, str(args['path']), content)}"
         return False, f"unknown tool {name!r}; tools are {', '.join(t['name'] for t in TOOLS)}"
     except (KeyError, ValueError, OSError, UnicodeDecodeError) as exc:
         return False, f"{type(exc).__name__}: {exc}"
@@ -335,11 +332,11 @@ def validate_verdict(data: dict[str, Any]) -> Verdict:
           lease_seconds=MODEL_CALL_LEASE, io_bound=True)
 def verify_goal(ctx: ActivityContext, input: VerifyInput) -> Verdict:
     root = workspace(ctx)
-    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())[:200]
+    listed = files.list_files(root, limit=200)
     lines = [f"- [{t['status']}] {t['title']}" + (f" ({t.get('reason')})" if t.get("reason") else "")
              for t in input.tasks]
     prompt = (f"<goal>{input.goal}</goal>\n<tasks>\n" + "\n".join(lines)
-              + f"\n</tasks>\n<files>{', '.join(files)}</files>")
+              + f"\n</tasks>\n<files>{', '.join(listed)}</files>")
     verdict, _ = ask_structured(ctx, system=VERIFY_SYSTEM, prompt=prompt, tool=VERDICT_TOOL,
                                 validate=validate_verdict, max_tokens=1000, what="verdict", steer=True)
     return verdict

@@ -25,6 +25,7 @@ from agentops.agents.harness import checks as checks_mod
 from agentops.agents.harness.checks import CheckResult, Feature
 from agentops.budgets import cost_usd, metered_complete
 from agentops.providers import provider_for
+from agentops.sandbox import files
 from agentops.steering import steered
 from workflows import clock
 from workflows.activity_context import ActivityContext
@@ -521,12 +522,15 @@ def harness_stage_proposal(ctx: ActivityContext, input: ProposalInput) -> Staged
     scratch.mkdir(parents=True)
     gitops.git(root, "worktree", "prune")
     gitops.git(root, "worktree", "add", "-q", "--detach", str(checkout), input.head)
+    refused, commit = "", input.head
     try:
-        (checkout / "features.json").write_text(input.proposal["features_json"], encoding="utf-8")
+        # The checkout holds the session's commit: a link it committed is refused, never written through.
+        files.write_text(checkout, "features.json", input.proposal["features_json"])
         for path, content in input.proposal.get("checks", {}).items():
-            target = sandbox.confined(checkout, path)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content, encoding="utf-8")
+            files.write_text(checkout, path, content)
+    except (OSError, ValueError) as exc:
+        refused = f"the proposal could not be written in a checkout of {input.head}: {exc}"
+    else:
         commit = gitops.commit_all(checkout, f"Proposed feature list change (session {input.session})",
                                    trailers={"Harness-Operation": ctx.operation_id}) or input.head
     finally:
@@ -537,6 +541,8 @@ def harness_stage_proposal(ctx: ActivityContext, input: ProposalInput) -> Staged
     staged: Staged = {"valid": False, "error": "", "commit": commit, "ref": ref, "contract_hash": "",
                       "features": [], "results": [], "reason": str(input.proposal.get("reason", ""))}
     try:
+        if refused:
+            raise InvalidInput(refused)
         staged["features"] = checks_mod.validate_features(input.proposal["features_json"], check_exists=lambda path: (
             gitops.git(root, "cat-file", "-t", f"{commit}:{path}", check=False) == "blob"))
     except InvalidInput as exc:

@@ -1,7 +1,8 @@
 """The harness-owned tool layer: the same tools for the scripted provider and for Claude.
 
-Paths resolve (symlinks included) inside the workspace; ``.git`` is never writable and, in a
-coding session, neither are the harness-owned ``features.json`` and ``checks/``. Commands run
+Paths are opened beneath the workspace through no link (``agentops.sandbox.files``); ``.git`` is
+never writable and, in a coding session, neither are the harness-owned ``features.json`` and
+``checks/``. Commands run
 through ``agentops.sandbox`` (own process group, hard and no-output timeouts that kill the
 group, scrubbed environment, resource limits, bubblewrap where it works); dev servers run as
 engine-owned services (a port allocated, in the session's own loopback-only network shared with
@@ -28,6 +29,7 @@ from django.conf import settings
 
 from agentops import sandbox
 from agentops.agents.harness import gitops
+from agentops.sandbox import files
 from agentops.sandbox import limits as resource_limits
 from agentops.sandbox.network import Network, NetworkUnavailable, network_create
 
@@ -137,15 +139,16 @@ class Session:
         return names
 
 
-def _writable(session: Session, relative: str) -> Path:
-    target = sandbox.confined_for_writing(session.root, relative)
-    parts = target.relative_to(session.root).parts
+def _writable(session: Session, relative: str) -> str:
+    """``relative`` as the file tools name it, or PermissionError for a path the model may not
+    write (links, hard links and special files are refused by ``files.write_text`` itself)."""
+    parts = files.parts(relative)
     if parts and parts[0] == ".git":
         raise PermissionError(f"{relative!r} is inside .git, which only the engine changes")
     if session.protect and parts and parts[0] in gitops.PROTECTED:
         raise PermissionError(f"{relative!r} is owned by the harness (the approved feature list and checks) and "
                               "is read-only; use request_pass to be graded")
-    return target
+    return "/".join(parts)
 
 
 def call(session: Session, name: str, args: dict[str, Any]) -> tuple[bool, str]:
@@ -163,32 +166,29 @@ def call(session: Session, name: str, args: dict[str, Any]) -> tuple[bool, str]:
 def _call(session: Session, name: str, args: dict[str, Any]) -> tuple[bool, str]:
     root = session.root
     if name == "list_files":
-        base = sandbox.confined(root, str(args.get("path") or "."))
-        files = sorted(str(p.relative_to(root)) for p in base.rglob("*")
-                       if p.is_file() and ".git" not in p.relative_to(root).parts)
-        return True, "\n".join(files[:500]) or "(no files)"
+        listed = files.list_files(root, str(args.get("path") or "."), limit=500, skip={".git"})
+        return True, "\n".join(listed) or "(no files)"
     if name == "read_file":
-        return True, _read(sandbox.confined(root, str(args["path"])), args.get("start_line"), args.get("end_line"))
+        return True, _read(root, str(args["path"]), args.get("start_line"), args.get("end_line"))
     if name == "write_file":
         target, content = _writable(session, str(args["path"])), str(args["content"])
         if len(content) > MAX_WRITE_CHARS:
             return False, f"content is over {MAX_WRITE_CHARS:,} characters"
         sandbox.resource_limits.room_check(root, adding_bytes=len(content.encode()))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
-        session.touch(target)
-        return True, f"wrote {len(content)} characters to {target.relative_to(root)}"
+        files.write_text(root, target, content)
+        session.touch(root / target)
+        return True, f"wrote {len(content)} characters to {target}"
     if name == "str_replace":
         target = _writable(session, str(args["path"]))
-        text, old, new = target.read_text(encoding="utf-8"), str(args["old_str"]), str(args["new_str"])
+        text, old, new = files.read_text(root, target), str(args["old_str"]), str(args["new_str"])
         count = text.count(old) if old else 0
         if count != 1:
-            return False, (f"old_str occurs {count} times in {target.relative_to(root)}; it must occur exactly once "
+            return False, (f"old_str occurs {count} times in {target}; it must occur exactly once "
                            "(add surrounding lines to make it unique)")
         return _save(session, target, text.replace(old, new, 1), f"replaced 1 occurrence in {args['path']}")
     if name == "insert":
         target = _writable(session, str(args["path"]))
-        lines = target.read_text(encoding="utf-8").splitlines(keepends=True)
+        lines = files.read_text(root, target).splitlines(keepends=True)
         at = int(args["insert_line"])
         if not 0 <= at <= len(lines):
             return False, f"insert_line must be between 0 and {len(lines)} (the file's line count)"
@@ -233,18 +233,19 @@ def _call(session: Session, name: str, args: dict[str, Any]) -> tuple[bool, str]
     return False, f"unknown tool {name!r}; tools are {', '.join(t['name'] for t in TOOLS)}"
 
 
-def _save(session: Session, target: Path, text: str, message: str) -> tuple[bool, str]:
+def _save(session: Session, target: str, text: str, message: str) -> tuple[bool, str]:
     if len(text) > MAX_WRITE_CHARS:
         return False, f"the file would be over {MAX_WRITE_CHARS:,} characters"
     sandbox.resource_limits.room_check(session.root, adding_bytes=len(text.encode()))
-    target.write_text(text, encoding="utf-8")
-    session.touch(target)
+    files.write_text(session.root, target, text)
+    session.touch(session.root / target)
     return True, message
 
 
-def _read(path: Path, start: Any, end: Any) -> str:
-    """Numbered lines ``start``–``end`` of ``path`` (at most MAX_READ_LINES), with the file's length."""
-    lines = path.read_text(encoding="utf-8").splitlines()
+def _read(root: Path, relative: str, start: Any, end: Any) -> str:
+    """Numbered lines ``start``–``end`` of ``relative`` (at most MAX_READ_LINES), with the file's length."""
+    path = Path(relative)
+    lines = files.read_text(root, relative).splitlines()
     first = max(1, int(start or 1))
     last = min(len(lines), int(end or first + MAX_READ_LINES - 1), first + MAX_READ_LINES - 1)
     body = "\n".join(f"{n:>5}\t{lines[n - 1]}" for n in range(first, last + 1))

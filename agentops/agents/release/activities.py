@@ -15,6 +15,7 @@ from agentops import providers, sandbox
 from agentops.budgets import MODEL_CALL_LEASE
 from agentops.deploytarget import client
 from agentops.providers.answers import AnswerTool, ask_structured, json_object_in
+from agentops.sandbox import files
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Permanent
 from workflows.registry import CompensationInput, RetryPolicy, activity
@@ -171,9 +172,8 @@ def run_tests(ctx: ActivityContext, input: RunTestsInput) -> RunTestsReport:
         _git(input.repo, "clone", "--quiet", "--local", input.repo, str(workdir))
         _git(str(workdir), "checkout", "--quiet", input.head)
         for path, content in input.files.items():
-            target = workdir / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(content, encoding="utf-8")
+            # The clone holds the repository's committed files: a link among them is refused, not followed.
+            files.write_text(workdir, path, content)
         return _run_command(ctx, shlex.split(input.test_command), cwd=workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
