@@ -97,8 +97,13 @@ def test_the_stack_has_every_service_with_health_checks_and_a_database_volume(co
     assert {"postgres", "redis", "web", "worker", "beat", "flower"} <= set(compose["services"])
     assert set(project_services(compose)) == PROJECT_SERVICES
     for name, spec in compose["services"].items():
-        if name != "migrate":  # a one-shot job; the others wait for it to complete
-            assert spec.get("healthcheck", {}).get("test"), f"service {name} has no health check"
+        if name == "migrate":
+            # A one-shot job, never restarted: the others wait for it to complete, which is its health.
+            assert spec["restart"] == "no" and "healthcheck" not in spec
+            continue
+        check = spec.get("healthcheck", {})
+        assert check.get("test") and not check.get("disable"), f"service {name} has no health check"
+        assert check["test"][0] in {"CMD", "CMD-SHELL"}, (name, check["test"])
     assert "pgdata:/var/lib/postgresql/data" in compose["services"]["postgres"]["volumes"]
     assert "pgdata" in compose["volumes"]
     for name in ("web", "worker", "beat"):
@@ -128,6 +133,25 @@ def test_each_worker_health_check_pings_its_own_worker(compose, service, name):
     # $$ is compose's escape for a literal $, expanded by the container's shell.
     check_celery(shlex.split(test[1].replace("$$HOSTNAME", "worker-host")))
     assert f"-d {name}@$$HOSTNAME" in test[1] and f"-n {name}@%h" in " ".join(compose["services"][service]["command"])
+
+
+def test_each_data_service_health_check_asks_the_server_itself(compose):
+    assert compose["services"]["postgres"]["healthcheck"]["test"][1].startswith("pg_isready ")
+    assert compose["services"]["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+
+
+@pytest.mark.parametrize(("service", "process"), [("web", "web"), ("beat", "beat")])
+def test_web_and_beat_are_checked_by_the_healthcheck_command(compose, settings, service, process):
+    """web: its login page answers as the public name sees it; beat: it ticks (manage.py healthcheck)."""
+    test = compose["services"][service]["healthcheck"]["test"]
+    assert test[0] == "CMD" and test[1:5] == ["python", "manage.py", "healthcheck", process]
+    check_manage_py(test[1:])
+    if process == "web":
+        assert test[test.index("--url") + 1] == "http://127.0.0.1:8000"
+        assert settings.AGENTOPS_WEB_BIND.endswith(":8000")
+    else:
+        # Beat writes its schedule's last runs every 3 minutes: the check must allow longer than that.
+        assert int(test[test.index("--max-age-seconds") + 1]) > 180
 
 
 def test_the_workers_consume_the_two_queues_the_settings_name(compose, settings):
@@ -254,6 +278,65 @@ def test_flower_listens_on_this_host_only_behind_credentials_with_no_default(com
         interpolated(auth, {"FLOWER_BASIC_AUTH": ""})
     assert interpolated(auth, {"FLOWER_BASIC_AUTH": "ops:s3cret-long"}) == "ops:s3cret-long"
     assert re.fullmatch(r"\$\{FLOWER_BASIC_AUTH:\?[^}]+\}", auth), "no default, no other value around it"
+
+
+def host_ip(port: Any, env: dict[str, str]) -> str | None:
+    """The host address a `ports` entry binds to once interpolated, or None for all interfaces."""
+    if isinstance(port, dict):  # the long syntax
+        return interpolated(str(port.get("host_ip", "")), env) or None
+    parts = interpolated(str(port), env).split(":")
+    return ":".join(parts[:-2]) if len(parts) >= 3 else None
+
+
+def published_ports(compose: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [(name, port) for name, spec in compose["services"].items() for port in spec.get("ports", [])]
+
+
+def test_host_ip_reads_every_form_of_a_ports_entry():
+    """Guard for the checks below: the short forms, the long one and a variable."""
+    assert host_ip("8000:8000", {}) is None and host_ip(8000, {}) is None
+    assert host_ip("127.0.0.1:8000:8000", {}) == "127.0.0.1"
+    assert host_ip("${AGENTOPS_BIND:-127.0.0.1}:8000:8000", {"AGENTOPS_BIND": "0.0.0.0"}) == "0.0.0.0"
+    assert host_ip({"target": 8000, "published": 8000}, {}) is None
+    assert host_ip({"target": 8000, "host_ip": "127.0.0.1"}, {}) == "127.0.0.1"
+
+
+def test_every_published_port_is_on_loopback_by_default(compose):
+    """Nothing reaches the stack from the network as shipped: every port is the host's 127.0.0.1 unless
+    AGENTOPS_BIND says otherwise (set or empty alike)."""
+    assert published_ports(compose), "the stack publishes web's port"
+    for name, port in published_ports(compose):
+        for env in ({}, {"AGENTOPS_BIND": ""}):
+            assert host_ip(port, env) == "127.0.0.1", (name, port, env)
+            assert not str(port).startswith(("0.0.0.0", "[::]", "::")), (name, port)
+
+
+def test_agentops_bind_publishes_web_for_a_proxy_and_flower_stays_on_loopback(compose):
+    web = compose["services"]["web"]["ports"]
+    assert web == ["${AGENTOPS_BIND:-127.0.0.1}:8000:8000"]
+    assert host_ip(web[0], {"AGENTOPS_BIND": "10.0.0.5"}) == "10.0.0.5"
+    for name, port in published_ports(compose):
+        if name != "web":
+            assert host_ip(port, {"AGENTOPS_BIND": "0.0.0.0"}) == "127.0.0.1", (name, port)
+
+
+def test_the_secret_key_is_required_with_how_to_make_one_and_no_default_anywhere(compose):
+    """compose refuses to start without DJANGO_SECRET_KEY, and its message says how to make one."""
+    for name, spec in project_services(compose).items():
+        key = str(spec["environment"]["DJANGO_SECRET_KEY"])
+        assert re.fullmatch(r"\$\{DJANGO_SECRET_KEY:\?[^}]+\}", key), (name, key)
+        with pytest.raises(Unset, match=r"DJANGO_SECRET_KEY: set DJANGO_SECRET_KEY.*secrets\.token_urlsafe\(50\)"):
+            interpolated(key, {})
+        with pytest.raises(Unset):
+            interpolated(key, {"DJANGO_SECRET_KEY": ""})
+        assert interpolated(key, {"DJANGO_SECRET_KEY": "k" * 50}) == "k" * 50
+    text = (REPO / "docker-compose.yml").read_text() + (REPO / "Dockerfile").read_text()
+    assert not re.search(r"\$\{DJANGO_SECRET_KEY:?-", text), "a default secret key"
+    assert not re.search(r"insecure|change-me|changeme", text, re.I)
+    assert "SECRET_KEY" not in (REPO / "Dockerfile").read_text()
+    from django.conf import settings
+
+    assert settings.SECRET_KEY not in text
 
 
 def test_no_service_publishes_a_port_flower_would_share(compose):
