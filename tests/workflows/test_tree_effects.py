@@ -13,31 +13,15 @@ from django.db import transaction
 
 import tests.child_kinds  # noqa: F401 (registers the kinds)
 from tests.conftest import drive
+from tests.workflows.test_children import children_of, drive_tree, events
 from workflows import clock, selectors, services
 from workflows.errors import BudgetDeferred, InvalidInput
-from workflows.models import Activity, Commitment, Event, UsageEntry, Workflow
+from workflows.models import Activity, Commitment, UsageEntry, Workflow
 from workflows.services.children import children_collect_if_finished
 from workflows.services.common import workflow_lock
 from workflows.services.steps import fail_locked
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rung")]
-
-
-def children_of(parent: int) -> list[Workflow]:
-    return list(Workflow.objects.filter(parent_id=parent).order_by("pk"))
-
-
-def drive_tree(parent: int, *, rounds: int = 8) -> Workflow:
-    for _ in range(rounds):
-        drive(parent)
-        for child in children_of(parent):
-            drive(child.pk)
-        children_collect_if_finished(workflow_id=parent)
-    return drive(parent)
-
-
-def events(workflow_id: int, kind: str) -> list[dict[str, Any]]:
-    return list(Event.objects.filter(workflow_id=workflow_id, kind=kind).order_by("seq").values_list("data", flat=True))
 
 
 def effects(deploy_target: Any) -> tuple[int, int]:
