@@ -99,7 +99,7 @@ def _held(fd: int) -> Iterator[int]:
 
 @functools.cache
 def _libc_syscall() -> Any:
-    if platform.machine() not in ("x86_64", "aarch64") or not hasattr(os, "O_PATH"):
+    if platform.machine() not in ("x86_64", "aarch64"):
         return None
     try:
         syscall = ctypes.CDLL(None, use_errno=True).syscall
@@ -280,10 +280,8 @@ def is_file(root: Path, relative: str) -> bool:
         return False
 
 
-def _open_parent(root_fd: int, names: tuple[str, ...], relative: str, *, create: bool) -> int:
-    """The directory holding ``names[-1]``, made (parents included) with ``create``."""
-    if not create:
-        return _open_beneath(root_fd, names[:-1], _DIR_FLAGS, relative)
+def _open_parent(root_fd: int, names: tuple[str, ...], relative: str) -> int:
+    """The directory holding ``names[-1]``, made (parents included) where missing."""
     fd = os.dup(root_fd)
     try:
         for at, name in enumerate(names[:-1]):
@@ -303,9 +301,9 @@ def _open_parent(root_fd: int, names: tuple[str, ...], relative: str, *, create:
         raise
 
 
-def write_text(root: Path, relative: str, text: str, *, create_parents: bool = True) -> str:
-    """Replace (or create) regular file ``relative`` of ``root`` with ``text`` in UTF-8, atomically;
-    returns the path as the file tools name it (``a/b.txt``).
+def write_text(root: Path, relative: str, text: str) -> str:
+    """Replace (or create, parents included) regular file ``relative`` of ``root`` with ``text`` in
+    UTF-8, atomically; returns the path as the file tools name it (``a/b.txt``).
 
     Refused: a link at the end or on the way, a file with a second name (a hard link made where
     the model could reach a file outside would carry the write there), a FIFO, socket or device.
@@ -318,8 +316,7 @@ def write_text(root: Path, relative: str, text: str, *, create_parents: bool = T
         raise IsADirectoryError(f"{relative!r} is the workspace itself, not a file")
     data = text.encode("utf-8")
     name = names[-1]
-    with _held(_root_fd(root)) as root_fd, _held(_open_parent(root_fd, names, relative,
-                                                              create=create_parents)) as parent:
+    with _held(_root_fd(root)) as root_fd, _held(_open_parent(root_fd, names, relative)) as parent:
         try:
             old = os.stat(name, dir_fd=parent, follow_symlinks=False)
         except FileNotFoundError:

@@ -111,3 +111,23 @@ def test_a_doorbell_for_a_missing_workflow_is_a_no_op(db):
     """A message outliving its workflow (deleted by an operator) changes nothing and does not fail."""
     assert services.workflow_advance_if_runnable(workflow_id=987654) == services.Outcome.NOT_RUNNABLE
     assert services.activity_run_if_runnable(activity_id=987654) == services.RunOutcome.SKIPPED
+
+
+def test_a_committed_link_never_carries_the_proposal_outside_the_clone(tmp_path, deploy_target, requester):
+    """The repository commits ``release-notes`` as a link to a directory outside: the proposed
+    notes are refused in the test clone, never written there."""
+    import subprocess
+
+    from tests.conftest import git_commit, make_git_repo
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    repo = make_git_repo(tmp_path / "linked")
+    (repo / "release-notes").symlink_to(outside)
+    git_commit(repo, "README.md", "notes live elsewhere\n")
+    assert "release-notes" in subprocess.run(["git", "-C", str(repo), "ls-files"], capture_output=True,
+                                             text=True, check=True).stdout
+    workflow = drive(launch(repo, requester).pk)
+    tests_run = Activity.objects.get(workflow=workflow, name="run_tests")
+    assert tests_run.result is None and "goes through a symbolic link ('release-notes')" in tests_run.error
+    assert list(outside.iterdir()) == []

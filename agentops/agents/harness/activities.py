@@ -274,7 +274,7 @@ def _smoke(root: Path, timeout: float, require_isolation: str) -> Smoke:
     nothing runs and the smoke did not run (``ran`` false)."""
     output, exit_code, isolation, ran = "", 0, "", False
     for command in (INIT_COMMAND, SMOKE_COMMAND):
-        if not (root / command.split()[1]).is_file():
+        if not files.is_file(root, command.split()[1]):
             continue
         try:
             if require_isolation == "bwrap" and sandbox.isolation() != "bwrap":
