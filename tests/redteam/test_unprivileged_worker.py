@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -43,8 +44,32 @@ print(json.dumps({"uid": os.geteuid(), "cgroup": limits.cgroup_kind()[0], "isola
 """
 
 
+def as_worker(*command: str) -> list[str]:
+    return ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", *command]
+
+
 @pytest.fixture
-def home() -> Iterator[Path]:
+def reachable() -> Iterator[None]:
+    """The project and its virtualenv reachable by the worker's user for the test's length: a clone
+    made in a private directory (``mktemp -d``, mode 0700) gets the search bit (o+x, not read) on
+    each directory above them that lacks it, and its mode back afterwards."""
+    repo = Path(__file__).resolve().parents[2]
+    changed: dict[Path, int] = {}
+    for top in (repo, Path(sys.prefix)):
+        for directory in (top, *top.parents):
+            mode = directory.stat().st_mode
+            if not mode & stat.S_IXOTH and directory not in changed:
+                changed[directory] = stat.S_IMODE(mode)
+                directory.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+    try:
+        yield
+    finally:
+        for directory, mode in changed.items():
+            directory.chmod(mode)
+
+
+@pytest.fixture
+def home(reachable: None) -> Iterator[Path]:
     """A directory the worker's user owns, where it can reach it (pytest's are the root user's alone)."""
     path = Path(tempfile.mkdtemp(prefix="agentops-uid-"))
     os.chown(path, UID, UID)
@@ -62,9 +87,8 @@ def test_a_non_root_worker_without_a_control_group_still_bounds_processes_memory
            "AGENTOPS_SANDBOX_MAX_PROCESSES": "40", "AGENTOPS_SANDBOX_MEMORY_MB": "256",
            "AGENTOPS_SANDBOX_WORKSPACE_MB": "50", "AGENTOPS_SANDBOX_GRACE_SECONDS": "1",
            "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    done = subprocess.run(["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", sys.executable, "-c",
-                           WORKER, str(workspace)], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=180, check=False)
+    done = subprocess.run(as_worker(sys.executable, "-c", WORKER, str(workspace)), env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
 
