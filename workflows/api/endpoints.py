@@ -2,6 +2,7 @@
 `manage.py agent`, and answers with the JSON shape of that verb's ``--json`` (README, "JSON shapes")."""
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Annotated, Any
 
 from django.http import HttpRequest, HttpResponse
@@ -11,7 +12,7 @@ from pydantic import StringConstraints
 from workflows import registry, selectors, services
 from workflows.api import costs, hooks, paging, streams, webhooks
 from workflows.api.auth import LAUNCH_PERMISSION, OPERATE_PERMISSION, VIEW_PERMISSIONS, JsonParser, TokenAuth, require
-from workflows.api.errors import Forbidden, install_error_handlers
+from workflows.api.errors import Forbidden, install_error_handlers, statuses_answered
 from workflows.api.schemas import (
     KIND,
     LABEL_PAIR,
@@ -60,11 +61,18 @@ class AgentOpsAPI(NinjaAPI):
         return str(operation.view_func.__name__)
 
     def get_openapi_schema(self, *, path_prefix: str | None = None, path_params: Any = None) -> Any:
-        """The document, with each kind's launch parameters as a schema of their own
+        """The document, with every error status an operation can answer (errors.statuses_answered) and
+        each kind's launch parameters as a schema of their own
         (``LaunchParams_<kind>``, from the kind's ``launch_params``: the declaration `agent launch
         --help` and the admin's launch form read too)."""
         schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
+        error_shape = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}}
+        for operations in schema["paths"].values():
+            for method, operation in operations.items():
+                for status in statuses_answered(method):
+                    operation["responses"].setdefault(
+                        status, {"description": HTTPStatus(status).phrase, **error_shape})
         for kind in registry.definition_kinds():
             declared = registry.launch_params_schema(kind)
             if declared is not None:
@@ -91,8 +99,8 @@ api.add_router("", hooks.router)
 api.add_router("", costs.router)
 
 Json = dict[str, Any]
-# 413: a body over DATA_UPLOAD_MAX_MEMORY_SIZE; 415: a body not sent as application/json (middleware.py).
-ERRORS: dict[int, Any] = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 415, 500, 503)}
+# The routes' own refusals; the document adds the rest (413 and 415 for a body) from errors.statuses_answered.
+ERRORS: dict[int, Any] = {code: ErrorOut for code in (400, 401, 403, 404, 409, 500, 503)}
 WAIT_ID = Path(..., ge=1, le=selectors.MAX_ID, description="the wait's id", examples=[3])
 STATUS_FILTER = Query(None, description="only this status")
 KIND_FILTER = Query("", pattern=f"^({KIND[1:-1]})?$", max_length=60, description="only this kind")

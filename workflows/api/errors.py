@@ -49,6 +49,21 @@ STATUS_BY_ERROR: tuple[tuple[type[AgentOpsError], int], ...] = (
 )
 
 
+# What any operation can answer besides its own successes, whatever its handler does: a malformed
+# request (400), a refused token or signature (401), a missing permission (403), an unknown id (404),
+# a state that refuses (409), an error nothing handled (500), a database away for a moment (503); with
+# a body, one too large (413) or not sent as JSON (415, middleware.py). The OpenAPI document lists
+# them on every operation (endpoints.AgentOpsAPI), so a client meets no status the document does not name.
+ANSWERED_BY_EVERY_OPERATION = (400, 401, 403, 404, 409, 500, 503)
+ANSWERED_WITH_A_BODY = (413, 415)
+
+
+def statuses_answered(method: str) -> tuple[int, ...]:
+    """The error statuses an operation of this HTTP method can answer."""
+    body = method.upper() in middleware.BODY_METHODS
+    return tuple(sorted(ANSWERED_BY_EVERY_OPERATION + ANSWERED_WITH_A_BODY * body))
+
+
 def status_of(exc: AgentOpsError) -> int:
     return next(status for cls, status in STATUS_BY_ERROR if isinstance(exc, cls))
 
