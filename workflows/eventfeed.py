@@ -5,10 +5,14 @@ reader that saw ``seq`` N has seen every event before it and misses none after i
 
 Across workflows the cursor is the event's primary key, which transactions take in the order they
 insert, not the order they commit: key 41 may commit after 42. ``GlobalCursor`` therefore stops
-at a hole in the keys and waits for it to fill, and passes it only once it has stood for
-AGENTOPS_STREAM_GAP_SECONDS (a rolled-back transaction leaves a hole for good). An event whose
-transaction commits later than that after a younger one would be passed over; no transaction
-that records events runs that long.
+at a hole in the keys and passes it only when nothing can fill it any more. On PostgreSQL that is
+when every transaction of the database that was open once the hole had stood for
+AGENTOPS_STREAM_GAP_SECONDS has ended (``pg_stat_activity.backend_xid``): the transaction that took
+the missing key is one of them, so its events are read in their place however long it runs, and
+a rolled-back one leaves a hole that is passed as soon as it is gone. The wait lets a transaction
+that took a key get its transaction id (a statement's work of microseconds). SQLite has one writer
+at a time, so its keys commit in order and a hole is one that was rolled back: it is passed after
+the wait alone.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Max
 
 from workflows.models import Event, Workflow
@@ -59,6 +64,15 @@ class EventFilter:
         return qs
 
 
+def open_transactions() -> frozenset[str]:
+    """The transactions of this database that hold a transaction id, but the reader's own (PostgreSQL)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # not the view as this transaction first saw it
+        cursor.execute("SELECT backend_xid::text FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()")
+        return frozenset(xid for (xid,) in cursor.fetchall())
+
+
 @dataclass
 class GlobalCursor:
     """Where a reader of every workflow's events stands: the last key it has passed (see above)."""
@@ -68,6 +82,9 @@ class GlobalCursor:
     monotonic: Callable[[], float] = time.monotonic
     # When the reader first met the hole after ``after`` (on the ``monotonic`` clock); None: no hole.
     hole_seen_at: float | None = None
+    # The transactions, open once the hole had stood for ``gap_seconds``, that it waits on to end;
+    # None: not yet looked at.
+    hole_waits_on: frozenset[str] | None = None
 
     def read(self, event_filter: EventFilter, *, limit: int) -> list[Event]:
         """The next events that match, oldest first; ``after`` moves past every key read, matching or not."""
@@ -77,9 +94,10 @@ class GlobalCursor:
             if key != upto + 1 and not self._hole_passable():
                 break
             upto = key
-            self.hole_seen_at = None
+            self.hole_seen_at, self.hole_waits_on = None, None
         if upto == self.after:
             return []
+        # Read after the hole was judged: an event whose transaction ended meanwhile is read here.
         events = list(event_filter.apply(Event.objects.filter(pk__gt=self.after, pk__lte=upto)).order_by("pk"))
         self.after = upto
         return events
@@ -88,7 +106,15 @@ class GlobalCursor:
         now = self.monotonic()
         if self.hole_seen_at is None:
             self.hole_seen_at = now
-        return now - self.hole_seen_at >= self.gap_seconds
+        if now - self.hole_seen_at < self.gap_seconds:
+            return False
+        if connection.vendor != "postgresql":
+            return True
+        if self.hole_waits_on is None:
+            self.hole_waits_on = open_transactions()
+            return not self.hole_waits_on
+        self.hole_waits_on = self.hole_waits_on & open_transactions()
+        return not self.hole_waits_on
 
 
 def workflow_is_finished(workflow_id: int) -> bool:

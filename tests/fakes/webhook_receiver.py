@@ -24,6 +24,8 @@ class Receiver:
     def __init__(self, secret: str, path: str = "/hooks/agentops") -> None:
         self.secret, self.path = secret, path
         self.handled: dict[str, dict[str, Any]] = {}  # delivery id -> body, in the order first received
+        # Every signed request answered 2xx, in the order it came: (workflow, seq, X-Agentops-Redelivery).
+        self.arrivals: list[tuple[int, int, str]] = []
         self.requests = 0
         self.repeats = 0
         self.bad_signatures = 0
@@ -50,7 +52,9 @@ class Receiver:
                     elif receiver.answer_status != 200:
                         status = receiver.answer_status
                     else:
-                        delivery = self.headers["X-Agentops-Delivery"]
+                        delivery, event = self.headers["X-Agentops-Delivery"], json.loads(body)["event"]
+                        receiver.arrivals.append((event["workflow_id"], event["seq"],
+                                                  self.headers.get("X-Agentops-Redelivery", "")))
                         if delivery in receiver.handled:
                             receiver.repeats += 1
                         else:

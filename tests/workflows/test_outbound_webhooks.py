@@ -158,6 +158,41 @@ def test_a_refused_connection_is_retried_and_the_last_attempt_fails_the_delivery
     assert (first.status, first.attempts) == ("delivered", 3)
 
 
+def test_a_redelivery_says_so_and_the_workflows_deliveries_from_then_on_wait_for_it(
+    receiver: Receiver, deliveries_rung: list[tuple[int, int]], settings: Any
+) -> None:
+    """An old delivery sent again comes after the workflow's later events: it carries
+    X-Agentops-Redelivery, is never in flight beside another of its workflow, and what the workflow
+    records after the redelivery was asked for comes after it."""
+    settings.AGENTOPS_OUTBOUND_WEBHOOK_MAX_ATTEMPTS = 1
+    subscribe(receiver, event_kinds=["test.tick"])
+    workflow_id = services.workflow_launch(kind=KIND, goal="g").pk
+    receiver.answer_status = 500
+    record(workflow_id, "test.tick")
+    pump(deliveries_rung)
+    receiver.answer_status = 200
+    record(workflow_id, "test.tick")
+    pump(deliveries_rung)
+    first, second = WebhookDelivery.objects.order_by("seq")
+    assert (first.status, second.status) == ("failed", "delivered")
+
+    # The later one is sent again and is in flight when the old one is redelivered: the old one waits.
+    hooks.webhook_delivery_redeliver(delivery_id=second.pk)
+    hooks.webhook_deliveries_dispatch_due()
+    [(in_flight, attempt)] = deliveries_rung
+    deliveries_rung.clear()
+    hooks.webhook_delivery_redeliver(delivery_id=first.pk)
+    record(workflow_id, "test.tick")
+    hooks.webhooks_deliver_due()
+    assert deliveries_rung == []
+    assert hooks.webhook_delivery_send_if_claimed(delivery_id=in_flight, attempt=attempt) == Outcome.APPLIED
+    pump(deliveries_rung)
+
+    seqs = [seq for _, seq, _ in receiver.arrivals]
+    assert seqs == [second.seq, second.seq, first.seq, second.seq + 1]
+    assert [redelivery for _, _, redelivery in receiver.arrivals] == ["0", "1", "1", "0"]
+
+
 def test_a_duplicate_doorbell_sends_nothing_twice(receiver: Receiver, deliveries_rung: list[tuple[int, int]]) -> None:
     subscribe(receiver, event_kinds=["test.tick"])
     record(services.workflow_launch(kind=KIND, goal="g").pk, "test.tick")

@@ -36,7 +36,12 @@ class WebhookSubscription(models.Model):
     cursor_hole_since = models.DateTimeField(
         null=True, blank=True,
         help_text="Since when the scan has waited for a missing event number after the cursor (a transaction "
-                  "still committing); passed after AGENTOPS_STREAM_GAP_SECONDS.",
+                  "still committing, or one rolled back).",
+    )
+    cursor_hole_waits_on = models.JSONField(
+        null=True, blank=True,
+        help_text="The database's transactions the hole waits on to end (PostgreSQL transaction ids), looked "
+                  "at once it had stood for AGENTOPS_STREAM_GAP_SECONDS; passed when none is left.",
     )
 
     class Meta:
@@ -66,6 +71,10 @@ class WebhookDelivery(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING,
                               help_text="pending → delivered, or failed after the last attempt.")
     attempts = models.PositiveIntegerField(default=0, help_text="Attempts made so far.")
+    redeliveries = models.PositiveIntegerField(
+        default=0, help_text="How many times a person asked to send it again: the X-Agentops-Redelivery header "
+                             "(a redelivery may come after the workflow's later events).",
+    )
     next_attempt_at = models.DateTimeField(help_text="When the next attempt is due.")
     claimed_until = models.DateTimeField(
         null=True, blank=True, help_text="An attempt is in flight until then (a worker that died lets it lapse).",

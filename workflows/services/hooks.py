@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import Exists, F, OuterRef, Q
 
 from workflows import clock, doorbells
 from workflows.errors import InvalidInput, NotFound
@@ -130,9 +130,11 @@ def _scan_one(subscription_id: int) -> int:
     if subscription is None:
         return 0
     now = clock.now()
+    waits_on = subscription.cursor_hole_waits_on
     cursor = GlobalCursor(after=subscription.cursor, monotonic=lambda: clock.now().timestamp(),
                           hole_seen_at=subscription.cursor_hole_since.timestamp()
-                          if subscription.cursor_hole_since else None)
+                          if subscription.cursor_hole_since else None,
+                          hole_waits_on=frozenset(waits_on) if waits_on is not None else None)
     event_filter = EventFilter(kinds=tuple(subscription.workflow_kinds), launchers=tuple(subscription.launchers),
                                event_kinds=tuple(subscription.event_kinds))
     events = cursor.read(event_filter, limit=SCAN_PAGE)
@@ -150,23 +152,29 @@ def _scan_one(subscription_id: int) -> int:
     WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
     hole_since = (datetime.fromtimestamp(cursor.hole_seen_at, tz=now.tzinfo)
                   if cursor.hole_seen_at is not None else None)
-    WebhookSubscription.objects.filter(pk=subscription.pk).update(cursor=cursor.after, cursor_hole_since=hole_since)
+    WebhookSubscription.objects.filter(pk=subscription.pk).update(
+        cursor=cursor.after, cursor_hole_since=hole_since,
+        cursor_hole_waits_on=sorted(cursor.hole_waits_on) if cursor.hole_waits_on is not None else None)
     return len(rows)
 
 
 # --- Sending ---
 
 def webhook_deliveries_dispatch_due(*, subscription_id: int | None = None, workflow_id: int | None = None) -> int:
-    """Claim each due delivery that is the oldest pending one of its workflow and subscription, and
-    ring its task; returns how many. A claim is a conditional UPDATE of ``claimed_until`` (two beats
-    claim a delivery once); a worker that died with one lets the claim lapse and beat claims it again."""
+    """Claim each due delivery that is the oldest pending one of its workflow and subscription, while
+    no other delivery of theirs is in flight, and ring its task; returns how many. A claim is a
+    conditional UPDATE of ``claimed_until`` (two beats claim a delivery once); a worker that died with
+    one lets the claim lapse and beat claims it again. One in flight per workflow and subscription
+    keeps them in order even for a redelivery of an old one while a later one is being sent."""
     now = clock.now()
-    earlier = WebhookDelivery.objects.filter(subscription_id=OuterRef("subscription_id"),
-                                             workflow_id=OuterRef("workflow_id"), seq__lt=OuterRef("seq"),
-                                             status=WebhookDelivery.Status.PENDING)
     free = Q(claimed_until__isnull=True) | Q(claimed_until__lt=now)
+    same_workflow = WebhookDelivery.objects.filter(subscription_id=OuterRef("subscription_id"),
+                                                   workflow_id=OuterRef("workflow_id"),
+                                                   status=WebhookDelivery.Status.PENDING)
+    earlier = same_workflow.filter(seq__lt=OuterRef("seq"))
+    in_flight = same_workflow.exclude(free).exclude(pk=OuterRef("pk"))
     due = WebhookDelivery.objects.filter(free, status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=now,
-                                         subscription__active=True).exclude(Exists(earlier))
+                                         subscription__active=True).exclude(Exists(earlier)).exclude(Exists(in_flight))
     if subscription_id is not None and workflow_id is not None:
         due = due.filter(subscription_id=subscription_id, workflow_id=workflow_id)
     lease = timedelta(seconds=settings.AGENTOPS_OUTBOUND_WEBHOOK_TIMEOUT_SECONDS + 30)
@@ -250,7 +258,7 @@ def post_signed(subscription: WebhookSubscription, delivery: WebhookDelivery) ->
     """POST one delivery; its HTTP status (None when no answer came) and what went wrong, if anything."""
     body = delivery.body.encode()
     headers = {"Content-Type": "application/json", "User-Agent": "agentops-webhooks/1",
-               "X-Agentops-Event": delivery.kind,
+               "X-Agentops-Event": delivery.kind, "X-Agentops-Redelivery": str(delivery.redeliveries),
                **signature_headers(subscription.secret, delivery_id=delivery.delivery_id, url=subscription.url,
                                    body=body, timestamp=int(clock.now().timestamp()))}
     request = urllib.request.Request(subscription.url, data=body, headers=headers, method="POST")
@@ -265,12 +273,15 @@ def post_signed(subscription: WebhookSubscription, delivery: WebhookDelivery) ->
 
 
 def webhook_delivery_redeliver(*, delivery_id: int) -> Outcome:
-    """Send a delivered or failed delivery again (same delivery id, body and order), at once.
-    ALREADY_APPLIED when it is pending anyway (a conditional UPDATE on its status)."""
+    """Send a delivered or failed delivery again (same delivery id and body), at once, counted in its
+    ``X-Agentops-Redelivery`` header: the workflow's later events may have gone before it, and the
+    workflow's deliveries made from now on wait for it. ALREADY_APPLIED when it is pending anyway (a
+    conditional UPDATE on its status)."""
     if not WebhookDelivery.objects.filter(pk=delivery_id).exists():
         raise NotFound(f"Webhook delivery {delivery_id} does not exist.")
     again = WebhookDelivery.objects.filter(pk=delivery_id).exclude(status=WebhookDelivery.Status.PENDING).update(
-        status=WebhookDelivery.Status.PENDING, next_attempt_at=clock.now(), claimed_until=None, delivered_at=None)
+        status=WebhookDelivery.Status.PENDING, next_attempt_at=clock.now(), claimed_until=None, delivered_at=None,
+        redeliveries=F("redeliveries") + 1)
     return Outcome.APPLIED if again else Outcome.ALREADY_APPLIED
 
 
