@@ -15,6 +15,9 @@ from pydantic.fields import FieldInfo
 
 from workflows.errors import InvalidInput
 
+# The longest group name an approval's role may be: a Django group's (auth.Group.name), which a
+# wait's required_role holds. A kind whose launch takes a role refuses a longer one there.
+ROLE_MAX_LENGTH = 150
 RANGE_ERRORS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
 NUMBER_ERRORS = ("int_parsing", "float_parsing", "int_type", "float_type")
 

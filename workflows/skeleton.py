@@ -51,10 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentops.budgets import MODEL_CALL_LEASE, metered_complete
+from agentops.kind import ActivityContext, CompensationInput, InvalidInput, RetryPolicy, activity
 from agentops.providers.scripted import offline_answers_file
-from workflows.activity_context import ActivityContext
-from workflows.errors import InvalidInput
-from workflows.registry import CompensationInput, RetryPolicy, activity
 
 # What the offline scripted provider answers this kind's <task>{module}_draft</task> (no API key).
 offline_answers_file(Path(__file__).with_name("offline_answers.json"))
@@ -110,12 +108,21 @@ def {module}_send(ctx: ActivityContext, input: SendInput) -> Sent:
 DEFINITION = '''"""The {kind} kind: DRAFT with the model, REVIEW by a person, SEND once."""
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
+from pydantic import Field
+
+from agentops.kind import (
+    ROLE_MAX_LENGTH, Complete, Decision, Fail, Goto, LaunchParams, NodeContext, WorkflowDefinition, node,
+    register_definition,
+)
 from {module}.activities import Draft, DraftInput, SendInput, {module}_draft, {module}_send
-from workflows.engine import Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
-from workflows.errors import InvalidInput
-from workflows.registry import register_definition
+
+
+class {cls}Params(LaunchParams):
+    recipient: str = Field(pattern=r"^[^@\\s]+@[^@\\s]+$", max_length=200, description="who the message goes to")
+    approver_role: str = Field("{kind}-approvers", min_length=1, max_length=ROLE_MAX_LENGTH,
+                               description="the group whose members approve the draft")
 
 
 class State(TypedDict, total=False):
@@ -127,15 +134,7 @@ class {cls}(WorkflowDefinition):
     kind = "{kind}"
     start_node = "DRAFT"
     revalidate_node = "DRAFT"  # where a new goal (agent supersede) sends the workflow
-
-    def validate_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        recipient = str(params.get("recipient", "")).strip()
-        role = str(params.get("approver_role", "{kind}-approvers")).strip()
-        if "@" not in recipient or len(recipient) > 200 or set(params) - {{"recipient", "approver_role"}}:
-            raise InvalidInput("Pass --param recipient=someone@example.com (and optionally approver_role).")
-        if not 0 < len(role) <= 150:
-            raise InvalidInput("approver_role is a group name of 1–150 characters.")
-        return {{"recipient": recipient, "approver_role": role}}
+    launch_params = {cls}Params  # checked at launch, shown by `agent launch --help`
 
     @node("DRAFT")
     def draft(self, ctx: NodeContext[State]) -> Decision:
@@ -164,7 +163,7 @@ OFFLINE_ANSWERS = '''{{
 TEST = '''"""The {kind} kind, tested with the test kit: no database, no worker, no model."""
 from {module}.activities import Draft, DraftInput, Sent, {module}_draft, {module}_send
 from {module}.definition import {cls}
-from workflows.testing import ActivityEnvironment, FakeModel, WorkflowRun, registered
+from agentops.kind.testing import ActivityEnvironment, FakeModel, WorkflowRun, registered
 
 PARAMS = {{"recipient": "ada@example.com"}}
 

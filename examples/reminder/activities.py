@@ -7,8 +7,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from workflows.activity_context import ActivityContext
-from workflows.registry import RetryPolicy, activity
+from agentops.kind import ActivityContext, RetryPolicy, activity
 
 
 @dataclass(frozen=True)

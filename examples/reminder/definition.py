@@ -5,11 +5,19 @@ from typing import Any, TypedDict
 
 from pydantic import Field
 
+from agentops.kind import (
+    Complete,
+    Decision,
+    Fail,
+    Goto,
+    InvalidInput,
+    LaunchParams,
+    NodeContext,
+    WorkflowDefinition,
+    node,
+    register_definition,
+)
 from examples.reminder.activities import ReminderInput, send_reminder
-from workflows.engine import Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
-from workflows.errors import InvalidInput
-from workflows.params import LaunchParams
-from workflows.registry import register_definition
 
 
 class ReminderParams(LaunchParams):

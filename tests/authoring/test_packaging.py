@@ -28,6 +28,11 @@ def test_new_kind_writes_a_package_that_installs_registers_itself_and_passes_its
     call_command("agent", "new-kind", "followup", "--dir", str(tmp_path), stdout=out)
     project = tmp_path / "followup"
     assert "Wrote the followup kind" in out.getvalue() and (project / "pyproject.toml").is_file()
+    # Written against the kind surface alone, with its launch parameters declared (docs/authoring.md).
+    written = {path.name: path.read_text() for path in project.rglob("*.py")}
+    assert not [name for name, text in written.items() if "from workflows" in text or "import workflows" in text]
+    assert "launch_params = FollowupParams" in written["definition.py"]
+    assert "def validate_params" not in written["definition.py"]
     with pytest.raises(CommandError, match="already exists"):
         call_command("agent", "new-kind", "followup", "--dir", str(tmp_path))
     with pytest.raises(CommandError, match="must be 1–60 lowercase"):

@@ -10,6 +10,7 @@ from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 from workflows.models.workflow import Workflow
+from workflows.params import ROLE_MAX_LENGTH
 
 
 class Wait(ConcurrentTransitionMixin, models.Model):
@@ -42,7 +43,8 @@ class Wait(ConcurrentTransitionMixin, models.Model):
     intent_version = models.PositiveIntegerField(help_text="Intent version the wait is bound to.")
     candidate = models.JSONField(null=True, blank=True, help_text="The candidate to approve, shown to approvers.")
     candidate_hash = models.CharField(max_length=64, blank=True, help_text="SHA-256 of the candidate under approval.")
-    required_role = models.CharField(max_length=150, blank=True, help_text="Django group whose members may decide.")
+    required_role = models.CharField(max_length=ROLE_MAX_LENGTH, blank=True,
+                                     help_text="Django group whose members may decide.")
     state_versions = models.JSONField(
         default=dict, blank=True, help_text="State versions the candidate was built on (intent, repository HEAD, …)."
     )

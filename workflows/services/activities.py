@@ -17,6 +17,7 @@ from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Refused
 from workflows.leases import Claim
 from workflows.models import Activity, ActivityAttempt, Commitment, Workflow
+from workflows.progress import progress_validate
 from workflows.services import lifecycle, slots
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.common import (
@@ -29,7 +30,7 @@ from workflows.services.common import (
     workflow_save,
 )
 from workflows.services.lifecycle import RunOutcome
-from workflows.services.progress import progress_record_once, progress_validate
+from workflows.services.progress import progress_record_once
 from workflows.services.steps import COMPENSATION_NODE, ChainSlot, commitment_compensated_by
 from workflows.services.workflows import AdvanceRaised, advance_locked
 from workflows.sql import RowWrite, row_get

@@ -15,13 +15,19 @@ from django.conf import settings
 
 from agentops import sandbox, telemetry
 from agentops.budgets import MODEL_CALL_LEASE, metered_complete
+from agentops.kind import (
+    ActivityContext,
+    InvalidInput,
+    Permanent,
+    Retryable,
+    RetryPolicy,
+    activity,
+    keep_alive,
+    progress_validate,
+)
 from agentops.providers.answers import AnswerTool, ask_structured
 from agentops.sandbox import files
 from agentops.steering import steered
-from workflows.activity_context import ActivityContext
-from workflows.errors import InvalidInput, Permanent, Retryable
-from workflows.heartbeats import keep_alive
-from workflows.registry import RetryPolicy, activity
 
 MAX_TASKS = 12
 MAX_TURNS = 8
@@ -322,8 +328,6 @@ def validate_verdict(data: dict[str, Any]) -> Verdict:
         raise InvalidInput("The model's verdict needs goal_met (true or false) and a reason.")
     progress = data.get("progress")
     if progress is not None:
-        from workflows.services.progress import progress_validate
-
         progress_validate({"progress": progress})  # refused here, where the model can be told why
     return {"goal_met": data["goal_met"], "reason": data["reason"][:2000], "progress": progress}
 

@@ -18,10 +18,20 @@ from agentops.agents.autonomous.activities import (
     replan,
     verify_goal,
 )
-from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
-from workflows.params import LaunchParams
-from workflows.presentation import EMPTY_QUERY, AdminPanel
-from workflows.registry import register_definition
+from agentops.kind import (
+    EMPTY_QUERY,
+    ActivityFailed,
+    AdminPanel,
+    Complete,
+    Decision,
+    Fail,
+    Goto,
+    LaunchParams,
+    NodeContext,
+    WorkflowDefinition,
+    node,
+    register_definition,
+)
 
 DEFAULT_ROUNDS = 3
 # A round cap a launch may set; the run is bounded by its time limit (max_hours) and budget. 0: no cap.

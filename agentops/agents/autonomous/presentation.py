@@ -4,9 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workflows import statestore
-from workflows.models import Checkpoint, Workflow
-from workflows.presentation import AdminPanel
+from agentops.kind import AdminPanel, state_at, state_of
+from agentops.kind.presentation import Checkpoint, Workflow
 
 # Task statuses the agent writes, with what they mean to an operator.
 TASK_STATUS_HELP = {
@@ -62,7 +61,7 @@ def earlier_tasks(workflow: Workflow, *, rounds: int | None = None) -> list[dict
         visits = visits[-rounds:] if rounds else []
     found = []
     for visit in visits:
-        tasks = statestore.state_at(workflow, visit).get("tasks")
+        tasks = state_at(workflow, visit).get("tasks")
         found += [t for t in tasks if isinstance(t, dict)] if isinstance(tasks, list) else []
     return found
 
@@ -82,7 +81,7 @@ def _adaptation_visits(workflow: Workflow) -> list[int]:
 def shown_tasks(workflow: Workflow) -> list[dict[str, Any]]:
     """The tasks of the last EARLIER_ROUNDS_SHOWN earlier rounds (their texts cut), then the
     current round's (whole)."""
-    state = statestore.state_of(workflow) if isinstance(workflow.state, dict) else {}
+    state = state_of(workflow) if isinstance(workflow.state, dict) else {}
     tasks = state.get("tasks")
     if not isinstance(tasks, list):
         return []
@@ -96,7 +95,7 @@ def task_rows(workflow: Workflow) -> list[TaskRow]:
     The state is written by node handlers from validated model output; anything unexpected in it
     is shown as text rather than trusted.
     """
-    state = statestore.state_of(workflow) if isinstance(workflow.state, dict) else {}
+    state = state_of(workflow) if isinstance(workflow.state, dict) else {}
     tasks = state.get("tasks")
     if not isinstance(tasks, list):
         return []

@@ -24,14 +24,10 @@ from agentops.agents.harness import breakers, gitops, tools
 from agentops.agents.harness import checks as checks_mod
 from agentops.agents.harness.checks import CheckResult, Feature
 from agentops.budgets import cost_usd, metered_complete
+from agentops.kind import ActivityContext, InvalidInput, Permanent, RetryPolicy, activity, keep_alive, now
 from agentops.providers import provider_for
 from agentops.sandbox import files
 from agentops.steering import steered
-from workflows import clock
-from workflows.activity_context import ActivityContext
-from workflows.errors import InvalidInput, Permanent
-from workflows.heartbeats import keep_alive
-from workflows.registry import RetryPolicy, activity
 
 MAX_TURNS = 40
 SESSION_RETRY = RetryPolicy(max_attempts=3, initial_interval_seconds=1.0, backoff=2.0)
@@ -430,7 +426,7 @@ def harness_session(ctx: ActivityContext, input: SessionInput) -> SessionResult:
                             command_timeout_seconds=limits.command_timeout_seconds,
                             idle_seconds=limits.idle_seconds, service_dir=services)
     started = time.monotonic()
-    deadline = (clock.now() + timedelta(seconds=limits.max_seconds)).isoformat(timespec="seconds")
+    deadline = (now() + timedelta(seconds=limits.max_seconds)).isoformat(timespec="seconds")
     git_log = gitops.git(root, "log", "--oneline", "-n", str(GIT_LOG_LINES), check=False)
     run = _Run(ctx, session, limits, started)
     try:

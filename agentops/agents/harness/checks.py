@@ -24,7 +24,7 @@ from django.conf import settings
 
 from agentops import sandbox
 from agentops.agents.harness.gitops import git
-from workflows.errors import InvalidInput
+from agentops.kind import InvalidInput
 
 FEATURE_ID = re.compile(r"^F\d{2,3}$")
 MAX_FEATURES = 500

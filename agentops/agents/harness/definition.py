@@ -37,13 +37,24 @@ from agentops.agents.harness.activities import (
     harness_validate,
 )
 from agentops.agents.harness.checks import CheckResult, Feature
-from workflows import statestore
-from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
-from workflows.errors import InvalidInput
-from workflows.models import Wait
-from workflows.params import LaunchParams
-from workflows.presentation import EMPTY_QUERY, AdminPanel, CandidateView
-from workflows.registry import register_definition
+from agentops.kind import (
+    EMPTY_QUERY,
+    ROLE_MAX_LENGTH,
+    ActivityFailed,
+    AdminPanel,
+    CandidateView,
+    Complete,
+    Decision,
+    Fail,
+    Goto,
+    InvalidInput,
+    LaunchParams,
+    NodeContext,
+    WorkflowDefinition,
+    node,
+    register_definition,
+    state_of,
+)
 
 ISOLATION_LEVELS = ("bwrap", "none")
 
@@ -242,7 +253,7 @@ class Harness(WorkflowDefinition):
                 raise InvalidInput(f"Parameter workspace={workspace!r} exists and is neither an empty directory nor "
                                    "a git repository; pass a new path.")
         role = typed["approver_role"] or "harness-approvers"
-        if len(role) > (Wait._meta.get_field("required_role").max_length or 0):
+        if len(role) > ROLE_MAX_LENGTH:
             raise InvalidInput(f"Parameter approver_role={role[:40]!r}… is too long for a group name.")
         isolation = typed["isolation"]
         if isolation not in ISOLATION_LEVELS:
@@ -652,7 +663,7 @@ class Harness(WorkflowDefinition):
     def show_extras(self, workflow: Any) -> dict[str, Any]:
         """``agent show --json``: the feature board with the engine's evidence, budgets and breakers,
         the isolation, why it is paused, progress rows and proposals."""
-        state = statestore.state_of(workflow) if isinstance(workflow.state, dict) else {}
+        state = state_of(workflow) if isinstance(workflow.state, dict) else {}
         params = workflow.params if isinstance(workflow.params, dict) else {}
         board = []
         for f in state.get("features", []):

@@ -27,12 +27,19 @@ from django.db.models.fields.json import KT
 from django.urls import reverse
 
 from agentops import git as engine_git
-from workflows import statestore
-from workflows.admin.charts import Reading, TimeChart, time_chart
-from workflows.admin.display import usd, when
-from workflows.admin.inspection import duration, page_links
-from workflows.models import Activity, UsageEntry, Workflow
-from workflows.presentation import AdminPanel
+from agentops.kind import AdminPanel, resolve, state_of
+from agentops.kind.presentation import (
+    Activity,
+    Reading,
+    TimeChart,
+    UsageEntry,
+    Workflow,
+    duration,
+    page_links,
+    time_chart,
+    usd,
+    when,
+)
 
 SESSION_ACTIVITIES = ("harness_initialize", "harness_session")
 # Events of a session's operation that are not steps of it: its scheduling, a doorbell rung again
@@ -133,7 +140,7 @@ class SessionView:
 
 
 def harness_panels(workflow: Workflow, query: Mapping[str, str]) -> list[AdminPanel]:
-    state = statestore.state_of(workflow) if isinstance(workflow.state, dict) else {}
+    state = state_of(workflow) if isinstance(workflow.state, dict) else {}
     checks = check_runs(workflow)
     features = [f for f in state.get("features") or [] if isinstance(f, dict)]
     sessions = session_views(workflow, state, checks, query.get(SESSIONS_PAGE_PARAM, ""))
@@ -259,7 +266,7 @@ def _views(workflow: Workflow, state: dict[str, Any], checks: list[CheckRun], ac
     views = []
     for age, activity in enumerate(activities, start=newer):
         view = _session(activity, events[activity.operation_id])
-        result = _object(statestore.resolve(activity.workflow_id, activity.result))
+        result = _object(resolve(activity.workflow_id, activity.result))
         if activity.name == "harness_session":
             passed = verdicts.get((view.feature, result.get("head")))
             view.verdict = "" if passed is None else "passed" if passed else "failed"
@@ -273,7 +280,7 @@ def _views(workflow: Workflow, state: dict[str, Any], checks: list[CheckRun], ac
 
 
 def _session(activity: Activity, events: list[Any]) -> SessionView:
-    data, result = _object(activity.input), _object(statestore.resolve(activity.workflow_id, activity.result))
+    data, result = _object(activity.input), _object(resolve(activity.workflow_id, activity.result))
     feature, report = _object(data.get("feature")), _object(result.get("report"))
     view = SessionView(
         number=int(data.get("session") or 0), feature=str(feature.get("id") or "initializer"),

@@ -14,11 +14,9 @@ from agentops import git as engine_git
 from agentops import providers, sandbox
 from agentops.budgets import MODEL_CALL_LEASE
 from agentops.deploytarget import client
+from agentops.kind import ActivityContext, CompensationInput, InvalidInput, Permanent, RetryPolicy, activity
 from agentops.providers.answers import AnswerTool, ask_structured, json_object_in
 from agentops.sandbox import files
-from workflows.activity_context import ActivityContext
-from workflows.errors import InvalidInput, Permanent
-from workflows.registry import CompensationInput, RetryPolicy, activity
 
 MAX_FILES = 20
 MAX_FILE_BYTES = 100_000

@@ -26,12 +26,21 @@ from agentops.agents.release.activities import (
     run_tests,
     verify_deployment,
 )
-from workflows.engine import Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
-from workflows.errors import InvalidInput
-from workflows.models import Wait
-from workflows.params import LaunchParams
-from workflows.presentation import CandidateView, candidate_as_json
-from workflows.registry import register_definition
+from agentops.kind import (
+    ROLE_MAX_LENGTH,
+    CandidateView,
+    Complete,
+    Decision,
+    Fail,
+    Goto,
+    InvalidInput,
+    LaunchParams,
+    NodeContext,
+    WorkflowDefinition,
+    candidate_as_json,
+    node,
+    register_definition,
+)
 
 DEFAULT_ROLE = "release-approvers"
 DEFAULT_EXPIRY_HOURS = 24.0
@@ -97,7 +106,7 @@ class Release(WorkflowDefinition):
             raise InvalidInput(f"Parameter test_command={command!r} cannot be parsed as a command: {exc}.") from None
         hours = typed["approval_expiry_hours"]
         role = typed["approver_role"] or DEFAULT_ROLE
-        role_limit = Wait._meta.get_field("required_role").max_length or 0
+        role_limit = ROLE_MAX_LENGTH
         if len(role) > role_limit:
             raise InvalidInput(f"Parameter approver_role is {len(role)} characters long; the limit is {role_limit} "
                                f"(a Django group name): name an existing group, e.g. "

@@ -7,11 +7,9 @@ from typing import Any, TypedDict
 
 from agentops import git as engine_git
 from agentops.budgets import MODEL_CALL_LEASE
+from agentops.kind import ActivityContext, InvalidInput, activity
 from agentops.providers.answers import AnswerTool, ask_structured
 from agentops.providers.scripted import offline_answer
-from workflows.activity_context import ActivityContext
-from workflows.errors import InvalidInput
-from workflows.registry import activity
 
 DIFF_CHARS = 12_000  # of the diff the model reads (the rest is named as cut)
 MAX_FINDINGS = 10

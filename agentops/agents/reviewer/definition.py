@@ -11,9 +11,7 @@ from typing import Any
 from pydantic import Field
 
 from agentops.agents.reviewer.activities import ReviewInput, reviewer_review
-from workflows.engine import Complete, Decision, NodeContext, WorkflowDefinition, node
-from workflows.params import LaunchParams
-from workflows.registry import register_definition
+from agentops.kind import Complete, Decision, LaunchParams, NodeContext, WorkflowDefinition, node, register_definition
 
 
 class ReviewerParams(LaunchParams):

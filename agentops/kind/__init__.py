@@ -1,0 +1,43 @@
+"""What a kind is written against: its definition, its activities, its launch parameters, its errors.
+
+A kind (a package of ``definition.py`` and ``activities.py``, docs/authoring.md) imports the
+runtime from here, and from ``agentops.kind.presentation`` (its admin panels) and
+``agentops.kind.testing`` (its tests), and from nowhere else of the kernel: these names are kept
+from release to release (tests/test_kind_surface.py locks them), while the modules behind them may
+move. Model calls, the sandbox and the engine's git are features a kind may use besides
+(``agentops.budgets``, ``agentops.providers``, ``agentops.sandbox``, ``agentops.git``).
+"""
+from __future__ import annotations
+
+from workflows.activity_context import ActivityContext
+from workflows.clock import now
+from workflows.engine import (
+    ActivityFailed,
+    ChildHandle,
+    ChildOutcome,
+    Complete,
+    Decision,
+    Fail,
+    FirstOutcome,
+    Goto,
+    NodeContext,
+    WaitOutcome,
+    WorkflowDefinition,
+    hash_of_candidate,
+    node,
+)
+from workflows.errors import BudgetExhausted, InvalidInput, Permanent, Retryable, Throttled
+from workflows.heartbeats import keep_alive
+from workflows.params import ROLE_MAX_LENGTH, LaunchParams
+from workflows.presentation import EMPTY_QUERY, AdminPanel, CandidateView, candidate_as_json
+from workflows.progress import progress_validate
+from workflows.registry import CompensationInput, RetryPolicy, activity, register_definition
+from workflows.statestore import resolve, state_at, state_of
+
+__all__ = [
+    "EMPTY_QUERY", "ROLE_MAX_LENGTH", "ActivityContext", "ActivityFailed", "AdminPanel", "BudgetExhausted",
+    "CandidateView", "ChildHandle", "ChildOutcome", "CompensationInput", "Complete", "Decision", "Fail",
+    "FirstOutcome", "Goto", "InvalidInput", "LaunchParams", "NodeContext", "Permanent", "RetryPolicy", "Retryable",
+    "Throttled", "WaitOutcome", "WorkflowDefinition", "activity", "candidate_as_json", "hash_of_candidate",
+    "keep_alive", "node", "now", "progress_validate", "register_definition", "resolve", "state_at", "state_of",
+]

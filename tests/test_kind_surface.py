@@ -1,0 +1,73 @@
+"""The surface kind authors write against, locked: ``agentops.kind`` (a definition and its
+activities), ``agentops.kind.presentation`` (its admin panels) and ``agentops.kind.testing`` (its
+tests). A name added here is a promise; a name removed breaks someone's kind. And the shipped kinds
+and the examples import nothing else of the kernel, so the surface is known to be enough."""
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SURFACE = {
+    "agentops.kind": [
+        "EMPTY_QUERY", "ROLE_MAX_LENGTH", "ActivityContext", "ActivityFailed", "AdminPanel", "BudgetExhausted",
+        "CandidateView", "ChildHandle", "ChildOutcome", "CompensationInput", "Complete", "Decision", "Fail",
+        "FirstOutcome", "Goto", "InvalidInput", "LaunchParams", "NodeContext", "Permanent", "RetryPolicy",
+        "Retryable", "Throttled", "WaitOutcome", "WorkflowDefinition", "activity", "candidate_as_json",
+        "hash_of_candidate", "keep_alive", "node", "now", "progress_validate", "register_definition", "resolve",
+        "state_at", "state_of",
+    ],
+    "agentops.kind.presentation": [
+        "Activity", "Checkpoint", "Reading", "TimeChart", "UsageEntry", "Workflow", "duration", "page_links",
+        "time_chart", "usd", "when",
+    ],
+    "agentops.kind.testing": [
+        "ActivityEnvironment", "Divergence", "FakeLease", "FakeLedger", "FakeModel", "LeaseLost", "Reply", "Throttle",
+        "WorkflowRun", "cut_off", "deployed", "registered", "replay",
+    ],
+}
+# Where kinds live: the shipped ones and the worked example of docs/authoring.md.
+KIND_SOURCES = [*sorted((ROOT / "agentops" / "agents").rglob("*.py")), *sorted((ROOT / "examples").rglob("*.py"))]
+
+
+@pytest.mark.parametrize("module", sorted(SURFACE))
+def test_the_surface_exports_exactly_its_locked_names(module: str) -> None:
+    imported = importlib.import_module(module)
+    assert sorted(imported.__all__) == sorted(SURFACE[module]), (
+        f"{module}.__all__ changed: a kind author's import may break. Lock the new list here on purpose.")
+    missing = [name for name in imported.__all__ if not hasattr(imported, name)]
+    assert not missing, f"{module} lists names it does not define: {missing}"
+
+
+def kernel_imports(path: Path) -> list[str]:
+    """Every import of ``workflows`` in the file, at module level or inside a function."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "workflows" or node.module.startswith("workflows."):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Import):
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: import {alias.name}" for alias in node.names
+                      if alias.name == "workflows" or alias.name.startswith("workflows.")]
+    return found
+
+
+def test_shipped_kinds_and_examples_import_the_kernel_only_through_the_surface() -> None:
+    assert len(KIND_SOURCES) > 20  # the scan sees the kinds
+    found = [line for path in KIND_SOURCES for line in kernel_imports(path)]
+    assert not found, "import these through agentops.kind instead:\n" + "\n".join(found)
+
+
+def test_what_kinds_import_of_the_surface_is_on_it() -> None:
+    """A kind that imports a name the surface does not list would pass only while the kernel keeps it."""
+    unknown = []
+    for path in KIND_SOURCES:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module in SURFACE:
+                unknown += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name}" for alias in node.names
+                            if alias.name not in SURFACE[node.module]]
+    assert not unknown, unknown
