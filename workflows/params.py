@@ -7,7 +7,9 @@ A leaf module: the engine imports it, and it imports nothing of the kernel but i
 """
 from __future__ import annotations
 
+import json
 import typing
+from decimal import Decimal
 from typing import Any
 
 import pydantic
@@ -55,28 +57,60 @@ def _refusal(model: type[LaunchParams], error: Any) -> str:
         about = f" ({field.description})" if field is not None and field.description else ""
         return f"Parameter {name} is required{about}: --param {name}=VALUE."
     if field is not None and error["type"] in RANGE_ERRORS:
-        low, high = bounds(field)
         about = f": {field.description}" if field.description else ""
-        return f"Parameter {name}={given} must be between {_number(low)} and {_number(high)}{about}."
+        return f"Parameter {name}={given} must be {range_text(field)}{about}."
     if field is not None and error["type"] in NUMBER_ERRORS:
-        return f"Parameter {name} must be a number: --param {name}={field.default}."
+        example = default_text(field) if not field.is_required() else "1"
+        return f"Parameter {name} must be a number: --param {name}={example}."
     if error["type"] == "int_from_float":
         return f"Parameter {name}={given} must be a whole number."
     return f"Parameter {name}={given!r}: {error['msg'].lower()}."
 
 
-def bounds(field: FieldInfo) -> tuple[float | None, float | None]:
-    """The lowest and highest value ``field`` allows (None: no bound)."""
-    low = high = None
-    for rule in field.metadata:  # annotated_types' Ge, Gt, Le, Lt, as Field(ge=..., ...) records them
-        low = next((getattr(rule, a) for a in ("ge", "gt") if hasattr(rule, a)), low)
-        high = next((getattr(rule, a) for a in ("le", "lt") if hasattr(rule, a)), high)
-    return (None if low is None else float(low)), (None if high is None else float(high))
+def _bounds(field: FieldInfo) -> tuple[tuple[float | None, bool], tuple[float | None, bool]]:
+    """(low, inclusive), (high, inclusive) of ``field``: annotated_types' Ge, Gt, Le, Lt, as
+    ``Field(ge=..., ...)`` records them."""
+    low: tuple[float | None, bool] = (None, True)
+    high: tuple[float | None, bool] = (None, True)
+    for rule in field.metadata:
+        for attr, inclusive in (("ge", True), ("gt", False)):
+            if hasattr(rule, attr):
+                low = (float(getattr(rule, attr)), inclusive)
+        for attr, inclusive in (("le", True), ("lt", False)):
+            if hasattr(rule, attr):
+                high = (float(getattr(rule, attr)), inclusive)
+    return low, high
 
 
-def _number(value: float | None) -> str:
+def range_text(field: FieldInfo, *, short: bool = False) -> str:
+    """The range as a person says it: "between 1 and 10", "more than 0 and at most 60", "at least 0";
+    ``short``: "1 to 10", "more than 0, at most 60" (the help's)."""
+    (low, low_in), (high, high_in) = _bounds(field)
+    if low is not None and high is not None and low_in and high_in:
+        return f"{_number(low)} to {_number(high)}" if short else f"between {_number(low)} and {_number(high)}"
+    parts = []
+    if low is not None:
+        parts.append(f"{'at least' if low_in else 'more than'} {_number(low)}")
+    if high is not None:
+        parts.append(f"{'at most' if high_in else 'less than'} {_number(high)}")
+    return (", " if short else " and ").join(parts)
+
+
+def default_text(field: FieldInfo) -> str:
+    """The default as one would type it after ``--param NAME=``: 0.5, true, [], '' for empty text."""
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float | Decimal):
+        return _number(float(value)) if isinstance(value, float) else str(value)
+    if isinstance(value, str):
+        return value if value else "''"
     if value is None:
-        return "any"
+        return "none"
+    return json.dumps(value)
+
+
+def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() else f"{value:g}"
 
 
@@ -84,15 +118,18 @@ def params_help(model: type[LaunchParams]) -> list[str]:
     """One line per parameter: ``name=TYPE (default, range): description``."""
     lines = []
     for name, field in model.model_fields.items():
-        facts = ["required"] if field.is_required() else [f"default {field.default!r}"]
-        low, high = bounds(field)
-        if low is not None or high is not None:
-            facts.append(f"{_number(low)} to {_number(high)}")
-        lines.append(f"{name}={_type_name(field.annotation)} ({', '.join(facts)}): {field.description or ''}".rstrip())
+        facts = ["required"] if field.is_required() else [f"default {default_text(field)}"]
+        if range_text(field):
+            facts.append(range_text(field, short=True))
+        about = f": {field.description}" if field.description else ""
+        lines.append(f"{name}={_type_name(field.annotation)} ({', '.join(facts)}){about}")
     return lines
 
 
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is typing.Literal:
         return "|".join(str(a) for a in typing.get_args(tp))
-    return {int: "INT", float: "NUMBER", str: "TEXT", bool: "true|false"}.get(tp, getattr(tp, "__name__", str(tp)))
+    if typing.get_origin(tp) in (list, dict):
+        return "JSON"
+    names = {int: "INT", float: "NUMBER", Decimal: "NUMBER", str: "TEXT", bool: "true|false"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))

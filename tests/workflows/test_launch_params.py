@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from tests.conftest import one_event_kind
 from workflows import engine, registry, services
 from workflows.errors import InvalidInput
 from workflows.models import Workflow
-from workflows.params import LaunchParams
+from workflows.params import LaunchParams, params_help, params_validated
 from workflows.testing import registered
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +110,34 @@ def test_agent_launch_help_lists_every_kinds_parameters_from_their_declarations(
     lines = [line.strip() for line in done.stdout.splitlines()]
     assert "release:" in lines and "autonomous:" in lines and "harness:" in lines
     assert "--param repo=TEXT (required): path of the git repository to change and deploy" in lines
-    assert "--param approval_expiry_hours=NUMBER (default 24.0, 0 to 8760): hours an approval stays open" in lines
+    assert ("--param approval_expiry_hours=NUMBER (default 24, more than 0, at most 8760): hours an approval stays "
+            "open") in lines
     assert ("--param max_rounds=INT (default 3, 0 to 1000000): adaptation rounds at most; 0: no cap (the time limit "
             "and the budget bound the run)") in lines
     assert "--param max_sessions=INT (default 40, 1 to 1000): coding sessions at most" in lines
+
+
+class Spend(LaunchParams):
+    budget: Decimal = Field(Decimal("0.50"), gt=0, le=1000, description="what a run may spend")
+    ratio: float = Field(0.5, gt=0, lt=1)
+    floor: int = Field(0, ge=0)
+    tags: list[str] = Field(default_factory=list, description="labels")
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"budget": "0"}, r"^Parameter budget=0 must be more than 0 and at most 1000: what a run may spend\.$"),
+    ({"ratio": "1"}, r"^Parameter ratio=1 must be more than 0 and less than 1\.$"),
+    ({"floor": "-1"}, r"^Parameter floor=-1 must be at least 0\.$"),
+])
+def test_a_bound_reads_as_a_person_says_it(params: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        params_validated("test-spend", Spend, params)
+
+
+def test_help_shows_defaults_as_they_are_typed() -> None:
+    assert params_help(Spend) == [
+        "budget=NUMBER (default 0.50, more than 0, at most 1000): what a run may spend",
+        "ratio=NUMBER (default 0.5, more than 0, less than 1)",
+        "floor=INT (default 0, at least 0)",
+        "tags=JSON (default []): labels",
+    ]
