@@ -5,7 +5,7 @@ import pytest
 
 from bench.against import RUN_LINE, TARGETS, summary
 
-# Lines the in-flight run printed: the commit's harness (d948bed), then this tree's.
+# Lines the in-flight run printed: the baseline commit's harness (d948bed), then this tree's.
 EARLIER = ("[bench   62.6s]   peak 500 in flight, 72.03 calls/s (0.72x ideal), due->sent p99 6.39 s, 686.2 MB, "
            "21 connections; CPU ms per call workers 17.2, postgres 5.5, fake_api 1.2")
 THIS = ("[bench   47.4s]   peak 500 in flight, 89.26 calls/s (0.89x ideal), due->sent p99 2.304 s, 755.5 MB, "

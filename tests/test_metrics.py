@@ -63,10 +63,10 @@ def families(text: str) -> dict[str, Any]:
 
 
 def test_counters_histograms_and_zero_series_follow_prometheus_conventions(client, settings, requester):
-    """Finding 7: attempts were gauges, latencies summaries of a sliding hour (the docs' own
-    rate(_sum)/rate(_count) read every fall as a reset), zero series were left out and spend showed only
-    `charged`. On an empty database every series is there at 0; after work, the counters and the
-    histograms' buckets only grow."""
+    """Attempts are counters, not gauges, and latencies histograms, not summaries of a sliding hour (whose
+    every fall the docs' own rate(_sum)/rate(_count) would read as a reset); zero series are not left out
+    and spend has every status (`uncertain` too), not only `charged`. On an empty database every series is
+    there at 0; after work, the counters and the histograms' buckets only grow."""
     settings.AGENTOPS_METRICS_TOKEN = TOKEN
     empty = samples(scrape(client).content.decode())
     kinds = families(scrape(client).content.decode())

@@ -356,7 +356,7 @@ def test_home_and_tmp_are_the_sandboxes(tmp_path):
 @pytest.mark.django_db
 def test_a_pytest_suite_passes_in_the_release_sandbox_as_it_does_on_its_own(tmp_path, deploy_target, requester):
     """The repository's own pytest run (the worker's Python, pytest-django installed) is not taken over
-    by agentops' settings: the failure of issue 15 with six."""
+    by agentops' settings, which would fail a plain library's suite (`six`'s, for one)."""
     repo = make_git_repo(tmp_path / "lib", test_script="")
     (repo / "test_lib.py").write_text(PYTEST_SUITE)
     from tests.conftest import git_commit

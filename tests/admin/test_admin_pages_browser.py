@@ -1,5 +1,5 @@
-"""Issue 14's last admin defects in a real browser (Debian's Chromium, headless): each decision's own
-message, the approval queue's summary, and the paged event timeline."""
+"""The admin pages in a real browser (Debian's Chromium, headless): each decision's own message, the
+approval queue's summary, and the paged event timeline."""
 from __future__ import annotations
 
 import re

@@ -194,7 +194,7 @@ def test_environment_names_are_ones_the_settings_read(compose):
                 assert f'"{key}"' in settings_text, f"service {name} sets {key}, which settings.py never reads"
 
 
-# --- Isolated and private by default (issue 22, item 6) ----------------------------------------
+# --- Isolated and private by default -----------------------------------------------------------
 
 SANDBOX_OPTIONS = {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined", "no-new-privileges:true"}
 VARIABLE = re.compile(r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")

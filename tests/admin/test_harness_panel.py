@@ -1,4 +1,4 @@
-"""The harness kind's admin page (issue 11, H12): the `todo` demo driven to `completed` in process, then
+"""The harness kind's admin page (H12 in docs/harness.md): the `todo` demo driven to `completed` in process, then
 its feature board, features passing over time, each session's timeline and commits, isolation and limits."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The admin's launch form (issue 24, typed inputs from one declaration): one field per launch
+"""The admin's launch form (typed inputs from one declaration): one field per launch
 parameter a kind declares, with its description and default; a launch refused by the kind's
 declaration is shown on the form and writes nothing."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The workflow page follows the event stream (issue 27, item 5): in Chromium, an event recorded after
+"""The workflow page follows the event stream: in Chromium, an event recorded after
 the page was opened appears at the top of its timeline without a reload, as text, and the page's status,
 node, reason, spend, model calls and progress follow."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Outbound webhooks in the admin (issue 27, item 3): a subscription added through the service (its
+"""Outbound webhooks in the admin: a subscription added through the service (its
 secret never shown), deliveries with their attempts, and a Redeliver button that checks permission."""
 from __future__ import annotations
 

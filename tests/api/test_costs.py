@@ -1,4 +1,4 @@
-"""Cost per step (issue 27, item 6): the usage ledger per node, activity and model, on the API and the
+"""Cost per step: the usage ledger per node, activity and model, on the API and the
 workflow page, adding up to what the budget counts."""
 from __future__ import annotations
 

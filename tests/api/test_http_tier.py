@@ -1,4 +1,4 @@
-"""The HTTP tier's contract over real HTTP (issue 26): every input checked where it enters, refused and
+"""The HTTP tier's contract over real HTTP: every input checked where it enters, refused and
 never rounded; the one JSON error shape for every 4xx and 5xx of /api and /hooks; request ids and log
 lines an operator can use; cursor pages; and the checks at the command line's door."""
 from __future__ import annotations
@@ -61,8 +61,8 @@ def launch_body(**extra: Any) -> dict[str, Any]:
     "/workflows?launcher=%00",
 ])
 def test_out_of_range_and_unstorable_query_values_are_400_not_500(http: Http, root_token: str, path: str) -> None:
-    """Finding 2: `limit=10**20`, `events=10**20` (bigint out of range), `kind=%00` reached the database
-    and answered an HTML 500; each is now refused where it enters, in the one shape."""
+    """`limit=10**20`, `events=10**20` (bigint out of range) and `kind=%00` are refused where they enter,
+    in the one shape, before they reach the database (where they would be an HTML 500)."""
     answer = http.get(path, token=root_token)
     assert answer.status == 400, (path, answer.body)
     assert set(answer.body) == {"error"}
@@ -85,8 +85,8 @@ def test_a_nul_in_a_dedupe_key_is_refused_and_stores_nothing(http: Http, root_to
 ])
 def test_launch_values_of_the_wrong_type_or_precision_are_refused_never_coerced(
         http: Http, root_token: str, field: str, value: Any) -> None:
-    """Finding 3: `"priority": "5"` and `true` were accepted; a budget of 0.000001 was stored as 0.0000
-    (paused for budget at once) and 1.00001 as 1.0000. All are refused, and nothing is launched."""
+    """`"priority": "5"` and `true` are refused, not coerced; a budget of 0.000001 is refused rather than
+    stored as 0.0000 (paused for budget at once), 1.00001 rather than as 1.0000. Nothing is launched."""
     answer = http.post("/workflows", launch_body(**{field: value}), token=root_token)
     assert answer.status == 400, answer.body
     assert field in answer.body["error"]
@@ -107,7 +107,7 @@ def test_a_budget_is_stored_exactly_as_given(http: Http, root_token: str) -> Non
 
 def test_a_body_not_declared_json_is_415_for_the_api_and_the_webhooks(http: Http, root_token: str,
                                                                        live_server: Any) -> None:
-    """Finding 3: Content-Type was not checked."""
+    """The Content-Type is checked: a body not declared JSON is 415, whatever it holds."""
     body = json.dumps(launch_body()).encode()
     for ctype in ("text/plain", "application/x-www-form-urlencoded"):
         answer = http.request("POST", "/workflows", raw=body, token=root_token, headers={"Content-Type": ctype})
@@ -128,7 +128,7 @@ def test_a_body_not_declared_json_is_415_for_the_api_and_the_webhooks(http: Http
 ])
 def test_unknown_routes_and_methods_answer_in_the_one_error_shape(http: Http, root_token: str, method: str,
                                                                    path: str, status: int) -> None:
-    """Finding 5: an unknown path was an HTML 404, OPTIONS an empty 405."""
+    """An unknown path is a JSON 404 and OPTIONS a JSON 405, not Django's HTML 404 or an empty 405."""
     answer = http.request(method, path, token=root_token)
     assert answer.status == status
     assert set(answer.body) == {"error"}, answer.body
@@ -137,7 +137,7 @@ def test_unknown_routes_and_methods_answer_in_the_one_error_shape(http: Http, ro
 
 
 def test_a_body_over_djangos_limit_is_a_json_413(http: Http, root_token: str, settings: Any) -> None:
-    """Finding 5: a 3 MB body was Django's HTML 400."""
+    """A 3 MB body is a JSON 413 naming the limit in bytes, not Django's HTML 400."""
     body = json.dumps(launch_body(goal="x" * 3_000_000)).encode()
     answer = http.request("POST", "/workflows", raw=body, token=root_token)
     assert answer.status == 413
@@ -146,8 +146,8 @@ def test_a_body_over_djangos_limit_is_a_json_413(http: Http, root_token: str, se
 
 def test_an_unhandled_error_is_a_json_500_with_a_request_id_and_a_logged_traceback(
         http: Http, root_token: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """Finding 2: 87 HTTP 500s, 0 tracebacks in the log. The answer names the request id, which is also
-    the X-Request-Id header and is on the log record with the traceback."""
+    """A 500 is traceable (a probe's 87 HTTP 500s with 0 tracebacks in the log were not): the answer names
+    the request id, which is also the X-Request-Id header and is on the log record with the traceback."""
     from workflows import selectors
 
     def broken(**_: Any) -> Any:
@@ -168,7 +168,7 @@ def test_an_unhandled_error_is_a_json_500_with_a_request_id_and_a_logged_traceba
 
 
 def test_a_refusal_is_logged_with_its_reason_source_and_workflow(http: Http, caplog: pytest.LogCaptureFixture) -> None:
-    """Finding 2: `api.refused` lines carried no reason, source or workflow."""
+    """An `api.refused` line carries the reason, the source and the workflow."""
     viewer = grant(User.objects.create_user("vera"), "view_workflow")
     token = token_for(viewer.username)
     workflow = services.workflow_launch(kind=KIND, goal="Wait for go")
@@ -196,14 +196,14 @@ def test_log_lines_can_be_json_with_the_request_id_and_the_traceback() -> None:
 
 
 def test_django_request_errors_are_logged_with_debug_off(settings: Any) -> None:
-    """Finding 2: with DEBUG off only the `agentops` logger had a handler, so Django's own 500s were lost."""
+    """With DEBUG off `django.request` has a handler too, not only `agentops`: Django's own 500s are logged."""
     assert settings.DEBUG is False
     assert settings.LOGGING["loggers"]["django.request"]["handlers"] == ["console"]
     assert logging.getLogger("django.request").handlers
 
 
 def test_lists_and_events_page_by_cursor_with_filters(http: Http, root_token: str) -> None:
-    """Finding 6: `limit=100000` returned every row; pages are now at most 200 and follow a cursor."""
+    """`limit=100000` does not return every row: a page is at most 200 rows and the next follows a cursor."""
     rita = User.objects.create_user("rita")
     made = [services.workflow_launch(kind=KIND, goal=f"w{i}", user=rita if i % 2 else None).pk for i in range(5)]
     seen, cursor = [], ""
@@ -231,7 +231,7 @@ def test_lists_and_events_page_by_cursor_with_filters(http: Http, root_token: st
 
 
 def test_the_command_line_refuses_out_of_range_numbers() -> None:
-    """Finding 2: `agent list --limit 10**20` printed a traceback."""
+    """`agent list --limit 10**20` and the like are refused with a message, not a traceback."""
     for args in (["list", "--limit", BIG], ["list", "--limit", "0"], ["show", BIG], ["show", "1", "--events", BIG],
                  ["cancel", BIG]):
         with pytest.raises(CommandError, match=r"must be at (least|most)") as refused:
@@ -268,7 +268,7 @@ def test_a_stream_keeps_its_request_id_while_it_runs_and_is_closed_with_the_resp
 
 
 def test_the_openapi_document_types_every_answer_and_states_the_limits(client: Any) -> None:
-    """Finding 4: every 2xx body was an open object, no limit was stated, the webhook route was missing."""
+    """Every 2xx body has a schema (not an open object), the limits are stated, the webhook route is there."""
     doc = client.get("/api/openapi.json").json()
     schemas = doc["components"]["schemas"]
     for path, item in doc["paths"].items():

@@ -1,4 +1,4 @@
-"""`Idempotency-Key` on the launch and supersede endpoints, over real HTTP (issue 24, item 5)."""
+"""`Idempotency-Key` on the launch and supersede endpoints, over real HTTP."""
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -1,4 +1,4 @@
-"""Changing a workflow's priority after launch (issue 28, item 3: "a launch option, changeable"): over
+"""Changing a workflow's priority after launch (a launch option, changeable): over
 HTTP and from the command line, audited, idempotent, refused where it enters when out of range."""
 from __future__ import annotations
 

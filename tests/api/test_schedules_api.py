@@ -1,4 +1,4 @@
-"""Schedules over HTTP (issue 29, item 2): the same service as `agent schedule`, its permissions, the
+"""Schedules over HTTP: the same service as `agent schedule`, its permissions, the
 one error shape for bad values, nothing written on a refusal."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Live event streams over real HTTP (issue 27, item 1): a workflow's history in order, resumed
+"""Live event streams over real HTTP: a workflow's history in order, resumed
 exactly after `Last-Event-ID`, kept alive, bounded in time; the all-workflows stream with filters."""
 from __future__ import annotations
 

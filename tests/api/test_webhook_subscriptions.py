@@ -1,4 +1,4 @@
-"""Outbound webhook subscriptions over the API and the command line (issue 27, item 3)."""
+"""Outbound webhook subscriptions over the API and the command line."""
 from __future__ import annotations
 
 import json

@@ -118,8 +118,8 @@ def test_a_signed_delivery_wakes_the_workflow_once(live_server):
 
 
 def test_a_delivery_sent_again_after_the_workflow_finished_is_already_applied(live_server, caplog):
-    """Finding 8: a signed delivery redelivered after its workflow finished got 409, where the README
-    promises `already_applied`; a new delivery to the finished workflow is still refused (409), and the
+    """A signed delivery redelivered after its workflow finished gets `already_applied`, as the README
+    promises, not 409; a new delivery to the finished workflow is still refused (409), and the
     refusal is logged with its reason, source and workflow."""
     workflow = waiting()
     body = json.dumps({"payload": {"passed": True}}).encode()
@@ -183,7 +183,7 @@ def test_a_refused_delivery_changes_nothing(live_server, case, status, message):
     assert Workflow.objects.get(pk=workflow.pk).status == "waiting"
 
 
-# --- Replays of a captured delivery (issue 22, item 5) ------------------------------------------
+# --- Replays of a captured delivery -----------------------------------------------------------
 
 
 def test_a_captured_delivery_replayed_under_a_new_delivery_id_is_refused(live_server):
@@ -305,7 +305,7 @@ def test_a_source_listed_as_unversioned_may_still_sign_the_old_way(live_server, 
 
 
 def test_a_token_holder_cannot_take_a_deliverys_key_first(live_server, http, operator_token):
-    """The attack of issue 22: a signal sent with the key a genuine delivery will be stored under is
+    """The key-squatting attack: a signal sent with the key a genuine delivery will be stored under is
     refused at the HTTP API and on the command line; the old key shape is an ordinary key, and the
     genuine delivery still wakes the workflow."""
     workflow = waiting()

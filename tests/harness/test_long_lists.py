@@ -1,6 +1,6 @@
 """A 500-feature list (MAX_FEATURES) is launched, validated, approved and worked on; its evidence
 (500 failing checks' output tails, over 1 MB together) is stored once and referenced; the admin
-page, ``agent show --json`` and the API's workflow read stay small (issue 23, item 3)."""
+page, ``agent show --json`` and the API's workflow read stay small."""
 from __future__ import annotations
 
 import io

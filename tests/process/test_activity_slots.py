@@ -1,4 +1,4 @@
-"""Concurrency keys for activities on real workers and beat (issue 28 item 2): two threads workers
+"""Concurrency keys for activities on real workers and beat: two threads workers
 with room for 12 attempts at once, a kind capped at 2 by AGENTOPS_ACTIVITY_CONCURRENCY; 7 workflows
 of it run 2 at a time, each waiting activity is rung when a slot frees (not at its 60 s recheck),
 and every workflow completes."""
@@ -54,5 +54,5 @@ def test_a_kind_capped_at_two_runs_two_at_a_time_and_hands_each_freed_slot_on(cl
     # Rung as slots free, in turns of SECONDS: never left for the 60 s recheck.
     assert waits[-1] < (WORKFLOWS / CAP) * SECONDS + 10, waits
     assert len({a.worker for a in attempts}) == 2, "both workers took capped work"
-    figures("issue 28 activity concurrency key", cap=CAP, workflows=WORKFLOWS, work_seconds=SECONDS,
+    figures("activity concurrency key", cap=CAP, workflows=WORKFLOWS, work_seconds=SECONDS,
             most_at_once=most, waited=waited, longest_wait_s=round(waits[-1], 2), elapsed_s=round(elapsed, 2))

@@ -1,4 +1,4 @@
-"""Autonomous agents under worker death (issue 4, reliability.md 6.15): no hoarded work, no lost task list.
+"""Autonomous agents under worker death (reliability.md 6.15): no hoarded work, no lost task list.
 
 Model-calling activities hold 300 s leases, so after a kill these tests confirm the process is
 dead and then move ``lease_expires_at`` into the past instead of waiting the lease out (as
@@ -112,7 +112,7 @@ def test_short_activities_are_not_stuck_behind_a_long_one_and_survive_its_worker
 
 
 def test_autonomous_agent_survives_a_sigkill_mid_task_with_its_task_list_intact(cluster, tmp_path, figures):
-    """Issue 4: SIGKILL the pool process during the second `execute_task` (before its model call);
+    """SIGKILL the pool process during the second `execute_task` (before its model call);
     attempt 1 is lost, attempt 2 runs the task, and the workflow completes with the same three
     tasks in order, every call charged once and every task's tool calls in the history."""
     wf = launch_autonomous("Prepare onboarding notes")
@@ -161,7 +161,7 @@ def test_autonomous_agent_survives_a_sigkill_mid_task_with_its_task_list_intact(
     notes = sorted(p.name for p in (tmp_path / "workspaces" / f"wf-{wf}" / "notes").iterdir())
     assert notes == ["lay-out-the-steps.md", "record-the-outcome.md", "write-a-brief.md"]
     assert_event_seqs_contiguous([wf])
-    figures("issue 4 autonomous SIGKILL mid-task", faults_injected=1, killed_task=2,
+    figures("autonomous SIGKILL mid-task", faults_injected=1, killed_task=2,
             attempts_of_killed_task=len(attempts), tasks_done=3, tasks_in_order=True,
             usage_entries=len(entries), usage_keys_unique=True, charged_twice=0,
             tool_calls=event_count("tool.called", workflow_id=wf),
@@ -169,7 +169,7 @@ def test_autonomous_agent_survives_a_sigkill_mid_task_with_its_task_list_intact(
 
 
 def test_a_task_killed_after_a_checkpoint_resumes_from_it_on_the_other_worker(cluster, figures):
-    """Issue 4, checkpoints at an interval (0 s here: after every turn): SIGKILL the pool process
+    """Checkpoints at an interval (0 s here: after every turn): SIGKILL the pool process
     before the third model call of the second task; attempt 2 resumes from the saved turn, so the
     task's two tool calls happen once, both in attempt 1."""
     wf = launch_autonomous("Prepare onboarding notes")
@@ -199,5 +199,5 @@ def test_a_task_killed_after_a_checkpoint_resumes_from_it_on_the_other_worker(cl
     keys = list(UsageEntry.objects.filter(workflow_id=wf).values_list("key", flat=True))
     assert len(keys) == len(set(keys)) == 11, keys
     assert_event_seqs_contiguous([wf])
-    figures("issue 4 autonomous SIGKILL after a checkpoint", faults_injected=1, resumed_at_turn=2,
+    figures("autonomous SIGKILL after a checkpoint", faults_injected=1, resumed_at_turn=2,
             tool_calls_of_killed_task=tools.count(), tool_calls_redone=0, usage_entries=len(keys))

@@ -66,8 +66,9 @@ def late_posts(requests: list[Any], key: str) -> list[str]:
 def test_a_worker_paused_before_its_post_deploys_nothing_after_cancel(
     cluster, git_repo, deploy_target, approver, requester, figures, monkeypatch,
 ):
-    """Issue 10.1: before, the cancel waited for the lease, the DELETE's 404 counted as done and
-    the woken worker deployed for a cancelled workflow, for good."""
+    """A cancel does not wait for the paused worker's lease, and its DELETE's 404 leaves a tombstone
+    rather than counting as done: the woken worker's late POST gets 410, so nothing is deployed for a
+    cancelled workflow."""
     requests = record_deploy_requests(monkeypatch)
     wf, pool, deploy = approved_and_paused_before_post(cluster, git_repo, requester, approver)
     stopped_at = time.monotonic()
@@ -97,7 +98,7 @@ def test_a_worker_paused_before_its_post_deploys_nothing_after_cancel(
                      what="the woken worker's late result to be discarded")
     assert event_count("activity.stale_result_discarded", workflow_id=wf) == 1
     assert_event_seqs_contiguous([wf])
-    figures("10.1 paused before POST, then cancel", sigstop=1, paused_s=f"{paused_s:.1f}",
+    figures("paused before POST, then cancel", sigstop=1, paused_s=f"{paused_s:.1f}",
             cancel_to_cancelled_s=f"{cancel_s:.1f}", late_post_status="410", deployments_live=0,
             tombstones=stats["tombstones"])
 
@@ -105,8 +106,9 @@ def test_a_worker_paused_before_its_post_deploys_nothing_after_cancel(
 def test_a_new_goal_while_the_deploy_runs_leaves_one_deployment(
     cluster, git_repo, deploy_target, approver, requester, figures, monkeypatch,
 ):
-    """Issue 10.2: before, the old goal's deploy went on after the supersede and the workflow,
-    rebuilt and approved again, completed with two live deployments."""
+    """After a supersede the old goal's deploy does not go on: its late POST gets 410 and its commitment
+    is compensated, so the workflow, rebuilt and approved again, completes with one live deployment,
+    not two."""
     requests = record_deploy_requests(monkeypatch)
     wf, pool, old = approved_and_paused_before_post(cluster, git_repo, requester, approver)
 
@@ -128,5 +130,5 @@ def test_a_new_goal_while_the_deploy_runs_leaves_one_deployment(
         old.operation_id: "compensated", new.operation_id: "released",
     }
     assert_event_seqs_contiguous([wf])
-    figures("10.2 new goal while the deploy is paused", sigstop=1, deployments_live=stats["active"],
+    figures("new goal while the deploy is paused", sigstop=1, deployments_live=stats["active"],
             old_goal_post_status="410", commitments="1 compensated, 1 released")

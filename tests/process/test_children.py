@@ -1,4 +1,4 @@
-"""Child workflows on real workers and beat (issue 29 item 1): two children run in parallel and
+"""Child workflows on real workers and beat: two children run in parallel and
 the parent completes with both results; a parent cancelled while its children hold deployments
 leaves no live effect, its children's undone before its own."""
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_a_parent_whose_two_children_run_in_parallel_completes_with_both_results
     assert overlap > 1.0, f"the children's work did not run at the same time (overlap {overlap:.2f} s)"
     assert Event.objects.filter(workflow_id=parent, kind="child.finished").count() == 2
     assert Event.objects.filter(workflow_id=parent, kind="child.started").count() == 2
-    figures("issue 29 two children in parallel", children=len(kids), child_work_seconds=3,
+    figures("two children in parallel", children=len(kids), child_work_seconds=3,
             overlap_seconds=round(overlap, 2), parent_seconds=round(elapsed, 2),
             workers=sorted({a.worker for a in attempts}))
 
@@ -67,6 +67,6 @@ def test_cancelling_the_parent_mid_child_leaves_no_live_effect(cluster: Cluster,
     for kid in kids:
         kid_undo = ActivityAttempt.objects.filter(activity=undone[kid.pk], status="succeeded").get()
         assert kid_undo.finished_at <= parent_undo.started_at
-    figures("issue 29 parent cancelled mid-child", children=len(kids), effects=3, live_effects=len(live_effects),
+    figures("parent cancelled mid-child", children=len(kids), effects=3, live_effects=len(live_effects),
             active_commitments=0, cancel_to_cancelled_seconds=round(took, 2),
             child_cancel_events=Event.objects.filter(workflow_id=parent, kind="child.cancelled").count())

@@ -166,7 +166,7 @@ def test_a_worker_five_minutes_behind_keeps_its_lease_and_its_timers_fire_on_tim
     assert_event_seqs_contiguous([wf])
 
     open_s, late_s = assert_timer_on_time(watch_payment_window(cluster))
-    figures("issue 10.8 worker clock 300 s behind", worker_offset_s=f"{offset:+.1f}", run_tests_s=f"{ran_s:.2f}",
+    figures("worker clock 300 s behind", worker_offset_s=f"{offset:+.1f}", run_tests_s=f"{ran_s:.2f}",
             run_tests_lease_s=registry.activity_type("run_tests").lease_seconds, leases_expired=0,
             timer_window_s=TIMER_SECONDS, timer_open_s=f"{open_s:.2f}", fired_after_fire_at_s=f"{late_s:.2f}")
 
@@ -210,6 +210,6 @@ def test_a_worker_five_minutes_ahead_is_taken_over_when_its_lease_runs_out_and_i
     assert takeover_s <= lease + BEAT_INTERVAL_SECONDS + 5.0, takeover_s
     assert event_count("activity.lease_expired", workflow_id=wf) == 1
     assert_event_seqs_contiguous([wf])
-    figures("issue 10.8 worker clock 300 s ahead", worker_offset_s=f"{offset:+.1f}", timer_window_s=TIMER_SECONDS,
+    figures("worker clock 300 s ahead", worker_offset_s=f"{offset:+.1f}", timer_window_s=TIMER_SECONDS,
             timer_open_s=f"{open_s:.2f}", fired_after_fire_at_s=f"{late_s:.2f}", run_tests_lease_s=lease,
             takeover_after_kill_s=f"{takeover_s:.2f}")

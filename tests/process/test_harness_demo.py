@@ -27,7 +27,7 @@ def test_the_todo_demo_completes_on_real_workers(cluster: Cluster, figures):
 
     workflow = Workflow.objects.get(pk=pk)
     checks = Event.objects.filter(workflow_id=pk, kind="harness.check_ran")
-    figures("issue 11 harness todo demo on real workers", wall_s=round(time.monotonic() - started, 1),
+    figures("harness todo demo on real workers", wall_s=round(time.monotonic() - started, 1),
             sessions=workflow.state["sessions"], checks_run=checks.count(),
             tamper_reverted=Event.objects.filter(workflow_id=pk, kind="harness.tamper_reverted").count(),
             regressions=checks.filter(data__purpose="regression", data__passed=False).count())

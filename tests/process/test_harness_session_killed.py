@@ -1,4 +1,4 @@
-"""Issue 11, H4 + the short session lease: a worker SIGKILLed in the middle of a coding session.
+"""H4 (docs/harness.md) + the short session lease: a worker SIGKILLed in the middle of a coding session.
 
 Real workers and beat, the two-feature project of tests/harness (a schedule file the workers
 read). F02's session writes app.py and then sits (a fault rule sleeps after the write, before the
@@ -87,7 +87,7 @@ def test_a_worker_killed_mid_edit_loses_nothing_and_counts_no_pass_twice(cluster
     assert ended == [("F01", 0), ("F02", 1)]
     assert workflow.state["sessions"] == 2
     assert_event_seqs_contiguous([pk])
-    figures("issue 11 harness session SIGKILLed mid-edit", session_lease_s=SESSION_LEASE_SECONDS,
+    figures("harness session SIGKILLed mid-edit", session_lease_s=SESSION_LEASE_SECONDS,
             takeover_s=f"{takeover_s:.1f}", wall_s=f"{wall_s:.1f}", sessions=workflow.state["sessions"],
             checks_run=Event.objects.filter(workflow_id=pk, kind="harness.check_ran").count())
     assert takeover_s <= SESSION_LEASE_SECONDS + 15

@@ -1,4 +1,4 @@
-"""Issue 13: a threads-pool worker SIGKILLed while it holds many model calls in flight.
+"""A threads-pool worker SIGKILLed while it holds many model calls in flight.
 
 Real workers and beat, the real SDK, the fake Messages API on loopback in this process. The
 threads worker consumes the I/O queue with a pool of AGENTOPS_DB_POOL_SIZE=4 connections for
@@ -145,6 +145,6 @@ def test_a_threads_worker_killed_with_many_model_calls_in_flight_loses_nothing_a
     assert_event_seqs_contiguous(ids)
     assert peak_connections <= CONNECTION_BOUND, peak_connections
     recovered = max(a.attempts.get(number=2).started_at.timestamp() for a in held) - killed_at
-    figures("issue 13 SIGKILL of a threads worker holding model calls", calls_in_flight=AGENTS,
+    figures("SIGKILL of a threads worker holding model calls", calls_in_flight=AGENTS,
             db_pool_size=DB_POOL_SIZE, peak_db_connections=peak_connections, last_retry_started_s=f"{recovered:.2f}",
             requests=len(by_key), server_bill_usd=bill)

@@ -1,4 +1,4 @@
-"""Issue 15, items 4 and 6: a worker SIGKILLed while it waits for a slow Claude answer.
+"""A worker SIGKILLed while it waits for a slow Claude answer.
 
 Real workers and beat, the real SDK, the fake Messages API on loopback in this process. The
 model-call lease is the default (AGENTOPS_MODEL_CALL_LEASE_SECONDS, 20 s), heartbeated while the
@@ -124,7 +124,7 @@ def test_a_worker_killed_during_a_slow_model_call_is_replaced_within_seconds(
     workflow = Workflow.objects.select_related("release").get(pk=wf)
     assert (workflow.release.provider, workflow.release.model) == ("anthropic", MODEL)
     assert [e.data["where"] for e in Event.objects.filter(workflow_id=wf, kind="release.changed")] == ["worker"]
-    figures("issue 15 SIGKILL during a slow model call", model_call_lease_s=MODEL_CALL_LEASE_SECONDS,
+    figures("SIGKILL during a slow model call", model_call_lease_s=MODEL_CALL_LEASE_SECONDS,
             slow_answer_s=SLOW_ANSWER_SECONDS,
             recovery_s=f"{recovery_s:.2f}", tool_calls=len(tools), tool_calls_redone=0, requests=len(by_key),
             server_bill_usd=bill, ledger_charged_usd=charged, ledger_uncertain_usd=uncertain,

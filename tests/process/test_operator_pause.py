@@ -1,4 +1,4 @@
-"""An operator pause with real workers and beat (issue 29): nothing new starts, the running deploy finishes,
+"""An operator pause with real workers and beat: nothing new starts, the running deploy finishes,
 resume goes on to completion, and the deploy target counts one effect."""
 from __future__ import annotations
 

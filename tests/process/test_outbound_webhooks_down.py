@@ -1,4 +1,4 @@
-"""Outbound webhooks with a real worker and beat (issue 27, item 3): a receiver written from
+"""Outbound webhooks with a real worker and beat: a receiver written from
 docs/live.md gets every event of the workflows once, verified and in order per workflow, though it
 is down for a minute in the middle; the workflows never wait for it."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ from workflows.testing.cluster import wait_for
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 SECRET = "r" * 40
-DOWN_SECONDS = 60  # the issue's "down for a minute"
+DOWN_SECONDS = 60  # a receiver "down for a minute"
 
 
 def record(workflow_ids: list[int], count: int) -> None:

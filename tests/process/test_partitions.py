@@ -149,7 +149,7 @@ def test_a_host_cut_off_mid_deploy_is_taken_over_and_its_late_write_fenced(
         raise
     finally:
         cluster.stop_all()
-    figures("issue 12 partitions (network namespaces)", baseline_two_releases_s=f"{baseline_s:.1f}",
+    figures("partitions (network namespaces)", baseline_two_releases_s=f"{baseline_s:.1f}",
             deploy_effects=deploys, duplicate_effects=0,
             **{f"{cut}_{k}": v for cut, r in recovery.items() for k, v in r.items()})
 
@@ -231,7 +231,7 @@ def test_the_beat_host_cut_off_delays_its_sweeps_and_a_standby_or_healed_beat_do
         raise
     finally:
         cluster.stop_all()
-    figures("issue 12 the beat's host partitioned", lease_s=LEASE_SECONDS, deploy_effects=deploys,
+    figures("the beat's host partitioned", lease_s=LEASE_SECONDS, deploy_effects=deploys,
             duplicate_effects=0, **{f"{cut}_{k}": v for cut, r in recovery.items() for k, v in r.items()})
 
 

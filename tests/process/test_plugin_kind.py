@@ -39,7 +39,7 @@ def test_the_reminder_example_runs_on_real_workers_with_one_settings_line(cluste
 
     sent = sorted(p.name for p in (Path(cluster.tmp_path) / "workspaces" / "outbox").iterdir())
     results = [Workflow.objects.get(pk=pk).result for pk in ids]
-    figures("issue 9 plug-in kind on real workers", workflows=len(ids), reminders_sent=len(sent),
+    figures("plug-in kind on real workers", workflows=len(ids), reminders_sent=len(sent),
             results=[r["reminders"] for r in results],
             handler_failures=Event.objects.filter(kind="workflow.handler_failed").count())
     assert [r["reminders"] for r in results] == [2, 1, 1]

@@ -1,9 +1,9 @@
-"""Issue 15.8, the release is what runs: workers configured otherwise than the shell that launches.
+"""The release is what runs: workers configured otherwise than the shell that launches.
 
 The workers run one model; this test process (the launching "shell") is configured with
-another. Before, the launch recorded the shell's release while the workers called theirs, so
-the release shown (and the simulated label) was not what ran. Now a worker announces its
-release when it starts, the launch records it, and every call goes to it.
+another. A worker announces its release when it starts, the launch records it, and every call
+goes to it: were the shell's release recorded while the workers called theirs, the release shown
+(and the simulated label) would not be what ran.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_a_launch_from_a_shell_configured_otherwise_records_and_runs_the_workers
     workflows = list(Workflow.objects.filter(pk__in=ids).select_related("release"))
     proposed = {w.state["proposal"]["model"]["model"] for w in workflows}
     charged = set(UsageEntry.objects.filter(workflow_id__in=ids).values_list("model", flat=True))
-    figures("issue 15.8 release announced by the workers", announced=announced.model,
+    figures("release announced by the workers", announced=announced.model,
             shell=settings.AGENTOPS_MODEL, recorded=sorted({w.release.model for w in workflows}),
             proposed=sorted(proposed), ledger=sorted(charged))
     assert announced.model == f"scripted/{WORKERS_MODEL}"

@@ -1,4 +1,4 @@
-"""A schedule on real beats (issue 29, item 2): two beats ring its beat entry and both run the
+"""A schedule on real beats: two beats ring its beat entry and both run the
 sweep, one of them is killed and started again, and each occurrence launches exactly once."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 28: two threads workers share one organisation limit through the limiter in Redis.
+"""Two threads workers share one organisation limit through the limiter in Redis.
 
 Real workers (the product's defaults: the limiter on the broker's Redis), the real SDK, the fake
 Messages API enforcing 120 requests a minute, its buckets a tenth full at first. One agent

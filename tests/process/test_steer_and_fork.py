@@ -1,4 +1,4 @@
-"""Issue 29, items 3 and 4, with real workers and beat: a steer message reaches the agent's next model call
+"""Steering and forks with real workers and beat: a steer message reaches the agent's next model call
 exactly once; a fork from visit N reuses N visits' results and repeats no effect.
 
 The steer scenario runs the autonomous agent against the fake Messages API on loopback (the real SDK),
@@ -100,7 +100,7 @@ def test_a_steer_message_reaches_the_next_model_call_exactly_once(
     assert Event.objects.get(workflow_id=wf, kind="steer.received").data["by"] == "olga"
     assert_event_seqs_contiguous([wf])
     delivery_s = claude_api.requests[held_at].at - sent_at
-    figures("issue 29 steer reaches the next model call once", requests=len(bodies),
+    figures("steer reaches the next model call once", requests=len(bodies),
             requests_carrying=len(carrying), received_as_new_turn=len(newly),
             other_activities_requests_carrying=0, delivered_to=f"{task.operation_id} call {row.call}",
             steer_to_request_s=f"{delivery_s:.2f}")
@@ -141,7 +141,7 @@ def test_a_fork_from_visit_n_reuses_n_results_and_repeats_no_effect(
     assert results[after_deploy] == results[original] != results[before_approval]
     assert_event_seqs_contiguous([original, after_deploy, before_approval])
     original_visits = Workflow.objects.get(pk=original).node_visit
-    figures("issue 29 fork from visit N", original_visits=original_visits,
+    figures("fork from visit N", original_visits=original_visits,
             original_activities=len(names(original)), fork7_reused_visits=7,
             fork7_activities=len(names(after_deploy)), fork7_new_effects=0, fork4_reused_visits=4,
             fork4_activities=len(names(before_approval)), fork4_new_effects=1,
@@ -215,6 +215,6 @@ def test_a_worker_killed_after_its_call_took_the_steer_message_loses_it_not_and_
     assert Activity.objects.get(pk=waiting.pk).status == "succeeded"
     assert_event_seqs_contiguous([wf])
     retry_at = claude_api.requests[newly[1]].at
-    figures("issue 29 steer across a killed model call", requests=len(bodies), requests_carrying=len(carrying),
+    figures("steer across a killed model call", requests=len(bodies), requests_carrying=len(carrying),
             sent_as_new_turn=len(newly), model_calls_that_took_it=1, deliveries_recorded=len(delivered),
             kill_to_retried_request_s=f"{retry_at - killed_at:.2f}", model_call_lease_s=KILL_LEASE_SECONDS)

@@ -1,5 +1,5 @@
-"""A stream client written from docs/live.md follows a workflow across restarts of a real web server
-(issue 27): every event arrives exactly once, in order, while events keep being recorded."""
+"""A stream client written from docs/live.md follows a workflow across restarts of a real web server:
+every event arrives exactly once, in order, while events keep being recorded."""
 from __future__ import annotations
 
 import json

@@ -1,9 +1,9 @@
-"""The documented production web tier, as a real server (issue 26): gunicorn with gthread workers
+"""The documented production web tier, as a real server: gunicorn with gthread workers
 (agentops/gunicorn.py) against PostgreSQL and Redis.
 
-Finding 1: the documented `runserver` took 97 of PostgreSQL's 100 connections under 4 clients × 275
-launches and answered 75 of them with an HTML 500. Through gunicorn the same load gets 0 errors and
-the web tier never holds more than workers × threads connections. Finding 4: schemathesis, run
+`runserver` is not the production server: it took 97 of PostgreSQL's 100 connections under 4
+clients × 275 launches and answered 75 of them with an HTML 500. Through gunicorn the same load gets
+0 errors and the web tier never holds more than workers × threads connections. Schemathesis, run
 against this server from the OpenAPI document, finds no failure."""
 from __future__ import annotations
 

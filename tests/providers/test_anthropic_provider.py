@@ -366,7 +366,7 @@ def _message(**fields: Any) -> dict[str, Any]:
 ])
 def test_malformed_responses_are_retried_not_fatal(answer: Answer, what: str, anthropic_api: FakeAnthropicAPI) -> None:
     """A 200 whose body is truncated or not a message is not used; the activity's retry policy
-    tries again (before, it was Permanent and failed the workflow on the first glitch)."""
+    tries again (it is Retryable, not Permanent: one glitch does not fail the workflow)."""
     with pytest.raises(Retryable) as caught:
         ask(make_provider(anthropic_api, answer))
     assert what in str(caught.value) and not isinstance(caught.value, Permanent)

@@ -1,4 +1,4 @@
-"""The model call in flight, live (issue 27, item 2): with AGENTOPS_LIVE_REDIS_URL set, calls go
+"""The model call in flight, live: with AGENTOPS_LIVE_REDIS_URL set, calls go
 through the SDK's streaming against the fake Messages API and their deltas are published as
 ephemeral model.delta events; the answer, the ledger and the recorded result are the same."""
 from __future__ import annotations

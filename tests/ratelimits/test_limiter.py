@@ -84,7 +84,7 @@ def test_a_small_tenant_is_not_starved_behind_a_large_one(limiter: RedisLimiter,
 def test_equal_demand_gets_equal_waits(limiter: RedisLimiter, clock: Clock) -> None:
     """Two tenants of 20 agents each, every agent asking again 2 s after it was admitted, against
     a limit of 10 a second: neither tenant's p99 wait is more than 1.25 times the other's (the
-    issue's bound is 2)."""
+    bound asked for is 2)."""
     rate = ask("user:x", rpm=600)
     drain(limiter, rate, 600)
     agents = {f"{t}{i}": ask(f"user:{t}", rpm=600) for t in "AB" for i in range(20)}

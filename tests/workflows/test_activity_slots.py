@@ -1,4 +1,4 @@
-"""Concurrency keys for activities (issue 28 item 2): AGENTOPS_ACTIVITY_CONCURRENCY caps the attempts
+"""Concurrency keys for activities: AGENTOPS_ACTIVITY_CONCURRENCY caps the attempts
 running at once per tenant and per kind; an attempt over a cap waits, stored, holding nothing, and
 a freed slot goes to the waiting activities by priority, then fair share, then age."""
 from __future__ import annotations

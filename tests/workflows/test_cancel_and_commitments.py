@@ -145,12 +145,12 @@ def test_cancelling_twice_changes_nothing(git_repo, deploy_target, requester, ap
 def test_cancel_during_a_running_deploy_compensates_at_once_and_a_late_post_is_refused(
     git_repo, deploy_target, requester, approver
 ):
-    """Issue 10.1: the deploy attempt passed its fence, then its worker paused before the POST.
+    """The deploy attempt passed its fence, then its worker paused before the POST.
 
-    Cancel voids the attempt and compensates the uncertain effect at once: the DELETE finds
-    nothing (404) and the target keeps the key as a tombstone. When the worker wakes and POSTs,
-    the target refuses (410): no deployment exists for the cancelled workflow. (Before: cancel
-    waited for the lease, the DELETE's 404 counted as done, and the late POST deployed for good.)
+    Cancel voids the attempt and compensates the uncertain effect at once, without waiting for the
+    lease: the DELETE finds nothing (404), and rather than taking that as done the target keeps the
+    key as a tombstone. When the worker wakes and POSTs, the target refuses (410): no deployment
+    exists for the cancelled workflow, where the late POST would otherwise deploy for good.
     """
     workflow = approved(git_repo, requester, approver)
     activity = run_until_scheduled(workflow.pk, "deploy")

@@ -48,11 +48,11 @@ def approve_current(workflow_id: int, approver: Any) -> Workflow:
 def test_a_deploy_in_flight_when_the_goal_changes_is_not_retried_for_the_old_goal(
     git_repo, deploy_target, requester, approver
 ):
-    """Issue 10.2: the deploy passed its fence, the goal is superseded, its POST gets a 503.
+    """The deploy passed its fence, the goal is superseded, its POST gets a 503.
 
-    Before, the retry POSTed the old candidate after the supersede and the rebuilt workflow
-    deployed again: completed with two live deployments. Now the old attempt's failure is stale,
-    no retry is scheduled, its possible effect is compensated, and one deployment stays live.
+    The old attempt's failure is stale: no retry is scheduled (one would POST the old candidate
+    after the supersede, and the rebuilt workflow would complete with two live deployments), its
+    possible effect is compensated, and one deployment stays live.
     """
     workflow = approved(git_repo, requester, approver)
     old = run_until_scheduled(workflow.pk, "deploy")
@@ -81,9 +81,9 @@ def test_a_deploy_in_flight_when_the_goal_changes_is_not_retried_for_the_old_goa
 def test_an_accepted_deploy_whose_answer_was_lost_is_compensated_when_the_goal_changes(
     git_repo, deploy_target, requester, approver
 ):
-    """Issue 10.2, variant: the first POST took effect but its answer was lost; the retry waits
-    in its window when the goal changes. Before, the old deploy was set cancelled and its live
-    deployment was never reconciled or undone. Now it is compensated as an uncertain effect."""
+    """A superseded deploy, variant: the first POST took effect but its answer was lost; the retry
+    waits in its window when the goal changes. The old deploy's live deployment is compensated as an
+    uncertain effect, not left cancelled and never reconciled or undone."""
     workflow = approved(git_repo, requester, approver)
     old = run_until_scheduled(workflow.pk, "deploy")
     deploy_target.store.set_fault(Fault.build("accept_then_drop", 1))
@@ -106,9 +106,9 @@ def test_an_accepted_deploy_whose_answer_was_lost_is_compensated_when_the_goal_c
 def test_the_old_goals_deploy_cannot_run_after_the_new_goal_was_rejected(
     git_repo, deploy_target, requester, approver
 ):
-    """Issue 10.2, variant: the old deploy is claimed, the goal changes, the new candidate is
-    rejected (the workflow fails), then the old attempt wakes. Before, it deployed: a live
-    deployment and an active commitment on a failed workflow. Now its fence stops it."""
+    """A superseded deploy, variant: the old deploy is claimed, the goal changes, the new candidate
+    is rejected (the workflow fails), then the old attempt wakes. Its fence stops it: no live
+    deployment and no active commitment on a failed workflow."""
     workflow = approved(git_repo, requester, approver)
     old = run_until_scheduled(workflow.pk, "deploy")
     claim = services.activity_claim_if_runnable(activity_id=old.pk, worker="paused", task_id="t1")
@@ -126,9 +126,9 @@ def test_the_old_goals_deploy_cannot_run_after_the_new_goal_was_rejected(
 
 
 def test_a_failed_workflow_compensates_the_deployment_it_made(git_repo, deploy_target, requester, approver):
-    """Issue 10.3: the deploy succeeded, verification finds another candidate on the target, the
-    workflow fails. Before, the deployment stayed live with an active commitment and no way to
-    undo it. Now failing compensates every active commitment."""
+    """The deploy succeeded, verification finds another candidate on the target, the workflow
+    fails. Failing compensates every active commitment: the deployment does not stay live with an
+    active commitment and no way to undo it."""
     workflow = approved(git_repo, requester, approver)
     activity = run_until_scheduled(workflow.pk, "deploy")
     assert services.activity_run_if_runnable(activity_id=activity.pk) == RunOutcome.RECORDED
@@ -191,9 +191,9 @@ def at_first_task(policy: str = "record") -> tuple[Workflow, Activity]:
 
 
 def test_a_replan_stops_the_running_task_at_its_next_fence(workspaces):
-    """Issue 10.4 and 10.5: stagnation replans while a task runs. Before, the task kept calling
-    the model and running tools beside the new round. Now leaving the node voids it: its next
-    model call is refused before any reservation or charge, and its heartbeat and checkpoint fail."""
+    """Stagnation replans while a task runs. Leaving the node voids the task, so it does not keep
+    calling the model and running tools beside the new round: its next model call is refused before
+    any reservation or charge, and its heartbeat and checkpoint fail."""
     workflow, task = at_first_task(policy="replan")
     claim = services.activity_claim_if_runnable(activity_id=task.pk, worker="w1", task_id="t1")
 
@@ -224,9 +224,9 @@ class VoidedWhenAnswered(DatabaseLease):
 
 
 def test_a_superseded_attempt_runs_no_tool(workspaces):
-    """Issue 10.6: the model asked for write_file, then the attempt lost its lease. Before, the
-    file was written before the fenced note. Now the call's note is the tool's fence: it raises
-    LeaseLost, nothing is written, and the request the provider answered is charged all the same."""
+    """The model asked for write_file, then the attempt lost its lease. The call's note is the tool's
+    fence, taken before the file is written: it raises LeaseLost, nothing is written, and the request
+    the provider answered is charged all the same."""
     workflow, task = at_first_task()
     claim = services.activity_claim_if_runnable(activity_id=task.pk, worker="w1", task_id="t1")
     ctx = ActivityContext(claim=claim, lease=VoidedWhenAnswered())
@@ -242,7 +242,8 @@ def test_a_superseded_attempt_runs_no_tool(workspaces):
 
 
 def test_tool_output_with_nul_characters_is_stored_as_text(tmp_path):
-    """Issue 10.9: reading a file with NUL bytes made the note and the checkpoint fail for good."""
+    """A file with NUL bytes reads as escaped text (``\\x00``): a raw NUL would make the note and the
+    checkpoint that store the output fail for good."""
     (tmp_path / "blob.bin").write_bytes(b"head\x00tail")
 
     ok, output = run_tool(tmp_path, "read_file", {"path": "blob.bin"})

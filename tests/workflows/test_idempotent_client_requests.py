@@ -1,4 +1,4 @@
-"""Launch and supersede with an idempotency key (issue 24, item 5): a client that sends the same
+"""Launch and supersede with an idempotency key: a client that sends the same
 request again after a lost answer gets the first result, never a second workflow or a second
 intent version; the key with another request is refused and changes nothing."""
 from __future__ import annotations

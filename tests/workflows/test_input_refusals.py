@@ -1,4 +1,4 @@
-"""Inputs refused where they enter (issue 10): a clear error, exit status 2 on the command line,
+"""Inputs refused where they enter: a clear error, exit status 2 on the command line,
 and nothing changed. Dedupe keys, `show --events`, deactivated users, and self-approval by the
 operator who set the goal."""
 from __future__ import annotations

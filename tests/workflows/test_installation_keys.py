@@ -1,4 +1,4 @@
-"""Idempotency keys unique across installations (issue 24, item 2).
+"""Idempotency keys unique across installations.
 
 An operation id (``wf-1/SEND.1/i1/0``) is the same string in every database. A fresh database
 (a second environment, a test run) that posts to the same external system under it would get

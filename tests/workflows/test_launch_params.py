@@ -1,5 +1,5 @@
 """A kind's launch parameters are declared once (``WorkflowDefinition.launch_params``, a pydantic
-model, issue 24): the declaration validates a launch by type and range, prints the parameters in
+model): the declaration validates a launch by type and range, prints the parameters in
 ``agent launch --help`` and is the JSON schema an interface can show."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The activity and attempt lifecycle (issue 24): one module makes every status change, each a
+"""The activity and attempt lifecycle: one module makes every status change, each a
 transition the models declare; what a failed attempt leads to is decided in named parts; whether
 an attempt was throttled or given back is a column, not parsed error text.
 """

@@ -1,4 +1,4 @@
-"""Outbound webhooks (issue 27, item 3), in-process against a receiver written from docs/live.md:
+"""Outbound webhooks, in-process against a receiver written from docs/live.md:
 each subscribed event once, signed, in order per workflow, retried with backoff, failed after the
 last attempt, redelivered on request; bad subscriptions refused."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A release change never repeats or strands an effect, and never eats a signal (issue 24, item 1).
+"""A release change never repeats or strands an effect, and never eats a signal.
 
 A customer follow-up: draft a reply, send it (an effect with a compensation), wait for the
 customer. A worker with a new prompt version wakes it: the reply that was sent stands and the

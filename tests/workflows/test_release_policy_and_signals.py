@@ -111,10 +111,10 @@ def test_release_change_under_pin_keeps_the_old_release(git_repo, deploy_target,
 
 def test_model_calls_run_the_workflows_release_not_the_workers_settings(git_repo, deploy_target, requester, approver,
                                                                        settings):
-    """Issue 10.7 and 15.8: before, activities took the provider and model of the worker's settings,
-    so a pin pinned only a label and a release recorded at launch was not what ran. Now every
-    workflow's calls go to its recorded release's model; under revalidate the new release is
-    adopted at the next wait, and the candidate rebuilt on it."""
+    """Every workflow's calls go to its recorded release's model, not to the provider and model of the
+    worker's settings (with those, a pin would pin only a label and the release recorded at launch
+    would not be what ran); under revalidate the new release is adopted at the next wait, and the
+    candidate rebuilt on it."""
     settings.AGENTOPS_MODEL = "claude-pinned"
     release_announce(at=clock.now())  # the workers run claude-pinned when the two are launched
     pinned = services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(git_repo),

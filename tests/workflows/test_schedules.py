@@ -1,4 +1,4 @@
-"""Schedules (issue 29, item 2): occurrences of a cron or an interval, each launched once however
+"""Schedules: occurrences of a cron or an interval, each launched once however
 often beat fires it; overlap policies, catch-up, jitter, pause and resume, trigger; the beat
 entry kept in step; bad input refused with nothing written."""
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Signals are queued per name, in order, and each event wait takes the oldest (issue 24, item 3).
+"""Signals are queued per name, in order, and each event wait takes the oldest.
 
-Before, a second signal without a dedupe key was answered ``applied`` ("Signal delivered.") when
-no wait received it, and a signal sent before its wait was kept without a word. Now a signal no
-open wait receives is answered ``queued``, listed by ``agent show`` under ``signals_queued``, and
-delivered to the next wait for its name; nothing is answered as delivered that no wait received.
+A signal no open wait receives is answered ``queued``, not ``applied`` ("Signal delivered."),
+listed by ``agent show`` under ``signals_queued``, and delivered to the next wait for its name:
+nothing is answered as delivered that no wait received, and a signal sent before its wait is not
+kept without a word.
 """
 from __future__ import annotations
 

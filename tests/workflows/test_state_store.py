@@ -113,9 +113,9 @@ def _stored_bytes_per_visit(workflow_id: int) -> list[int]:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("rung")
 def test_autonomous_completes_20_rounds_of_12_tasks_with_flat_state(settings, tmp_path, monkeypatch):
-    """At its old maximum (20 × 12, 4 KB instructions, 2 KB summaries; it used to stop in round 13
-    over the 1 MB state limit) the agent completes; the row keeps one round, and what a visit stores
-    late in the run is what it stored early."""
+    """At 20 rounds × 12 tasks, 4 KB instructions, 2 KB summaries (with every round kept in its state
+    it stopped in round 13 over the 1 MB state limit) the agent completes; the row keeps one round,
+    and what a visit stores late in the run is what it stored early."""
     settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
     _autonomous_at_its_limits(monkeypatch, rounds=20)
     workflow = drive(services.workflow_launch(kind="autonomous", goal="Reach round 20",

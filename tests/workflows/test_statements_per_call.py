@@ -16,15 +16,15 @@ from workflows.models import Activity, Checkpoint, Event, Workflow
 
 pytestmark = pytest.mark.django_db
 
-# The offline autonomous run below, measured on 2026-12-04 (nineteenth session): 169 statements for 11 model
+# The offline autonomous run below, measured on 2026-12-04: 169 statements for 11 model
 # calls (15.4 a call) on PostgreSQL, launch excluded; its plan, tasks, tools, verdict and every node entry
 # included (the test's transaction makes each block of its own a savepoint: two statements more). A note, a
 # checkpoint and a reservation without budget limits are one statement each there; a call's charge rides on
 # its model.called note, the steering question after a tool turn's checkpoint on that checkpoint, and what an
 # advance asks of its workflow (goal, last checkpoint, open child waits) on its row lock; a result and its
-# attempt's close are one statement (185 before, 16.8). Elsewhere (SQLite) each is a transaction of two or
-# three, and the events and the workflow's sequence number take a statement each: 314 (28.5). Since the
-# twenty-fifth session a result's advance takes no savepoint of its own (159, 14.5), and a node entry's fields
+# attempt's close are one statement (185 as two, 16.8). Elsewhere (SQLite) each is a transaction of two or
+# three, and the events and the workflow's sequence number take a statement each: 314 (28.5). On PostgreSQL,
+# moreover, a result's advance takes no savepoint of its own (159, 14.5), a node entry's fields
 # are written by the statement that writes the events of its step to the same row (153, 13.9), and the
 # result's statement reads its node visit's activities for the advance: 148 (13.5).
 STATEMENTS_PER_CALL_MAX = {"postgresql": 13.5}.get(connection.vendor, 29)

@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (issue 27, item 2): one trace per workflow whose ids come from the workflow,
+"""OpenTelemetry traces: one trace per workflow whose ids come from the workflow,
 spans for advances, attempts, model calls (GenAI conventions, ledger cost) and tool calls; a
 replayed step makes no span; off, nothing is set up."""
 from __future__ import annotations

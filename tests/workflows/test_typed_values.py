@@ -1,4 +1,4 @@
-"""Activity inputs and results are checked against their dataclass's types both ways (issue 24):
+"""Activity inputs and results are checked against their dataclass's types both ways:
 ``X(name=5, n="seven")`` is built by Python without complaint; the codec refuses it, naming each
 field, before it is stored, and refuses a stored value that no longer fits when it is read."""
 from __future__ import annotations

@@ -48,7 +48,7 @@ class State(TypedDict, total=False):
     (their checkpoints, read by ``presentation.earlier_tasks``), counted here."""
 
     tasks: list[Task]  # the current round's tasks
-    history: list[Task]  # the tasks of earlier rounds: only in workflows started before issue 23; emptied by a replan
+    history: list[Task]  # earlier rounds' tasks: non-empty only in a state that kept every round; a replan empties it
     done_before: int  # tasks done in earlier rounds
     skipped_before: int  # tasks skipped in earlier rounds
     round: int

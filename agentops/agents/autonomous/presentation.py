@@ -52,9 +52,9 @@ def earlier_tasks(workflow: Workflow, *, rounds: int | None = None) -> list[dict
 
     A replan moves a finished round out of the state; the round stays in the state its ADAPTATION
     visit was entered with (its checkpoint, ``workflows.statestore``). Only the checkpoints of the
-    rounds asked for are rebuilt, each from the last whole checkpoint before it. A workflow started
-    before that keeps ``state["history"]`` until its next replan; its rounds are in its
-    checkpoints too, so both read the same way.
+    rounds asked for are rebuilt, each from the last whole checkpoint before it. A state that kept
+    every round in ``state["history"]`` keeps them there until its next replan; those rounds are in
+    its checkpoints too, so both read the same way.
     """
     visits = _adaptation_visits(workflow)
     if rounds is not None:
