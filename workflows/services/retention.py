@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -91,7 +90,10 @@ def history_archive_if_claimed(*, workflow_id: int, claimed_at: datetime) -> boo
     if not _claim_held(workflow, claimed_at):
         return False
     path = archive_path(workflow)
-    written = _archive_write(workflow, path)
+    try:
+        written = _archive_write(workflow, path)
+    except histories.HistoryArchived:
+        return False  # archived meanwhile by a run that took the claim over
     faults.faultpoint("retention.archive_written", workflow_id=workflow_id)
     with transaction.atomic():
         workflow = workflow_lock(workflow_id)
@@ -132,16 +134,8 @@ def _archive_write(workflow: Workflow, path: Path) -> histories.Written:
     0600: states hold what the agent saw), fsynced, renamed over ``path``, the directory fsynced."""
     new_dirs = [d for d in (path.parent, path.parent.parent) if not d.exists()]
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            written = histories.write(workflow, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with histories.replaced(path) as out:
+        written = histories.write(workflow, out)
     for directory in [path.parent, *(d.parent for d in new_dirs)]:
         _fsync_directory(directory)
     return written
