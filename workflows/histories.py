@@ -14,24 +14,43 @@ line, each with a ``"type"``, in this order:
 
 Readers skip record types they do not know (a later version may add some before ``end``).
 Writing and reading stream: memory holds one visit (or one fetch of rows), however long the run.
+
+A file is a snapshot or nothing: ``write`` reads the workflow row, its checkpoints, blobs,
+activities, waits and events in one transaction, REPEATABLE READ on PostgreSQL (one snapshot
+for every statement of it, whatever commits meanwhile: a retention prune, a new event); on
+SQLite a transaction is one snapshot already. Inside a caller's transaction (retention's) the
+reads are that transaction's, and ``write`` checks before the end line that it wrote the events
+1 to the header's ``event_seq``, refusing otherwise. ``replaced`` puts a file at its path whole
+or not at all.
 """
 from __future__ import annotations
 
 import itertools
 import json
+import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from workflows import engine, replay
+from workflows.errors import NotFound, Refused
 from workflows.models import Event, Workflow
 
 FORMAT = "agentops.history/2"
 EVENTS_PER_FETCH = 500
+
+
+class HistoryArchived(NotFound):
+    """The workflow's checkpoints and events are in its archive file, no longer in the database."""
+
+
+class HistoryChanged(Refused):
+    """The history changed while it was read outside a snapshot: what was read is not one history."""
 
 
 @dataclass
@@ -55,10 +74,11 @@ def header(workflow: Workflow) -> dict[str, Any]:
     }
 
 
-def lines_of(workflow: Workflow, written: Written | None = None) -> Iterator[str]:
+def lines_of(workflow: Workflow, written: Written | None = None, *, seq_checked: bool = False) -> Iterator[str]:
     """The history of ``workflow`` as JSON Lines (each line ends in a newline), read as it is
     yielded; ``written`` is filled in on the way. The caller holds a transaction open while it
-    iterates (``write`` does), so the cursors live in it."""
+    iterates (``write`` does), so the cursors live in it. With ``seq_checked``, HistoryChanged
+    instead of the end line unless the events were 1 to ``workflow.event_seq``."""
     written = written if written is not None else Written()
     yield _line(header(workflow))
     for visit in replay.visits_of(workflow):
@@ -73,6 +93,11 @@ def lines_of(workflow: Workflow, written: Written | None = None) -> Iterator[str
                      "created_at": event.created_at.isoformat()})
         written.events += 1
         written.last_event_seq = event.seq
+    if seq_checked and (written.events, written.last_event_seq) != (workflow.event_seq, workflow.event_seq):
+        raise HistoryChanged(
+            f"Workflow {workflow.pk}'s history changed while it was read: {written.events} events, the last "
+            f"#{written.last_event_seq}, where its row counts {workflow.event_seq}; read it again (outside a "
+            "transaction, `agent export-history` reads one snapshot).", workflow_id=workflow.pk)
     yield _line({"type": "end", "visits": written.visits, "events": written.events})
 
 
@@ -83,13 +108,55 @@ class TextOut(Protocol):
 
 
 def write(workflow: Workflow, out: TextOut) -> Written:
-    """Write the history of ``workflow`` to ``out`` line by line, in constant memory; one
-    transaction holds the reads together."""
+    """Write the history of ``workflow`` to ``out`` line by line, in constant memory, as one
+    snapshot (the module's docstring): the workflow row is read again inside it.
+
+    Raises HistoryArchived when the snapshot shows the history archived (before the call, or
+    meanwhile if called inside a transaction that began before), HistoryChanged when, inside a
+    caller's transaction, events were deleted or added while they were read; either after
+    writing part of it to ``out``, so write to a file that ``replaced`` puts in place."""
     written = Written()
-    with transaction.atomic():
-        for line in lines_of(workflow, written):
+    with snapshot():
+        workflow = Workflow.objects.select_related("release").get(pk=workflow.pk)
+        if workflow.history_archived:
+            raise HistoryArchived(
+                f"Workflow {workflow.pk}'s history was archived on {workflow.history_archived_at:%Y-%m-%d} to "
+                f"{workflow.history_archive_path}; it is no longer in the database.", workflow_id=workflow.pk,
+                path=workflow.history_archive_path)
+        for line in lines_of(workflow, written, seq_checked=True):
             out.write(line)
     return written
+
+
+@contextmanager
+def snapshot() -> Iterator[None]:
+    """A transaction whose statements all read one snapshot: REPEATABLE READ on PostgreSQL when it
+    is the outermost one (the isolation level must be set before its first query); on SQLite
+    every transaction is one. Nested in a caller's transaction, that transaction."""
+    outermost = not connection.in_atomic_block
+    with transaction.atomic():
+        if outermost and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield
+
+
+@contextmanager
+def replaced(path: Path) -> Iterator[TextOut]:
+    """A text file that appears at ``path`` whole, or not at all: written to a temporary file
+    beside it (mode 0600: states hold what the agent saw), fsynced and renamed over ``path`` when
+    the block ends; removed when it raises. The caller fsyncs the directory if it needs the name
+    to survive a crash."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def _line(record: dict[str, Any]) -> str:

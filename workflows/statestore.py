@@ -327,6 +327,32 @@ def blobs_load(workflow_id: int, value: Any, known: dict[str, str] | None = None
     return texts
 
 
+def blobs_referenced(workflow_id: int, values: Iterable[Any], *, per_fetch: int = 500) -> set[str]:
+    """The digests of the workflow's blobs that ``values`` (stored form, read one at a time)
+    reference, directly or through the items and chunks they reference; holds digests only."""
+    from workflows.models import StateBlob
+
+    found: set[str] = set()
+    nested: set[str] = set()
+
+    def add(value: Any) -> None:
+        for d, kind in references(value).items():
+            if d not in found:
+                found.add(d)
+                if kind in (ITEM, CHUNK):  # its JSON references values of its own
+                    nested.add(d)
+
+    for value in values:
+        add(value)
+    while nested:
+        wanted, nested = sorted(nested), set()
+        for i in range(0, len(wanted), per_fetch):
+            for text in StateBlob.objects.filter(workflow_id=workflow_id, digest__in=wanted[i:i + per_fetch]
+                                                 ).values_list("data", flat=True).iterator(chunk_size=per_fetch):
+                add(json.loads(text))
+    return found
+
+
 def resolve(workflow_id: int, value: Any) -> Any:
     """``value`` (stored form, of this workflow) as handlers see it."""
     if not references(value):

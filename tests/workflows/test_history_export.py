@@ -5,18 +5,23 @@ from __future__ import annotations
 import gc
 import json
 import shutil
+import threading
 import tracemalloc
+from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.db import connection, transaction
 
 from bench.history_export import long_history
 from tests.conftest import drive, release_params
 from tests.workflows.test_replay_check import HISTORIES, SkipsTheTests, replay_check
-from workflows import histories, replay, services
+from workflows import clock, histories, replay, services
 from workflows.models import Event, Workflow
+from workflows.services import retention
+from workflows.services.common import event_record, workflow_lock
 from workflows.testing import deployed
 
 
@@ -147,3 +152,140 @@ def test_export_and_read_memory_does_not_grow_with_the_number_of_visits(tmp_path
     assert large_export - small_export < grown / 20, peaks
     assert large_read - small_read < grown / 20, peaks
     assert large_export < large_chars / 10 and large_read < large_chars / 10, peaks
+
+
+def in_another_connection(fn) -> None:
+    """Run ``fn`` to its commit in a thread of its own (its own database connection), and wait."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            failed.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and not failed, failed
+
+
+def paused_after_the_first_visit(monkeypatch, meanwhile) -> list[bool]:
+    """Make the next export run ``meanwhile`` (once) after it has read its first visit, its
+    cursors open; the list it returns says whether it ran."""
+    ran: list[bool] = []
+    visits_of = replay.visits_of
+
+    def paused(workflow, **kwargs):
+        stream = visits_of(workflow, **kwargs)
+        yield next(stream)
+        if not ran:
+            ran.append(True)
+            meanwhile()
+        yield from stream
+
+    monkeypatch.setattr(replay, "visits_of", paused)
+    return ran
+
+
+def event_records(text: str) -> tuple[dict, list[dict], dict]:
+    records = [json.loads(line) for line in text.splitlines()]
+    return records[0], [r for r in records if r["type"] == "event"], records[-1]
+
+
+def archive_now() -> None:
+    assert retention.histories_archive_due() == 1
+
+
+def event_appended(workflow_id: int):
+    def append() -> None:
+        with transaction.atomic():
+            event_record(workflow=workflow_lock(workflow_id), kind="operator.note", at=clock.now(), text="meanwhile")
+    return append
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a reader and a writer at once: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("meanwhile", ["archived", "event_appended"])
+def test_an_export_is_the_snapshot_it_started_from_whatever_commits_meanwhile(
+        meanwhile, monkeypatch, settings, tmp_path):
+    """Retention archives the workflow (deleting its checkpoints, events and blobs), or a new
+    event is recorded, while the export is paused after its first visit: the file is the history
+    as it was when the export began, byte for byte (its events 1 to the header's ``event_seq``,
+    the end line counting them); the change is wholly out of it and in the next export."""
+    settings.AGENTOPS_RETENTION_DAYS = 30
+    settings.AGENTOPS_ARCHIVE_DIR = tmp_path / "archive"
+    workflow = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk)
+    Workflow.objects.filter(pk=workflow.pk).update(updated_at=clock.now() - timedelta(days=31))
+    before = exported(workflow.pk)
+    events_before = Event.objects.filter(workflow=workflow).count()
+    ran = paused_after_the_first_visit(monkeypatch, lambda: in_another_connection(
+        archive_now if meanwhile == "archived" else event_appended(workflow.pk)))
+
+    during = exported(workflow.pk)
+
+    assert ran == [True]
+    header, events, end = event_records(during)
+    assert [e["seq"] for e in events] == list(range(1, header["event_seq"] + 1)), (
+        f"{len(events)} events of {header['event_seq']}")
+    assert end["events"] == len(events) == events_before
+    assert during == before
+    after = Event.objects.filter(workflow=workflow).values_list("kind", flat=True)
+    if meanwhile == "archived":
+        assert list(after) == ["history.archived"]
+        assert exported(workflow.pk) == before, "the archive is the history the export printed"
+    else:
+        assert len(after) == events_before + 1
+        assert event_records(exported(workflow.pk))[1][-1]["kind"] == "operator.note"
+
+
+def failing() -> None:
+    raise RuntimeError("the database connection went away")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_export_that_fails_midway_leaves_no_file_and_prints_nothing(monkeypatch, tmp_path):
+    """--output PATH: the file appears whole on success; a failure after the first visit leaves
+    the path as it was (absent, or the earlier whole file) and no temporary file beside it. On
+    stdout nothing is printed, not a part."""
+    workflow = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk)
+    path = tmp_path / "exports" / "history.jsonl"
+    path.parent.mkdir()
+    whole = exported(workflow.pk)
+    paused_after_the_first_visit(monkeypatch, failing)
+    out = StringIO()
+
+    with pytest.raises(RuntimeError, match="went away"):
+        call_command("agent", "export-history", str(workflow.pk), "--output", str(path), stdout=out)
+    assert list(path.parent.iterdir()) == [] and out.getvalue() == ""
+
+    monkeypatch.undo()
+    call_command("agent", "export-history", str(workflow.pk), "--output", str(path), stdout=out)
+    assert path.read_text(encoding="utf-8") == whole and out.getvalue() == ""
+    assert path.stat().st_mode & 0o777 == 0o600
+
+    paused_after_the_first_visit(monkeypatch, failing)
+    with pytest.raises(RuntimeError, match="went away"):
+        call_command("agent", "export-history", str(workflow.pk), "--output", str(path), stdout=out)
+    paused_after_the_first_visit(monkeypatch, failing)
+    with pytest.raises(RuntimeError, match="went away"):
+        call_command("agent", "export-history", str(workflow.pk), stdout=out)
+    assert [p.name for p in path.parent.iterdir()] == [path.name] and out.getvalue() == ""
+    assert path.read_text(encoding="utf-8") == whole
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a reader and a writer at once: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_inside_a_callers_transaction_an_event_recorded_meanwhile_is_refused_not_written(monkeypatch):
+    """Nested in a READ COMMITTED transaction (retention's), the reads are not one snapshot: an
+    event committed while the export is paused makes it raise HistoryChanged, with no end line."""
+    workflow = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk)
+    paused_after_the_first_visit(monkeypatch, lambda: in_another_connection(event_appended(workflow.pk)))
+    out = StringIO()
+
+    with pytest.raises(histories.HistoryChanged, match=f"Workflow {workflow.pk}'s history changed while it was "
+                                                        f"read: {workflow.event_seq + 1} events"), transaction.atomic():
+        histories.write(workflow, out)
+    assert '"type":"end"' not in out.getvalue()

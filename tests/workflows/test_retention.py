@@ -6,18 +6,25 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from tests.conftest import drive, release_params, run_at_once
 from tests.workflows.test_replay_check import replay_check
-from workflows import clock, services
-from workflows.models import Checkpoint, Event, Workflow
+from workflows import clock, services, statestore
+from workflows.engine import Complete, Decision, Goto, NodeContext, WorkflowDefinition, node
+from workflows.errors import TransitionRefused
+from workflows.models import Checkpoint, Event, StateBlob, Workflow
 from workflows.services import retention
+from workflows.testing import registered
 from workflows.testing.cluster import subprocess_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +76,7 @@ def test_a_workflow_finished_longer_ago_than_the_age_is_archived_then_its_rows_d
     [marker] = Event.objects.filter(workflow=workflow)
     assert (marker.kind, marker.seq) == ("history.archived", events + 1)
     assert marker.data == {"path": str(archive), "visits": checkpoints + 1, "checkpoints": checkpoints,
-                           "events": events, "through_seq": events}
+                           "events": events, "blobs": 0, "through_seq": events}
     assert (rows(workflow.pk), workflow.checkpoint_id, workflow.status) == ((0, 1), None, "completed")
     assert replay_check("--fixtures", str(archive)) == (0, "1 of 1 histories replay on the current definitions.\n")
     assert exported(workflow.pk) == before
@@ -277,3 +284,130 @@ def test_a_bad_retention_setting_stops_start_up_with_what_to_set(tmp_path, name,
                           timeout=120)
 
     assert done.returncode != 0 and message in done.stderr, done.stderr[-1500:]
+
+
+class Redraft(WorkflowDefinition):
+    """Writes a long draft, replaces it with another, keeps a long note throughout."""
+
+    kind = "redraft"
+    start_node = "DRAFT"
+    revalidate_node = "DRAFT"
+
+    @node("DRAFT")
+    def draft(self, ctx: NodeContext[Any]) -> Decision:
+        return Goto("REVISE", {"draft": "first draft " * 200, "notes": ["kept note " * 200, "short"]})
+
+    @node("REVISE")
+    def revise(self, ctx: NodeContext[Any]) -> Decision:
+        return Goto("PUBLISH", {"draft": "second draft " * 200})
+
+    @node("PUBLISH")
+    def publish(self, ctx: NodeContext[Any]) -> Decision:
+        return Complete({"chars": len(ctx.state["draft"])})
+
+
+def blobs_of(workflow: Workflow) -> set[str]:
+    return set(StateBlob.objects.filter(workflow=workflow).values_list("digest", flat=True))
+
+
+@pytest.mark.django_db
+def test_archiving_deletes_the_blobs_no_remaining_row_references_and_keeps_a_forks(settings, monkeypatch):
+    """The first draft, which only a deleted checkpoint referenced, goes; the second draft and the
+    note (the row's state) stay; the fork's rows for the same texts all stay, and it still reads them."""
+    settings.AGENTOPS_STATE_BLOB_MIN_CHARS = 1024
+    first, second, note = (statestore.digest_of(text) for text in ("first draft " * 200, "second draft " * 200,
+                                                                    "kept note " * 200))
+    with registered(Redraft):
+        original = drive(services.workflow_launch(kind="redraft", goal="Publish the notes").pk)
+        fork = drive(services.workflow_fork(workflow_id=original.pk, from_visit=1).pk)
+    assert (original.status, fork.status) == ("completed", "completed")
+    assert blobs_of(original) == blobs_of(fork) == {first, second, note}
+    fork_states = {visit: statestore.state_at(fork, visit) for visit in (2, 3)}
+    checkpoints = Checkpoint.objects.filter(workflow=original).count()
+    Workflow.objects.filter(pk=original.pk).update(updated_at=clock.now() - timedelta(days=DAYS + 1))
+
+    assert retention.histories_archive_due() == 1
+
+    assert blobs_of(original) == {second, note}
+    assert blobs_of(fork) == {first, second, note}
+    assert {visit: statestore.state_at(fork, visit) for visit in (2, 3)} == fork_states
+    assert fork_states[2]["draft"] == "first draft " * 200
+    archived = Workflow.objects.get(pk=original.pk)
+    monkeypatch.setattr(statestore, "_cache", statestore._BlobCache(max_chars=1_000_000))  # read the rows
+    assert statestore.state_of(archived) == {"draft": "second draft " * 200, "notes": ["kept note " * 200, "short"]}
+    [marker] = Event.objects.filter(workflow=original)
+    assert (marker.data["checkpoints"], marker.data["blobs"]) == (checkpoints, 1)
+    assert retention.histories_archive_due() == 0 and blobs_of(fork) == {first, second, note}
+
+
+def waiting_for_a_lock(*, seconds: float = 10) -> int:
+    """How many other sessions of this database wait for a lock, once one does (or ``seconds`` pass)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with connection.cursor() as cursor:
+            # pg_locks, not pg_stat_activity: that one is read once per transaction.
+            cursor.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted AND pid <> pg_backend_pid()")
+            waiting = cursor.fetchone()[0]
+        if waiting or time.monotonic() > deadline:
+            return int(waiting)
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a fork and retention at once: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("when", ["after_the_archive_is_written", "while_retention_holds_the_lock"])
+def test_a_fork_created_while_retention_archives_the_original_keeps_every_blob_it_references(
+        when, settings, monkeypatch):
+    """A fork of the original created from another connection after the archive is written (it
+    commits first), or while retention deletes under the row lock (it waits, then is refused):
+    the fork, if made, reads every state it has from its own rows; the original keeps what its row
+    references."""
+    settings.AGENTOPS_STATE_BLOB_MIN_CHARS = 1024
+    first, second, note = (statestore.digest_of(text) for text in ("first draft " * 200, "second draft " * 200,
+                                                                    "kept note " * 200))
+    made: list[Any] = []
+
+    def fork_it() -> None:
+        try:
+            made.append(services.workflow_fork(workflow_id=original.pk, from_visit=1))
+        except Exception as exc:  # noqa: BLE001 - asserted on below
+            made.append(exc)
+        finally:
+            connection.close()
+
+    def meanwhile() -> threading.Thread:
+        thread = threading.Thread(target=fork_it)
+        thread.start()
+        return thread
+
+    with registered(Redraft):
+        original = drive(services.workflow_launch(kind="redraft", goal="Publish the notes").pk)
+        Workflow.objects.filter(pk=original.pk).update(updated_at=clock.now() - timedelta(days=DAYS + 1))
+        threads: list[threading.Thread] = []
+        if when == "after_the_archive_is_written":
+            def written(point: str, **context: Any) -> None:
+                threads.append(meanwhile())
+                threads[-1].join(timeout=60)  # committed before retention takes the row lock
+            monkeypatch.setattr(retention.faults, "faultpoint", written)
+        else:
+            delete = retention.blobs_unreferenced_delete
+
+            def deleting(workflow: Workflow, **kwargs: Any) -> int:
+                threads.append(meanwhile())
+                assert waiting_for_a_lock() == 1, "the fork waits for the row lock retention holds"
+                return delete(workflow, **kwargs)
+            monkeypatch.setattr(retention, "blobs_unreferenced_delete", deleting)
+
+        assert retention.histories_archive_due() == 1
+        threads[0].join(timeout=60)
+
+    assert blobs_of(original) == {second, note}
+    [outcome] = made
+    if when == "after_the_archive_is_written":
+        assert isinstance(outcome, Workflow), outcome
+        monkeypatch.setattr(statestore, "_cache", statestore._BlobCache(max_chars=1_000_000))  # read the rows
+        assert {first, note} <= blobs_of(outcome)
+        assert statestore.state_at(outcome, 2) == {"draft": "first draft " * 200,
+                                                   "notes": ["kept note " * 200, "short"]}
+    else:
+        assert isinstance(outcome, TransitionRefused) and "were archived to" in str(outcome), outcome

@@ -9,6 +9,7 @@ import argparse
 import getpass
 import json
 import sys
+import tempfile
 from datetime import date
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -159,8 +160,12 @@ class Command(BaseCommand):
 
         export = verb("export-history", "Print a workflow's history as JSON Lines (a header, its node visits, its "
                                         "events, an end line), streamed: a replay-check fixture, the retention "
-                                        "archive's format. An archived workflow's prints its archive.")
+                                        "archive's format. One snapshot, printed once it is read whole, or an "
+                                        "error and nothing printed. An archived workflow's prints its archive.")
         export.add_argument("id", type=int)
+        export.add_argument("--output", metavar="PATH",
+                            help="write it to PATH instead (mode 0600): the file appears whole when the export "
+                                 "succeeds and is left as it was (or absent) when it fails")
 
         token = verb("token", "Manage API tokens: `token create --user NAME [--name LABEL]` prints a new token once; "
                               "`token list [--user NAME]`; `token revoke ID`.")
@@ -504,11 +509,19 @@ class Command(BaseCommand):
 
     def _export_history(self, options: dict[str, Any]) -> None:
         workflow = workflow_by_id(options["id"])
-        out = LinesOut(self.stdout)
-        if workflow.history_archived:
-            archive_copy(workflow, out)
-        else:
-            histories.write(workflow, out)
+        if options["output"]:
+            path = Path(options["output"])
+            if not path.parent.is_dir():
+                raise InvalidInput(f"--output {options['output']}: no folder {path.parent} to write it in.")
+            with histories.replaced(path) as out:
+                history_copy(workflow, out)
+            return
+        # Spooled to disk (memory stays flat), printed once whole: a refusal prints nothing.
+        with tempfile.TemporaryFile("w+", encoding="utf-8") as spool:
+            history_copy(workflow, spool)
+            spool.seek(0)
+            while chunk := spool.read(COPY_CHARS):
+                self.stdout.write(chunk, ending="")
 
     def _replay_check(self, options: dict[str, Any]) -> None:
         checked: list[tuple[str, replay.Divergence | None]] = []
@@ -534,22 +547,23 @@ class Command(BaseCommand):
                                "path for them (docs/authoring.md, \"Changing a definition\").", returncode=1)
 
 
-class LinesOut:
-    """The command's stdout as a file of lines that already end in a newline."""
-
-    def __init__(self, stdout: Any) -> None:
-        self._stdout = stdout
-
-    def write(self, text: str) -> int:
-        self._stdout.write(text, ending="")
-        return len(text)
+COPY_CHARS = 1 << 16
 
 
-def archive_copy(workflow: Workflow, out: LinesOut, *, chunk_chars: int = 1 << 16) -> None:
+def history_copy(workflow: Workflow, out: histories.TextOut) -> None:
+    """The history of ``workflow`` as one snapshot, or its archive file when the snapshot shows
+    it archived (before the export, or by retention before its snapshot began)."""
+    try:
+        histories.write(workflow, out)
+    except histories.HistoryArchived:
+        archive_copy(workflow_by_id(workflow.pk), out)
+
+
+def archive_copy(workflow: Workflow, out: histories.TextOut) -> None:
     """Copy an archived workflow's archive file to ``out``, a chunk at a time."""
     try:
         with open(workflow.history_archive_path, encoding="utf-8") as archive:
-            while chunk := archive.read(chunk_chars):
+            while chunk := archive.read(COPY_CHARS):
                 out.write(chunk)
     except OSError as exc:
         raise NotFound(f"Workflow {workflow.pk}'s history was archived on {workflow.history_archived_at:%Y-%m-%d} to "
