@@ -81,7 +81,7 @@ def test_recorded_results_are_replayed_not_recomputed(git_repo, deploy_target, r
         ({"repo": "REPO", "test_command": ""}, "test_command is required"),
         ({"repo": "REPO", "test_command": "echo 'unterminated"}, "cannot be parsed"),
         ({"repo": "REPO", "test_command": "true", "colour": "red"}, "Unknown parameter"),
-        ({"repo": "REPO", "test_command": "true", "approval_expiry_hours": "-1"}, "between 0 and 8760"),
+        ({"repo": "REPO", "test_command": "true", "approval_expiry_hours": "-1"}, "more than 0 and at most 8760"),
     ],
 )
 def test_bad_launch_parameters_are_refused_and_nothing_is_written(git_repo, params, message):
