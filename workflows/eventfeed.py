@@ -110,10 +110,8 @@ class GlobalCursor:
             return False
         if connection.vendor != "postgresql":
             return True
-        if self.hole_waits_on is None:
-            self.hole_waits_on = open_transactions()
-            return not self.hole_waits_on
-        self.hole_waits_on = self.hole_waits_on & open_transactions()
+        still_open = open_transactions()
+        self.hole_waits_on = still_open if self.hole_waits_on is None else self.hole_waits_on & still_open
         return not self.hole_waits_on
 
 

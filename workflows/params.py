@@ -101,8 +101,10 @@ def default_text(field: FieldInfo) -> str:
     value = field.get_default(call_default_factory=True)
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float | Decimal):
-        return _number(float(value)) if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return _number(value)
+    if isinstance(value, Decimal):
+        return str(value)
     if isinstance(value, str):
         return value if value else "''"
     if value is None:
