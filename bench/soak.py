@@ -57,14 +57,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from bench import soak_harness
+from bench import soak_harness, soak_tree
 from bench.infra import REPO_ROOT, Postgres
 from workflows.testing import faketime
 from workflows.testing.cluster import SHORT_CLOCKS, Cluster, Proc, RedisServer, free_port, wait_for
 from workflows.testing.forwarder import Forwarder
 
 FAULT_KINDS = ("worker_kill", "worker_pause", "beat_restart", "second_beat", "broker_restart", "broker_flush",
-               "pg_terminate", "clock_skew", "target_drop", "kill_after_accept", "partition")
+               "pg_terminate", "clock_skew", "target_drop", "kill_after_accept", "partition", "release_change")
 # A worker armed with these rules dies (its pool process, SIGKILL) right after the deploy target
 # accepted its next first deploy attempt, before the result is recorded: the ambiguous window; or
 # in the middle of a harness session on F02 (after its write_file, before its commit), as
@@ -99,6 +99,10 @@ BEATS = ("beat", "beat2")
 IO_QUEUE = "agentops.io"
 IO_THREADS = 50
 IO_DB_POOL_SIZE = 4
+# The shipped kinds (agentops/settings.py's default) and the tree kinds: on the workers, and here (the
+# soak launches them).
+AGENT_MODULES = ("agentops.agents.release,agentops.agents.autonomous,agentops.agents.harness,agentops.agents.reviewer,"
+                 "bench.soak_tree_kinds")
 APPROVER, REQUESTER = "soak-approver", "soak-requester"
 APPROVER_GROUP = "release-approvers"
 HARNESS_APPROVER_GROUP = "harness-approvers"
@@ -116,6 +120,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--harness", type=int, default=None,
                         help="harness agents to launch, a three-feature todo project each "
                              "(default: one per 20 s of --seconds, at least 3)")
+    parser.add_argument("--trees", type=int, default=None,
+                        help="trees to launch, a root with two children that deploy each (bench/soak_tree.py; "
+                             "default: one per 10 s of --seconds, at least 4)")
     parser.add_argument("--workers", type=int, default=3, help="worker processes (default %(default)s)")
     parser.add_argument("--io-workers", type=int, default=1,
                         help="of those, how many are threads workers on the I/O queue, as the README runs model-heavy "
@@ -149,8 +156,9 @@ class Plan:
     """One agent the soak launches, and what the soak will do with it."""
 
     n: int
-    kind: str  # release, autonomous or harness
-    action: str  # release: one of RELEASE_PLANS; autonomous: run; harness: one of soak_harness.HARNESS_PLANS
+    kind: str  # release, autonomous, harness or tree
+    action: str  # release: one of RELEASE_PLANS; autonomous: run; harness: one of soak_harness.HARNESS_PLANS;
+    # tree: one of soak_tree.TREE_PLANS
     launch_at: float
     change_before_approval: bool = False  # cancel/supersede: while the first approval is open
     change_after: float = 0.0  # cancel/supersede: else seconds after the first approval
@@ -162,6 +170,8 @@ class Plan:
     resume_after: float = 0.0  # harness "resume": seconds a person takes to resume the pause
     paused_seen: float | None = None
     resumed: int = 0
+    params: dict[str, Any] = field(default_factory=dict)  # tree: its launch parameters
+    changed_after_child: bool = False  # tree: the change of mind came right after a child completed
 
 
 @dataclass
@@ -171,7 +181,7 @@ class FaultEvent:
     deferred: int = 0
 
 
-def draw_plans(rng: random.Random, *, releases: int, autonomous: int, harness: int = 0,
+def draw_plans(rng: random.Random, *, releases: int, autonomous: int, harness: int = 0, trees: int = 0,
                launch_window: float) -> list[Plan]:
     def actions(choices: tuple[str, ...], weights: tuple[int, ...], k: int) -> list[str]:
         drawn = list(choices[:min(k, len(choices))])  # every plan at least once (the first ones when few)
@@ -182,17 +192,23 @@ def draw_plans(rng: random.Random, *, releases: int, autonomous: int, harness: i
     plans = [("release", a) for a in actions(RELEASE_PLANS, RELEASE_WEIGHTS, releases)]
     plans += [("autonomous", "run")] * autonomous
     plans += [("harness", a) for a in actions(soak_harness.HARNESS_PLANS, soak_harness.HARNESS_WEIGHTS, harness)]
+    plans += [("tree", a) for a in actions(soak_tree.TREE_PLANS, soak_tree.TREE_WEIGHTS, trees)]
     rng.shuffle(plans)
     # The harness agents are the long ones (a scaffold, a validation, four sessions and their checks, a
     # final verify): launched in the first part of the window, they live through faults and converge in time.
     times = [rng.uniform(0, launch_window * (soak_harness.LAUNCH_SHARE if kind == "harness" else 1.0))
              for kind, _ in plans]
     drawn = sorted(zip(times, plans, strict=True))
-    return [Plan(n=i, kind=kind, action=action, launch_at=at,
-                 change_before_approval=rng.random() < CHANGE_BEFORE_APPROVAL,
-                 change_after=rng.uniform(*CHANGE_OF_MIND_SECONDS), approve_twice=rng.random() < 0.25,
-                 resume_after=rng.uniform(*soak_harness.RESUME_AFTER_SECONDS))
-            for i, (at, (kind, action)) in enumerate(drawn)]
+    out = [Plan(n=i, kind=kind, action=action, launch_at=at,
+                change_before_approval=rng.random() < CHANGE_BEFORE_APPROVAL,
+                change_after=rng.uniform(*CHANGE_OF_MIND_SECONDS), approve_twice=rng.random() < 0.25,
+                resume_after=rng.uniform(*soak_harness.RESUME_AFTER_SECONDS))
+           for i, (at, (kind, action)) in enumerate(drawn)]
+    for plan in out:
+        if plan.kind == "tree":
+            plan.change_after = rng.uniform(*soak_tree.CHANGE_AFTER_SECONDS)
+            plan.params = soak_tree.launch_params(rng)
+    return out
 
 
 def draw_faults(rng: random.Random, *, seconds: float, gap: tuple[float, float],
@@ -269,6 +285,7 @@ class Figures:
     converge_s: float | None = None
     ledger: dict[str, int] = field(default_factory=dict)
     harness: dict[str, int] = field(default_factory=dict)  # sessions, check runs, commits, … of the harness agents
+    trees: dict[str, Any] = field(default_factory=dict)  # the trees' outcomes, effects and spend (bench/soak_tree.py)
     partitions: dict[str, int] = field(default_factory=dict)  # cuts by what was cut, and what they caught
     recovery: dict[str, int] = field(default_factory=dict)
     decisions: dict[str, int] = field(default_factory=dict)
@@ -287,9 +304,10 @@ class Soak:
         releases = args.release if args.release is not None else max(10, int(seconds / 5))
         autonomous = args.autonomous if args.autonomous is not None else max(3, int(seconds / 20))
         harness = args.harness if args.harness is not None else max(3, int(seconds / 20))
+        trees = args.trees if args.trees is not None else max(4, int(seconds / 10))
         self.kinds = FAULT_KINDS if faketime.faketime_available() else tuple(k for k in FAULT_KINDS
                                                                                 if k != "clock_skew")
-        self.plans = draw_plans(self.rng, releases=releases, autonomous=autonomous, harness=harness,
+        self.plans = draw_plans(self.rng, releases=releases, autonomous=autonomous, harness=harness, trees=trees,
                                 launch_window=seconds * args.launch_share)
         self.schedule = draw_faults(self.rng, seconds=seconds, gap=tuple(args.fault_gap), kinds=self.kinds)
         self.figures = Figures(seed=self.seed, seconds=seconds)
@@ -303,6 +321,7 @@ class Soak:
         self.skews: dict[str, int] = {}
         self.armed: set[str] = set()  # workers started with KILL_AFTER_ACCEPT
         self.pg_terminated = 0
+        self.prompt_version = ""  # after a release change: the prompt version every worker starts with
         self.links: dict[str, dict[str, Forwarder]] = {}  # process name → service → its forwarder
         self.partitions: Counter[str] = Counter()
         self.t0 = 0.0
@@ -338,7 +357,8 @@ class Soak:
             drop_env_prefixes=("AGENTOPS_", "ANTHROPIC_", "SOAK_"),
             extra_env={"AGENTOPS_DEPLOY_TARGET_URL": self.target.url, "AGENTOPS_MODEL_PROVIDER": "scripted",
                        "AGENTOPS_HARNESS_SCHEDULE_FILE": str(self.harness_schedule),
-                       "AGENTOPS_HARNESS_SESSION_LEASE_SECONDS": str(soak_harness.SESSION_LEASE_SECONDS)},
+                       "AGENTOPS_HARNESS_SESSION_LEASE_SECONDS": str(soak_harness.SESSION_LEASE_SECONDS),
+                       "AGENTOPS_AGENT_MODULES": AGENT_MODULES},
             tail_lines=60)
         self.workers = {name: self._start_worker(name) for name in self.links if name not in BEATS}
         self.beat = self._start_beat("beat")
@@ -381,6 +401,7 @@ class Soak:
             "AGENTOPS_WORKSPACE_DIR": str(self.run_dir / "workspaces"), "AGENTOPS_LOG_LEVEL": "ERROR",
             "AGENTOPS_MODEL_PROVIDER": "scripted", "AGENTOPS_DEPLOY_TARGET_URL": self.target.url,
         })
+        os.environ["AGENTOPS_AGENT_MODULES"] = AGENT_MODULES
         import django
 
         django.setup()
@@ -494,6 +515,9 @@ class Soak:
             params = {"repo": str(self.repo), "test_command": "python3 check.py"}
             wf = services.workflow_launch(kind="release", goal=f"Ship soak release {plan.n}", params=params,
                                           user=self.requester)
+        elif plan.kind == "tree":
+            wf = services.workflow_launch(kind=soak_tree.ROOT_KIND, goal=f"Ship soak tree {plan.n}", params=plan.params,
+                                          budget_total_usd=soak_tree.ROOT_BUDGET_USD, user=self.requester)
         elif plan.kind == "harness":
             wf = services.workflow_launch(kind="harness", goal=soak_harness.goal(plan),
                                           params=soak_harness.plan_params(plan.action), user=self.requester)
@@ -506,6 +530,7 @@ class Soak:
         from workflows.models import Wait
 
         self._drive_harness()
+        self._drive_trees()
         by_id = {p.workflow_id: p for p in self.plans if p.workflow_id is not None and p.kind == "release"}
         waits = Wait.objects.filter(kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN, workflow_id__in=list(by_id))
         for wait in waits:
@@ -545,6 +570,35 @@ class Soak:
             self.decisions[f"{what}refused {type(exc).__name__}"] += 1
             return False
         return True
+
+    def _drive_trees(self) -> None:
+        """Cancel or supersede the trees whose plans say so, when they say so (``soak_tree.wants_change``)."""
+        from workflows import services
+        from workflows.errors import TransitionRefused
+        from workflows.models import Workflow
+
+        waiting = {p.workflow_id: p for p in self.plans if p.kind == "tree" and p.workflow_id is not None
+                   and p.action != "complete" and not p.changed}
+        if not waiting:
+            return
+        children: dict[int, list[Any]] = {}
+        for child in Workflow.objects.filter(parent_id__in=list(waiting)).only("pk", "parent_id", "status"):
+            children.setdefault(child.parent_id, []).append(child)
+        for pk, plan in waiting.items():
+            if not soak_tree.wants_change(plan, self._now(), children.get(pk, [])):
+                continue
+            plan.changed_after_child = plan.action.endswith("_after_child")
+            try:
+                if plan.action.startswith("cancel"):
+                    services.workflow_cancel(workflow_id=pk, reason="soak: tree cancelled", user=self.requester)
+                    plan.changed = "cancelled"
+                else:
+                    services.workflow_supersede(workflow_id=pk, goal=f"Ship soak tree {plan.n}, v2",
+                                                user=self.requester)
+                    plan.changed = "superseded"
+            except TransitionRefused:  # it had already ended: a legitimate race, the oracle allows it
+                plan.changed = f"{plan.action.split('_')[0]}_refused"
+            self.decisions[f"tree {plan.changed}"] += 1
 
     def _drive_harness(self) -> None:
         """Decide the harness agents' feature lists and proposals per plan; resume the pauses the "resume"
@@ -742,6 +796,22 @@ class Soak:
         return f"restarted {name} with its wall clock {offset:+d} s off" if offset else \
             f"restarted {name} with its wall clock set right"
 
+    def _fault_release_change(self) -> str:
+        """A new release: every live worker stopped (SIGTERM, SIGKILL after the grace) and started again
+        with a new prompt version, which it announces; waiting workflows revalidate when woken, or keep
+        course where their tree already made an effect (``release.kept_course``)."""
+        live = [(n, p) for n, p in sorted(self.workers.items()) if p.alive()]
+        if not live:
+            return ""
+        self.prompt_version = f"soak-prompt-{self.faults['release_change'] + 1}"
+        for _, proc in live:
+            self.killed.add(proc.pid)
+        self.cluster.stop([proc for _, proc in live])
+        for name, _ in live:
+            self.paused.discard(name)
+            self._restart_worker(name, skew=self.skews.get(name))
+        return f"restarted {len(live)} workers on prompt version {self.prompt_version}"
+
     def _later(self, seconds: float, what: str, do: Callable[[], None]) -> None:
         self.later.append((self._now() + seconds, what, do))
 
@@ -762,6 +832,8 @@ class Soak:
         """The last ``--io-workers`` workers: threads pools on the I/O queue with a pool of database
         connections (the README's worker for model-heavy agents); the others prefork, every queue."""
         shape: dict[str, Any] = {}
+        if self.prompt_version:
+            env = {"AGENTOPS_PROMPT_VERSION": self.prompt_version, **(env or {})}
         if self._io_worker(name):
             shape = {"pool": "threads", "concurrency": IO_THREADS, "queues": (IO_QUEUE,)}
             env = {"AGENTOPS_DB_POOL_SIZE": str(IO_DB_POOL_SIZE), **(env or {})}
@@ -816,13 +888,19 @@ class Soak:
 
     # --- convergence and the checks ---
 
+    def _tree_children(self) -> list[int]:
+        """The workflows the trees' roots started (and theirs), which no plan names."""
+        root_of = soak_tree.members([p.workflow_id for p in self.plans if p.kind == "tree" and p.workflow_id])
+        return [pk for pk, root in root_of.items() if pk != root]
+
     def _unconverged(self) -> list[str]:
         from workflows.models import Activity, Wait, Workflow
 
+        children = self._tree_children()
         ids = [p.workflow_id for p in self.plans if p.workflow_id is not None]
         rows = {pk: (status, node) for pk, status, node in
                 Workflow.objects.filter(pk__in=ids).values_list("pk", "status", "current_node")}
-        busy = set(Activity.objects.filter(workflow_id__in=ids, status__in=("scheduled", "running"))
+        busy = set(Activity.objects.filter(workflow_id__in=ids + children, status__in=("scheduled", "running"))
                    .values_list("workflow_id", flat=True))
         open_approvals = set(Wait.objects.filter(workflow_id__in=ids, kind="approval", status="open")
                              .values_list("workflow_id", flat=True))
@@ -836,6 +914,11 @@ class Soak:
             if (status not in Workflow.TERMINAL and not parked) or plan.workflow_id in busy:
                 out.append(f"{plan.kind}:{plan.action} workflow {plan.workflow_id} {status} at {node}"
                            + (" with live work" if plan.workflow_id in busy else ""))
+        for pk, parent, status, node in Workflow.objects.filter(pk__in=children).values_list(
+                "pk", "parent_id", "status", "current_node"):
+            if status not in Workflow.TERMINAL or pk in busy:
+                out.append(f"tree child workflow {pk} (of {parent}) {status} at {node}"
+                           + (" with live work" if pk in busy else ""))
         return out
 
     def _converge(self) -> bool:
@@ -887,6 +970,10 @@ class Soak:
             outcome = self._judge(plan, wf, v)
             outcomes[f"{plan.kind}:{plan.action}:{outcome}"] += 1
         self.figures.outcomes = dict(sorted(outcomes.items()))
+        # The trees' children are the soak's workflows too: their effects, ledger and events are checked.
+        children = self._tree_children()
+        ids += children
+        rows |= {w.pk: w for w in Workflow.objects.filter(pk__in=children)}
         tally: Counter[str] = Counter()
         for plan in self.plans:
             if plan.kind == "harness" and plan.workflow_id in rows:
@@ -895,7 +982,8 @@ class Soak:
                 except Exception as exc:  # a check that cannot be made is a violation, not a pass
                     v.append(f"harness workflow {plan.workflow_id}: could not be checked: {exc!r}"[:600])
         self.figures.harness = dict(tally) | {"resumed": sum(p.resumed for p in self.plans)}
-        self.figures.workflows = dict(Counter(p.kind for p in self.plans)) | {"total": len(self.plans)}
+        self.figures.workflows = dict(Counter(p.kind for p in self.plans)) | {"tree_children": len(children),
+                                                                              "total": len(self.plans)}
         self._check_effects(rows, v)
 
         # The ledger against the calls the histories recorded.
@@ -952,8 +1040,12 @@ class Soak:
         reason = wf.reason or ""
         if wf.status == "failed" and reason.startswith("activity ") and " failed" in reason:
             return "failed_by_faults"  # an activity out of attempts: failed with its reason, allowed
+        if plan.kind == "tree" and wf.status == "failed" and reason.startswith("child ") and "activity " in reason:
+            return "failed_by_faults"  # a child's activity out of attempts: the root fails, its effects undone
         if plan.kind == "harness":
             allowed = soak_harness.allowed(plan.action)
+        elif plan.kind == "tree":
+            allowed = soak_tree.allowed(plan)
         else:
             allowed = {
                 "approve": {"completed"}, "supersede": {"completed"}, "run": {"completed"},
@@ -1008,6 +1100,10 @@ class Soak:
             elif live:
                 v.append(f"workflow {pk} ended {wf.status} but owns live deployments {live}")
         self.figures.lost = lost
+        try:
+            self.figures.trees = soak_tree.check(self.plans, effects, _workflow_of, v)
+        except Exception as exc:  # a check that cannot be made is a violation, not a pass
+            v.append(f"the trees could not be checked: {exc!r}"[:600])
         self.figures.effects = {
             "operation_ids": len(effects), "created": sum(c["created"] for c in effects.values()),
             "deleted": sum(c["deleted"] for c in effects.values()), "live": sum(len(x) for x in live_by_wf.values()),
@@ -1046,6 +1142,7 @@ def report(figures: Figures) -> str:
         f"  converge_s      {f.converge_s}",
         f"  ledger          {f.ledger}",
         f"  harness         {f.harness}",
+        f"  trees           {f.trees}",
         f"  recovery        {f.recovery}",
         f"  decisions       {f.decisions}",
         f"  unexpected exits {len(f.unexpected_exits)}" + "".join(f"\n    {x}" for x in f.unexpected_exits),

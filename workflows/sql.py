@@ -289,6 +289,13 @@ def _row_get(model: type[M], pk: Any, lock: bool, related: str | None, extras: t
     with db.cursor() as cursor:
         cursor.execute(sql, [_db_value(model._meta.pk, pk, db)])
         row = cursor.fetchone()
+        if row is None and lock and related is not None:
+            # A lock that waited for a transaction which changed the foreign key (a release change
+            # moves workflow.release) rechecks the join against the related row it first read, the
+            # old one, and returns no row (PostgreSQL's EvalPlanQual recheck under READ COMMITTED).
+            # Read again: a new statement takes a new snapshot, which sees the new related row.
+            cursor.execute(sql, [_db_value(model._meta.pk, pk, db)])
+            row = cursor.fetchone()
     if row is None:
         return None
     instance = _from_row(model, fields, row[:len(fields)], db)

@@ -1,18 +1,20 @@
 """The statements written by hand (workflows/sql.py) read and write what the ORM would."""
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
 from django.apps import apps
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
 from django_fsm import ConcurrentTransition
 
 from workflows import clock, services
 from workflows.errors import NotFound
-from workflows.models import Activity, ActivityAttempt, Event, ProgressSample, Workflow
+from workflows.models import Activity, ActivityAttempt, BehavioralRelease, Event, ProgressSample, Workflow
 from workflows.services.common import event_record, events_append, events_batched, workflow_lock, workflow_save
 from workflows.sql import (
     RowWrite,
@@ -185,3 +187,36 @@ def test_a_row_and_a_row_that_refers_to_it_are_inserted_together() -> None:
                                                                           "scheduled")
     assert list(ActivityAttempt.objects.filter(activity=stored).values_list(
         "number", "lease_token", "worker", "status", "started_at")) == [(1, "t" * 32, "w", "running", now)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_waiting_while_another_transaction_moves_the_release_gets_the_row_and_the_new_release() -> None:
+    """The locked row is rechecked against the join once the other transaction commits: the
+    workflow's new release, not no row (a release change woke the workflow while a sweep waited)."""
+    pk = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk
+    old = Workflow.objects.get(pk=pk).release
+    new = BehavioralRelease.objects.create(
+        fingerprint="f" * 64, provider=old.provider, model=old.model, prompt_version="prompts-next",
+        tool_versions=old.tool_versions, created_at=clock.now())
+    locked, got = threading.Event(), {}
+
+    def waiter() -> None:
+        try:
+            with transaction.atomic():
+                locked.wait(10)
+                got["row"] = workflow_lock(pk)
+        except NotFound as exc:
+            got["error"] = exc
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        workflow_lock(pk)
+        Workflow.objects.filter(pk=pk).update(release=new)
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        locked.set()
+        time.sleep(0.5)  # the waiter is blocked on the row lock
+    thread.join(10)
+    assert "error" not in got, got
+    assert got["row"].release_id == new.pk and got["row"].release.prompt_version == "prompts-next"
