@@ -78,7 +78,7 @@ def stop_chaining(**_: Any) -> None:
 @signals.worker_process_shutdown.connect
 def export_spans(**_: Any) -> None:
     """A pool process exits without running atexit handlers: export the spans it still buffers."""
-    from agentops import telemetry
+    from workflows import telemetry
 
     telemetry.flush()
 

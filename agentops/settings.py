@@ -183,7 +183,7 @@ STATIC_URL = "static/"
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
-# Every line carries the request id of its request (agentops/logs.py); AGENTOPS_LOG_FORMAT=json writes
+# Every line carries the request id of its request (workflows/logs.py); AGENTOPS_LOG_FORMAT=json writes
 # one JSON object a line, extras as keys. django.request is configured too: with DEBUG off Django logs a
 # 5xx of a page (the admin's) with its traceback there, and nowhere when no handler is set.
 AGENTOPS_LOG_FORMAT = env_str("AGENTOPS_LOG_FORMAT", "plain")
@@ -192,11 +192,11 @@ if AGENTOPS_LOG_FORMAT not in ("plain", "json"):
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "agentops.logs.RequestIdFilter"}},
+    "filters": {"request_id": {"()": "workflows.logs.RequestIdFilter"}},
     "formatters": {
-        "plain": {"()": "agentops.logs.PlainFormatter",
+        "plain": {"()": "workflows.logs.PlainFormatter",
                   "format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
-        "json": {"()": "agentops.logs.JsonFormatter"},
+        "json": {"()": "workflows.logs.JsonFormatter"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": AGENTOPS_LOG_FORMAT,
                              "filters": ["request_id"]}},

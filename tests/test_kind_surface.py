@@ -17,9 +17,9 @@ SURFACE = {
         "EMPTY_QUERY", "ROLE_MAX_LENGTH", "ActivityContext", "ActivityFailed", "AdminPanel", "BudgetExhausted",
         "CandidateView", "ChildHandle", "ChildOutcome", "CompensationInput", "Complete", "Decision", "Fail",
         "FirstOutcome", "Goto", "InvalidInput", "LaunchParams", "NodeContext", "Permanent", "RetryPolicy",
-        "Retryable", "Throttled", "WaitOutcome", "WorkflowDefinition", "activity", "candidate_as_json",
+        "Retryable", "Throttled", "WaitOutcome", "WorkflowDefinition", "activity", "annotate", "candidate_as_json",
         "hash_of_candidate", "keep_alive", "node", "now", "progress_validate", "register_definition", "resolve",
-        "state_at", "state_of",
+        "state_at", "state_of", "tool_span",
     ],
     "agentops.kind.presentation": [
         "Activity", "Checkpoint", "Reading", "TimeChart", "UsageEntry", "Workflow", "duration", "page_links",

@@ -49,7 +49,7 @@ class Claim:
     # the operation id. "" (the test kit, an activity scheduled before installations had ids):
     # the operation id itself.
     idempotency_key: str = ""
-    # Whose the work is and how urgent, for the shared rate limits (agentops.ratelimits): the
+    # Whose the work is and how urgent, for the shared rate limits (workflows.ratelimits): the
     # workflow's tenant (workflows.tenancy), kind and priority (0–10) when the attempt was claimed.
     tenant: str = ""
     kind: str = ""

@@ -258,8 +258,8 @@ def rate_limit_metrics() -> Iterator[Metric]:
     """Each scope's limits (configured, learned, effective), what is left of them, the calls waiting
     by tenant and priority, and the concurrency slots held; ``agentops_rate_limiter_up`` 0 when
     the limiter's Redis does not answer (and nothing else of it)."""
-    from agentops import ratelimits
-    from agentops.ratelimits.limiter import DIMENSIONS
+    from workflows import ratelimits
+    from workflows.ratelimits.limiter import DIMENSIONS
 
     now = ratelimits.overview()
     if now is None:

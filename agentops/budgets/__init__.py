@@ -15,16 +15,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.conf import settings
 from opentelemetry.trace import SpanKind
 
-from agentops import livewire, ratelimits, telemetry
 from agentops.providers import provider_for
 from agentops.providers.base import ModelProvider, ModelResponse, Usage
-from agentops.ratelimits.limiter import RateLimitInfo
-from workflows import lane
+from workflows import lane, livewire, ratelimits, telemetry
 from workflows.activity_context import ActivityContext
 from workflows.connections import connection_release_while_waiting
 from workflows.errors import AgentOpsError, Permanent
 from workflows.heartbeats import keep_alive
 from workflows.leases import Fence
+from workflows.ratelimits.limiter import RateLimitInfo
 
 if TYPE_CHECKING:
     from workflows.sql import RowWrite

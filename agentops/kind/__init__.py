@@ -33,11 +33,13 @@ from workflows.presentation import EMPTY_QUERY, AdminPanel, CandidateView, candi
 from workflows.progress import progress_validate
 from workflows.registry import CompensationInput, RetryPolicy, activity, register_definition
 from workflows.statestore import resolve, state_at, state_of
+from workflows.telemetry import annotate, tool_span
 
 __all__ = [
     "EMPTY_QUERY", "ROLE_MAX_LENGTH", "ActivityContext", "ActivityFailed", "AdminPanel", "BudgetExhausted",
     "CandidateView", "ChildHandle", "ChildOutcome", "CompensationInput", "Complete", "Decision", "Fail",
     "FirstOutcome", "Goto", "InvalidInput", "LaunchParams", "NodeContext", "Permanent", "RetryPolicy", "Retryable",
-    "Throttled", "WaitOutcome", "WorkflowDefinition", "activity", "candidate_as_json", "hash_of_candidate",
-    "keep_alive", "node", "now", "progress_validate", "register_definition", "resolve", "state_at", "state_of",
+    "Throttled", "WaitOutcome", "WorkflowDefinition", "activity", "annotate", "candidate_as_json",
+    "hash_of_candidate", "keep_alive", "node", "now", "progress_validate", "register_definition", "resolve",
+    "state_at", "state_of", "tool_span",
 ]

@@ -32,8 +32,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from agentops.providers.base import ModelResponse, RequestMeter, Usage
-from agentops.ratelimits.limiter import RateLimitInfo
 from workflows.errors import AgentOpsError, Permanent, Retryable, Throttled
+from workflows.ratelimits.limiter import RateLimitInfo
 
 if TYPE_CHECKING:
     import httpx2
@@ -209,7 +209,7 @@ class AnthropicProvider:
             max_retries=self.max_retries,
             timeout=anthropic.Timeout(self.timeout_seconds, connect=min(CONNECT_TIMEOUT_SECONDS, self.timeout_seconds)),
             http_client=http_client,
-            # The call's span is agentops's own ``chat <model>`` (agentops.telemetry, GenAI conventions); the
+            # The call's span is agentops's own ``chat <model>`` (workflows.telemetry, GenAI conventions); the
             # SDK's, on the global tracer provider, would duplicate it (and cost 40 µs a request).
             open_telemetry=False,
             # Metered innermost, inside the SDK's retry loop: it sees every HTTP request and its raw answer.

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agentops.ratelimits.limiter import RateLimitInfo
+from workflows.ratelimits.limiter import RateLimitInfo
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class ModelProvider(Protocol):
         call; ``meter`` is told about each HTTP request the call sends; ``prefix_cache_ttl``
         ("5m" or "1h") is the prompt-cache lifetime of the stable prefix (tools and system);
         ``on_delta``, when given, is told the answer's partial text (``{"text": …}``) and tool input
-        (``{"tool_input": …}``) while it comes (agentops.livewire); it never changes the answer."""
+        (``{"tool_input": …}``) while it comes (workflows.livewire); it never changes the answer."""
         ...
 
     def count_tokens(

@@ -77,7 +77,7 @@ def test_status_spend_and_progress_follow_without_reload(
 def test_the_model_call_in_flight_shows_its_partial_output(
     page: Page, live_server: Any, staff_outsider: Any, requester: Any, settings: Any
 ) -> None:
-    from agentops import livewire
+    from workflows import livewire
 
     settings.AGENTOPS_STREAM_POLL_SECONDS = 0.1
     settings.AGENTOPS_LIVE_REDIS_URL = "redis://127.0.0.1:6379/4"

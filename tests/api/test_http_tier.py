@@ -13,10 +13,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
-from agentops.logs import JsonFormatter, RequestIdFilter
 from tests.api.conftest import Http, grant, token_for
 from workflows import engine, services
 from workflows.errors import InvalidInput
+from workflows.logs import JsonFormatter, RequestIdFilter
 from workflows.models import Signal, Workflow
 from workflows.testing import registered
 
@@ -244,8 +244,8 @@ def test_a_stream_keeps_its_request_id_while_it_runs_and_is_closed_with_the_resp
     the request's id, and closing the response closes the stream's generator."""
     from django.http import StreamingHttpResponse
 
-    from agentops.logs import REQUEST_ID
     from workflows.api.middleware import ApiMiddleware
+    from workflows.logs import REQUEST_ID
 
     seen, closed = [], []
 

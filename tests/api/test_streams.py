@@ -210,9 +210,9 @@ def test_the_all_workflows_stream_waits_for_a_hole_in_the_numbers_to_fill(http: 
 def test_model_deltas_reach_the_stream_between_history_events_without_ids(
     http: Http, requester_token: str, settings: Any
 ) -> None:
-    """Ephemeral events (agentops.livewire) come as `event: model.delta`, with no id: Last-Event-ID
+    """Ephemeral events (workflows.livewire) come as `event: model.delta`, with no id: Last-Event-ID
     stays the last history event's, so a reconnect neither repeats nor misses history."""
-    from agentops import livewire
+    from workflows import livewire
 
     settings.AGENTOPS_LIVE_REDIS_URL = "redis://127.0.0.1:6379/4"
     settings.AGENTOPS_MODEL_DELTA_SECONDS = 0

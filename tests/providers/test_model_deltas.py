@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 import redis
 
-from agentops import livewire
 from agentops.providers.anthropic import AnthropicProvider
 from tests.conftest import drive
 from tests.fakes import anthropic_api as fake
 from tests.fakes.anthropic_api import FakeAnthropicAPI
 from tests.fakes.claude_agent import ClaudeForAutonomous, seed_workspace
 from tests.providers.conftest import API_KEY, MODEL
-from workflows import services
+from workflows import livewire, services
 from workflows.errors import Throttled
 from workflows.models import Event, UsageEntry
 

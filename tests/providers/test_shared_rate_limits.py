@@ -11,16 +11,15 @@ import pytest
 import redis
 from django.contrib.auth.models import User
 
-from agentops import ratelimits
-from agentops.ratelimits import Ask
 from tests.conftest import drive
 from tests.fakes import anthropic_api as fake
 from tests.fakes.anthropic_api import FakeAnthropicAPI, OrganisationLimit
 from tests.fakes.claude_agent import ClaudeForAutonomous, seed_workspace
 from tests.providers.conftest import MODEL
 from tests.ratelimits.conftest import TEST_REDIS_URL
-from workflows import clock, services
+from workflows import clock, ratelimits, services
 from workflows.models import Activity, Event, UsageEntry, Workflow
+from workflows.ratelimits import Ask
 
 pytestmark = pytest.mark.django_db
 SCOPE = f"anthropic:{MODEL}"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from agentops.ratelimits.limiter import Ask, RedisLimiter
+from workflows.ratelimits.limiter import Ask, RedisLimiter
 
 # A Redis DB of this engineer's own (the tests add keys under a prefix per test and delete them).
 TEST_REDIS_URL = os.environ.get("AGENTOPS_TEST_REDIS_URL", "redis://127.0.0.1:6379/4")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from agentops.ratelimits.limiter import Admission, Ask, RateLimitInfo, RedisLimiter, WaitAbandoned
 from tests.ratelimits.conftest import SCOPE, Clock, ask
+from workflows.ratelimits.limiter import Admission, Ask, RateLimitInfo, RedisLimiter, WaitAbandoned
 
 
 def drain(limiter: RedisLimiter, request: Ask, n: int) -> None:

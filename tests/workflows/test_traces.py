@@ -12,9 +12,8 @@ import pytest
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from agentops import telemetry
 from tests.conftest import drive
-from workflows import selectors, services
+from workflows import selectors, services, telemetry
 from workflows.models import Activity, ActivityAttempt, Event, UsageEntry
 
 pytestmark = pytest.mark.django_db

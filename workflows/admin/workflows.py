@@ -557,8 +557,8 @@ def rate_limits_panel() -> dict[str, Any]:
     """The rate-limits page's rows: per scope and dimension its limits and use; waiting calls by
     tenant (the launcher's name for ``user:<id>``) and priority, highest first; slots and caps;
     and the activities' concurrency keys (the database's, shown whatever the limiter's state)."""
-    from agentops import ratelimits
-    from agentops.ratelimits.limiter import DIMENSIONS
+    from workflows import ratelimits
+    from workflows.ratelimits.limiter import DIMENSIONS
     from workflows.services import slots
 
     activity_keys = slots.overview()

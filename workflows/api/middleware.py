@@ -6,7 +6,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE: 413; a malformed request: 400), a path no route has
 route does not take (405, ``OPTIONS`` included), a body that is not ``application/json`` (415), and an
 exception nothing handled (500, logged with its traceback). Each request gets an id, taken from a
 sane ``X-Request-Id`` header or made here, returned as ``X-Request-Id`` and put on every log line
-(agentops/logs.py), so a client's report of a 500 finds its traceback.
+(workflows/logs.py), so a client's report of a 500 finds its traceback.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from django.conf import settings
 from django.core.exceptions import BadRequest, PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 
-from agentops.logs import REQUEST_ID
+from workflows.logs import REQUEST_ID
 
 logger = logging.getLogger("agentops.api")
 

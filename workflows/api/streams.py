@@ -18,7 +18,7 @@ from django.db import connection
 from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Header, Query, Router
 
-from agentops import livewire
+from workflows import livewire
 from workflows.api.auth import VIEW_PERMISSIONS, require
 from workflows.api.schemas import WORKFLOW_ID, ErrorOut
 from workflows.errors import InvalidInput, NotFound, Refused
@@ -119,7 +119,7 @@ def frames(poll: Callable[[], Poll], *, sleep: Callable[[float], None] = time.sl
 
 
 class LiveFrames:
-    """A workflow's ephemeral events (agentops.livewire: ``model.delta``), read from Redis between polls
+    """A workflow's ephemeral events (workflows.livewire: ``model.delta``), read from Redis between polls
     and sent as ``event: model.delta`` frames without an id: they never move ``Last-Event-ID``."""
 
     def __init__(self, workflow_id: int) -> None:

@@ -11,8 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from agentops import telemetry
-from workflows import clock, doorbells, faults, lane, registry, statestore
+from workflows import clock, doorbells, faults, lane, registry, statestore, telemetry
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, Refused
 from workflows.leases import Claim

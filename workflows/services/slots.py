@@ -40,9 +40,9 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Q
 
-from agentops.ratelimits import concurrency_caps
 from workflows import clock, doorbells
 from workflows.models import Activity, Workflow
+from workflows.ratelimits import concurrency_caps
 from workflows.services.common import event_record
 from workflows.sql import concrete_field, db_value, quoted_column, quoted_table
 

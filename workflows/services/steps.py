@@ -13,8 +13,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Q
 
-from agentops import telemetry
-from workflows import doorbells, engine, registry, selectors, statestore
+from workflows import doorbells, engine, registry, selectors, statestore, telemetry
 from workflows.errors import InvalidInput
 from workflows.leases import Claim
 from workflows.models import Activity, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
@@ -381,7 +380,7 @@ def parent_ring_on_commit(workflow: Workflow) -> None:
 
 
 def trace_finished_on_commit(workflow: Workflow) -> None:
-    """The workflow's root span (agentops.telemetry), once the final transition has committed."""
+    """The workflow's root span (workflows.telemetry), once the final transition has committed."""
     if telemetry.enabled():
         transaction.on_commit(functools.partial(telemetry.workflow_finished, workflow_id=workflow.pk,
                                                 kind=workflow.kind, status=workflow.status,

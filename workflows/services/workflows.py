@@ -12,8 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from agentops import telemetry
-from workflows import clock, doorbells, engine, registry, selectors
+from workflows import clock, doorbells, engine, registry, selectors, telemetry
 from workflows.errors import InvalidInput, NotFound, TransitionRefused
 from workflows.models import ClientRequest, Commitment, Intent, Signal, Wait, Workflow, WorkflowLabel
 from workflows.services.cancellation import advance_cancellation, children_cancel_live, compensations_retry

@@ -13,7 +13,7 @@ from typing import Any, TypedDict
 
 from django.conf import settings
 
-from agentops import sandbox, telemetry
+from agentops import sandbox
 from agentops.budgets import MODEL_CALL_LEASE, metered_complete
 from agentops.kind import (
     ActivityContext,
@@ -22,8 +22,10 @@ from agentops.kind import (
     Retryable,
     RetryPolicy,
     activity,
+    annotate,
     keep_alive,
     progress_validate,
+    tool_span,
 )
 from agentops.providers.answers import AnswerTool, ask_structured
 from agentops.sandbox import files
@@ -196,10 +198,10 @@ def execute_task(ctx: ActivityContext, input: TaskInput) -> TaskOutcome:
             # first tool's fence is the call's model.called note, metered_complete's last write.
             if n:
                 ctx.fence(f"tool {call['name']}")
-            with (telemetry.tool_span(call["name"]) as span,
+            with (tool_span(call["name"]) as span,
                   keep_alive(ctx, f"task {task['id']} turn {turn + 1}: tool {call['name']}") as beat):
                 ok, output, isolation = run_tool_isolated(root, call["name"], call.get("input") or {})
-                telemetry.annotate(span, {"agentops.tool.ok": ok})
+                annotate(span, {"agentops.tool.ok": ok})
             beat.raise_if_lost()
             tool_notes.append(("tool.called", {
                 "tool": call["name"], "input": sandbox.redact(_short(call.get("input"))), "ok": ok,

@@ -19,12 +19,22 @@ from typing import Any, TypedDict
 
 from django.conf import settings
 
-from agentops import sandbox, telemetry
+from agentops import sandbox
 from agentops.agents.harness import breakers, gitops, tools
 from agentops.agents.harness import checks as checks_mod
 from agentops.agents.harness.checks import CheckResult, Feature
 from agentops.budgets import cost_usd, metered_complete
-from agentops.kind import ActivityContext, InvalidInput, Permanent, RetryPolicy, activity, keep_alive, now
+from agentops.kind import (
+    ActivityContext,
+    InvalidInput,
+    Permanent,
+    RetryPolicy,
+    activity,
+    annotate,
+    keep_alive,
+    now,
+    tool_span,
+)
 from agentops.providers import provider_for
 from agentops.sandbox import files
 from agentops.steering import steered
@@ -662,9 +672,9 @@ def _loop(ctx: ActivityContext, session: tools.Session, *, system: str, brief: s
                     # The deadline caps every command too.
                     args = {**args, "timeout_seconds": max(1, min(int(args.get("timeout_seconds") or 30),
                                                                  int(run.left_seconds())))}
-                with telemetry.tool_span(name) as span, keep_alive(ctx, f"tool {name}"):
+                with tool_span(name) as span, keep_alive(ctx, f"tool {name}"):
                     ok, output = tools.call(session, name, args)
-                    telemetry.annotate(span, {"agentops.tool.ok": ok})
+                    annotate(span, {"agentops.tool.ok": ok})
             ctx.note("tool.called", tool=name, input=json.dumps(_short(args), default=str)[:300], ok=ok,
                      output=output[:300], **({"isolation": session.isolation} if name == "run_command" else {}))
             if output.startswith("refused:"):

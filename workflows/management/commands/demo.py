@@ -17,8 +17,8 @@ from django.conf import settings
 from django.contrib.auth.models import Group, Permission, User
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agentops import sandbox, telemetry
-from workflows import services, statestore
+from agentops import sandbox
+from workflows import services, statestore, telemetry
 from workflows.management.commands.agent import console_for, render_detail
 from workflows.models import Event, Wait, Workflow
 from workflows.selectors import workflow_detail

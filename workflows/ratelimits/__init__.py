@@ -4,7 +4,7 @@ Each request a model call sends waits here for its turn (``RateGate``, through `
 the request meter the provider reports to), in the worker thread that makes the call: it holds
 no database connection while it waits (given back first) and keeps its lease (the call's
 ``keep_alive`` heartbeats it). The order, the buckets and the slots are in Redis
-(``agentops.ratelimits.limiter``), shared by every worker of every host.
+(``workflows.ratelimits.limiter``), shared by every worker of every host.
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from django.conf import settings
 
-from agentops.ratelimits.limiter import DIMENSIONS, Admission, Ask, RateLimitInfo, RedisLimiter, WaitAbandoned
 from workflows.errors import Throttled
+from workflows.ratelimits.limiter import DIMENSIONS, Admission, Ask, RateLimitInfo, RedisLimiter, WaitAbandoned
 
 __all__ = ["Admission", "Ask", "GatedMeter", "RateGate", "RateLimitInfo", "RedisLimiter", "configured_limits",
            "limiter", "overview", "redis_errors", "scope_of"]
