@@ -222,3 +222,32 @@ def test_an_initializer_retried_after_its_commit_starts_over_from_the_repository
         assert gitops.git(workspace, "rev-parse", "HEAD~1") == user_commit
     approve_feature_list(wf.pk, harness_approver)
     assert drive_all(wf.pk).status == "completed"
+
+
+def test_a_release_change_at_the_feature_list_approval_builds_the_scaffold_again(
+        harness_approver, mini_schedule, settings, tmp_path):
+    """A release change sends a waiting harness back to INITIALIZE (its revalidate node). The new
+    visit plays the same session on a workspace that already holds the first visit's scaffold: it
+    starts over from before that scaffold (saved on a WIP ref), instead of seeing nothing to commit
+    and failing the workflow, "The initializer made no commit"."""
+    from agentops.agents.harness import gitops
+
+    workspace = tmp_path / "project"
+    mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
+    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={"workspace": str(workspace)})
+    assert drive_all(wf.pk).current_node == "WAIT_FOR_APPROVAL"
+    first_scaffold = gitops.head(workspace)
+
+    settings.AGENTOPS_PROMPT_VERSION = "harness-prompt-2"  # a worker restarted on a new release
+    approve_feature_list(wf.pk, harness_approver)
+    workflow = drive_all(wf.pk)
+    assert [e["why"] for e in events(wf.pk, "signal.requeued")] == [] and events(wf.pk, "release.changed")
+    assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL"), workflow.reason
+    inits = Activity.objects.filter(workflow=wf, name="harness_initialize").order_by("pk")
+    assert [a.status for a in inits] == ["succeeded", "succeeded"]
+    assert len({a.operation_id.split("/")[1] for a in inits}) == 2  # two visits of INITIALIZE
+    line = gitops.git(workspace, "log", "--first-parent", "--format=%s").splitlines()
+    assert line == ["scaffold"], line  # one scaffold on the line: the new visit's
+    assert gitops.git(workspace, "rev-parse", "refs/heads/wip/initializer/1") == first_scaffold
+    approve_feature_list(wf.pk, harness_approver)
+    assert drive_all(wf.pk).status == "completed"

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -122,14 +123,23 @@ INITIALIZE_SYSTEM = (
     "git_commit and end_session.")
 
 
+def _same_node_of_this_workflow(operation_id: str) -> Callable[[str], bool]:
+    """Whether an operation is a visit of the same node of the same workflow as ``operation_id``
+    (``wf-22/INITIALIZE.4/i1/1``: any ``wf-22/INITIALIZE.<visit>/…``)."""
+    workflow, node_visit = operation_id.split("/")[:2]
+    prefix = f"{workflow}/{node_visit.rpartition('.')[0]}."
+    return lambda operation: operation.startswith(prefix)
+
+
 @activity("harness_initialize", retry=SESSION_RETRY, lease_seconds=SESSION_LEASE)
 def harness_initialize(ctx: ActivityContext, input: InitInput) -> InitResult:
-    """Session 0. A retry starts over from the repository as it was before the session: the
-    commits of earlier attempts (their ``Harness-Operation`` trailer is this operation's) are
-    saved under ``wip/initializer/<attempt>`` and undone."""
+    """Session 0. A retry, or a later visit (a release change sends the workflow back here), starts
+    over from the repository as it was before the first: the commits of the workflow's initializers
+    (their ``Harness-Operation`` trailer) and everything after them are saved under
+    ``wip/initializer/<attempt>`` and undone, so the new session builds the scaffold again."""
     root = workspace_for(ctx, input.workspace)
     gitops.ensure_repo(root)
-    base = gitops.head_before(root, ctx.operation_id)
+    base = gitops.head_before(root, _same_node_of_this_workflow(ctx.operation_id))
     if gitops.head(root):
         gitops.save_wip_and_reset(root, base_sha=base, name=f"initializer/{ctx.attempt}")
     session = tools.Session(root=root, operation_id=ctx.operation_id, protect=False,

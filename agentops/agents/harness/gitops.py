@@ -7,6 +7,7 @@ runs as the engine.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,20 +27,21 @@ def head(repo: Path) -> str:
     return git(repo, "rev-parse", "--verify", "-q", "HEAD", check=False)
 
 
-def head_before(repo: Path, operation_id: str) -> str:
-    """The newest commit on HEAD's first-parent line not made by ``operation_id`` ("" when there is none).
+def head_before(repo: Path, made_by: Callable[[str], bool]) -> str:
+    """The commit HEAD's first-parent line stood on before the oldest commit whose
+    ``Harness-Operation`` trailer names an operation ``made_by`` accepts: HEAD itself when there is
+    none, "" when that line has no other commit.
 
-    A retried session's earlier attempts committed with its ``Harness-Operation`` trailer; this is
-    the commit the session started from.
+    The commits of a session's earlier attempts, or of its node's earlier visits, carry those
+    trailers; this is the commit the session started from.
     """
     # On a branch with no commit yet git log fails and prints nothing: there is no such commit.
     log = git(repo, "log", "--first-parent", "--format=%H %(trailers:key=Harness-Operation,valueonly,separator=%x2C)",
               check=False)
-    for line in log.splitlines():
-        sha, _, operations = line.partition(" ")
-        if operation_id not in operations.split(","):
-            return sha
-    return ""
+    line = [(sha, operations.split(",")) for sha, _, operations in (entry.partition(" ") for entry in log.splitlines())]
+    made = [i for i, (_, operations) in enumerate(line) if any(made_by(op) for op in operations if op)]
+    start = made[-1] + 1 if made else 0
+    return line[start][0] if start < len(line) else ""
 
 
 def dirty(repo: Path) -> list[str]:
