@@ -7,6 +7,8 @@ from typing import Any
 
 from celery import Celery, signals
 
+from workflows import doorbells
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "agentops.settings")
 
 app = Celery("agentops", include=["tasks.activities", "tasks.workflows", "tasks.beat", "tasks.webhooks"])
@@ -14,6 +16,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 # Celery's Django fixup closes every database connection around every task unless this is set,
 # whatever CONN_MAX_AGE says; it is set out of reach so that the handler below decides instead.
 app.conf.CELERY_DB_REUSE_MAX = sys.maxsize
+doorbells.publisher_register(app)
 
 
 @signals.task_prerun.connect

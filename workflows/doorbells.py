@@ -7,17 +7,39 @@ broker outage at that moment loses the message but never the state: the beat swe
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
+if TYPE_CHECKING:
+    from celery import Celery
+
 logger = logging.getLogger("agentops.doorbells")
+
+_publisher: Celery | None = None
+
+
+def publisher_register(app: Celery) -> None:
+    """Send every doorbell with ``app``: the project's Celery app registers itself when it is built
+    (``agentops/celery.py``), so the kernel never imports the project, and another Celery app made
+    in the same process (a benchmark's, a test's) does not take its place as ``current_app`` would."""
+    global _publisher
+    _publisher = app
+
+
+def publisher() -> Celery:
+    """The Celery app doorbells are sent with."""
+    if _publisher is None:
+        raise ImproperlyConfigured(
+            "No Celery app sends agentops' doorbells: import the project's Celery app (agentops.celery, which "
+            "the agentops package imports) before the first workflow is launched.")
+    return _publisher
 
 
 def _publish_on_commit(task_name: str, queue: str | None = None, **kwargs: Any) -> None:
     def publish() -> None:
-        from agentops.celery import app
-
+        app = publisher()
         try:
             app.send_task(task_name, kwargs=kwargs, queue=queue)
         except Exception:

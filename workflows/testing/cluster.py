@@ -31,6 +31,8 @@ from urllib.parse import quote
 import psutil  # type: ignore[import-untyped]
 import redis
 
+from workflows import doorbells
+
 # Short clocks so that a lost lease is noticed within seconds.
 LEASE_SECONDS = 4
 REDISPATCH_AFTER_SECONDS = 2
@@ -170,8 +172,7 @@ def point_celery_app_at(url: str) -> None:
     The caller sets CELERY_BROKER_URL in the environment too: Celery reads it before its
     configuration (``publishing_to`` does both).
     """
-    from agentops.celery import app
-
+    app = doorbells.publisher()
     app.conf["broker_url"] = url  # what `app.conf.broker_url = url` does (the stubs call it read-only)
     assert app.conf.broker_write_url == url, f"Celery would still publish to {app.conf.broker_write_url}"
     if not url.startswith("filesystem://"):
@@ -193,8 +194,7 @@ def publishing_to(url: str) -> Iterator[None]:
     """This process publishes its doorbells to ``url`` for the block, then to the broker it had."""
     from django.conf import settings
 
-    from agentops.celery import app
-
+    app = doorbells.publisher()
     names = ("CELERY_BROKER_URL", "CELERY_BROKER_WRITE_URL")
     saved = {name: os.environ.pop(name, None) for name in names}
     transport = (app.conf.broker_transport, app.conf.broker_transport_options)
