@@ -81,6 +81,9 @@ INSTALLED_APPS = [
     # django-ninja: the HTTP API; listed so /api/docs serves its Swagger UI from the app, not a CDN.
     "ninja",
     "workflows",
+    # The project shell: its own commands (demo, deploy_target), which use features the kernel
+    # (workflows) does not import: the sandbox and the fake deploy target.
+    "agentops",
 ]
 
 MIDDLEWARE = [
@@ -359,6 +362,12 @@ ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY", "")
 ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL", "") or "https://api.anthropic.com"
 AGENTOPS_MODEL_PROVIDER = env_str("AGENTOPS_MODEL_PROVIDER", "anthropic" if ANTHROPIC_API_KEY else "scripted")
 AGENTOPS_MODEL = env_str("AGENTOPS_MODEL", "claude-sonnet-5-5")
+# The providers AGENTOPS_MODEL_PROVIDER may name: each a class with ``from_settings(model=…)``
+# implementing workflows.provider.ModelProvider (the kernel imports the one chosen, when it is).
+AGENTOPS_MODEL_PROVIDERS = {
+    "anthropic": "agentops.providers.anthropic.AnthropicProvider",
+    "scripted": "agentops.providers.scripted.ScriptedProvider",
+}
 # The SDK's own in-process retries (0–2); 429/529 beyond them become stored retry windows.
 AGENTOPS_ANTHROPIC_MAX_RETRIES = env_int("AGENTOPS_ANTHROPIC_MAX_RETRIES", 1)
 if not 0 <= AGENTOPS_ANTHROPIC_MAX_RETRIES <= 2:
@@ -378,6 +387,9 @@ if not AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS > 0:
     raise ImproperlyConfigured(
         f"AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS={AGENTOPS_ANTHROPIC_TIMEOUT_SECONDS} must be above 0.")
 AGENTOPS_PROMPT_VERSION = env_str("AGENTOPS_PROMPT_VERSION", "prompts-2")  # 2: structured answers as forced tool calls
+# Part of the behavioral release: bump a version when a tool's contract with the model changes
+# (workspace-tools 2: the harness's ranged reads, edits, services and proposals).
+AGENTOPS_TOOL_VERSIONS = {"git": "1", "test-runner": "1", "deploy-target": "1", "workspace-tools": "2"}
 
 def env_json_object(name: str, default: dict[str, Any]) -> dict[str, Any]:
     raw = os.environ.get(name)

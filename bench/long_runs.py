@@ -78,7 +78,7 @@ def _patch_autonomous_model(rounds: int) -> None:
     import re
 
     from agentops.providers import scripted
-    from agentops.providers.base import ModelResponse
+    from workflows.provider import ModelResponse
 
     def tasks(round_: int) -> str:
         return json.dumps({"tasks": [{"title": f"Round {round_} task {i}",

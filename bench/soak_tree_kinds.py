@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentops.agents.release.activities import DeployInput, deploy
-from agentops.budgets import MODEL_CALL_LEASE, metered_complete
+from agentops.kind import MODEL_CALL_LEASE, metered_complete
 from agentops.providers.scripted import offline_answer
 from bench.soak_tree import CHILD_BUDGET_USD, LEAF_KIND, ROOT_KIND
 from workflows.activity_context import ActivityContext

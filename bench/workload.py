@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from agentops.budgets import MODEL_CALL_LEASE, metered_complete
+from agentops.kind import MODEL_CALL_LEASE, metered_complete
 from workflows.activity_context import ActivityContext
 from workflows.engine import Complete, Decision, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import InvalidInput

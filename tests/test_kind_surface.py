@@ -14,11 +14,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SURFACE = {
     "agentops.kind": [
-        "EMPTY_QUERY", "ROLE_MAX_LENGTH", "ActivityContext", "ActivityFailed", "AdminPanel", "BudgetExhausted",
-        "CandidateView", "ChildHandle", "ChildOutcome", "CompensationInput", "Complete", "Decision", "Fail",
-        "FirstOutcome", "Goto", "InvalidInput", "LaunchParams", "NodeContext", "Permanent", "RetryPolicy",
-        "Retryable", "Throttled", "WaitOutcome", "WorkflowDefinition", "activity", "annotate", "candidate_as_json",
-        "hash_of_candidate", "keep_alive", "node", "now", "progress_validate", "register_definition", "resolve",
+        "ActivityContext", "ActivityFailed", "AdminPanel", "BudgetExhausted", "CandidateView", "ChildHandle",
+        "ChildOutcome", "CompensationInput", "Complete", "Decision", "EMPTY_QUERY", "Fail", "FirstOutcome", "Goto",
+        "InvalidInput", "LaunchParams", "MODEL_CALL_LEASE", "ModelResponse", "NodeContext", "Permanent",
+        "ROLE_MAX_LENGTH", "RetryPolicy", "Retryable", "Throttled", "Usage", "WaitOutcome", "WorkflowDefinition",
+        "activity", "annotate", "candidate_as_json", "cost_usd", "hash_of_candidate", "keep_alive",
+        "metered_complete", "node", "now", "progress_validate", "provider_for", "register_definition", "resolve",
         "state_at", "state_of", "tool_span",
     ],
     "agentops.kind.presentation": [

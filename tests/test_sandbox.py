@@ -15,12 +15,12 @@ import pytest
 
 from agentops import sandbox
 from agentops.agents.autonomous.activities import run_tool
-from agentops.providers.base import ModelResponse, Usage
 from agentops.providers.scripted import ScriptedProvider
 from agentops.sandbox import limits
 from tests.conftest import drive, make_git_repo, release_params
 from workflows import services
 from workflows.models import Activity, Event
+from workflows.provider import ModelResponse, Usage
 
 CANARY = f"sk-canary-{uuid.uuid4().hex}"
 WORKER_SECRETS = {

@@ -63,7 +63,7 @@ class ActivityContext:
     @property
     def release(self) -> dict[str, Any] | None:
         """The workflow's behavioral release (``provider``, ``model``, ``prompt_version``,
-        ``tool_versions``), which ``agentops.providers.provider_for(ctx)`` runs; None in a test
+        ``tool_versions``), which ``workflows.releases.provider_for(ctx)`` runs; None in a test
         kit without one (the current release runs)."""
         return self.claim.release
 

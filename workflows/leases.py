@@ -35,7 +35,7 @@ class Claim:
     definition_version: int = 1
     # The workflow's behavioral release (provider, model, prompt_version, tool_versions) and its
     # release policy (pin, revalidate, fail): what the attempt's model calls run on
-    # (agentops.providers.provider_for). None (the test kit): the current release.
+    # (workflows.releases.provider_for). None (the test kit): the current release.
     release: dict[str, Any] | None = None
     release_policy: str = "revalidate"
     # Workflow.release_provisional: the release was recorded from the settings of a process that
@@ -56,7 +56,7 @@ class Claim:
     priority: int = 5
     # Whether the workflow had a budget limit (total or hourly) when the attempt was claimed: only
     # then does a model call ask the provider to count its input for the reservation
-    # (agentops.budgets.metered_complete). True (the test kit): it may have one.
+    # (workflows.metering.metered_complete). True (the test kit): it may have one.
     budget_limited: bool = True
 
 

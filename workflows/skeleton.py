@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentops.budgets import MODEL_CALL_LEASE, metered_complete
+from agentops.kind import MODEL_CALL_LEASE, metered_complete
 from agentops.kind import ActivityContext, CompensationInput, InvalidInput, RetryPolicy, activity
 from agentops.providers.scripted import offline_answers_file
 

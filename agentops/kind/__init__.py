@@ -4,8 +4,10 @@ A kind (a package of ``definition.py`` and ``activities.py``, docs/authoring.md)
 runtime from here, and from ``agentops.kind.presentation`` (its admin panels) and
 ``agentops.kind.testing`` (its tests), and from nowhere else of the kernel: these names are kept
 from release to release (tests/test_kind_surface.py locks them), while the modules behind them may
-move. Model calls, the sandbox and the engine's git are features a kind may use besides
-(``agentops.budgets``, ``agentops.providers``, ``agentops.sandbox``, ``agentops.git``).
+move. Model calls go through ``metered_complete`` (fenced, reserved and charged) to the provider of
+the workflow's release (``provider_for``); the offline answers, the structured-answer helpers, the
+sandbox and the engine's git are features a kind may use besides (``agentops.providers``,
+``agentops.sandbox``, ``agentops.git``).
 """
 from __future__ import annotations
 
@@ -28,18 +30,22 @@ from workflows.engine import (
 )
 from workflows.errors import BudgetExhausted, InvalidInput, Permanent, Retryable, Throttled
 from workflows.heartbeats import keep_alive
+from workflows.metering import MODEL_CALL_LEASE, cost_usd, metered_complete
 from workflows.params import ROLE_MAX_LENGTH, LaunchParams
 from workflows.presentation import EMPTY_QUERY, AdminPanel, CandidateView, candidate_as_json
 from workflows.progress import progress_validate
+from workflows.provider import ModelResponse, Usage
 from workflows.registry import CompensationInput, RetryPolicy, activity, register_definition
+from workflows.releases import provider_for
 from workflows.statestore import resolve, state_at, state_of
 from workflows.telemetry import annotate, tool_span
 
 __all__ = [
-    "EMPTY_QUERY", "ROLE_MAX_LENGTH", "ActivityContext", "ActivityFailed", "AdminPanel", "BudgetExhausted",
-    "CandidateView", "ChildHandle", "ChildOutcome", "CompensationInput", "Complete", "Decision", "Fail",
-    "FirstOutcome", "Goto", "InvalidInput", "LaunchParams", "NodeContext", "Permanent", "RetryPolicy", "Retryable",
-    "Throttled", "WaitOutcome", "WorkflowDefinition", "activity", "annotate", "candidate_as_json",
-    "hash_of_candidate", "keep_alive", "node", "now", "progress_validate", "register_definition", "resolve",
-    "state_at", "state_of", "tool_span",
+    "ActivityContext", "ActivityFailed", "AdminPanel", "BudgetExhausted", "CandidateView", "ChildHandle",
+    "ChildOutcome", "CompensationInput", "Complete", "Decision", "EMPTY_QUERY", "Fail", "FirstOutcome", "Goto",
+    "InvalidInput", "LaunchParams", "MODEL_CALL_LEASE", "ModelResponse", "NodeContext", "Permanent",
+    "ROLE_MAX_LENGTH", "RetryPolicy", "Retryable", "Throttled", "Usage", "WaitOutcome", "WorkflowDefinition",
+    "activity", "annotate", "candidate_as_json", "cost_usd", "hash_of_candidate", "keep_alive", "metered_complete",
+    "node", "now", "progress_validate", "provider_for", "register_definition", "resolve", "state_at", "state_of",
+    "tool_span",
 ]

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from agentops.providers.base import ModelResponse
 from workflows.errors import InvalidInput, Retryable
+from workflows.provider import ModelResponse
 
 if TYPE_CHECKING:
     from workflows.activity_context import ActivityContext
@@ -53,8 +53,8 @@ def ask_structured(
     With ``steer``, each call first takes the workflow's steer messages as a user turn
     (``agentops.steering.steered``).
     """
-    from agentops.budgets import metered_complete
     from agentops.steering import steered
+    from workflows.metering import metered_complete
 
     messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
     responses: list[ModelResponse] = []

@@ -31,8 +31,8 @@ import anthropic
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from agentops.providers.base import ModelResponse, RequestMeter, Usage
 from workflows.errors import AgentOpsError, Permanent, Retryable, Throttled
+from workflows.provider import ModelResponse, RequestMeter, Usage
 from workflows.ratelimits.limiter import RateLimitInfo
 
 if TYPE_CHECKING:

@@ -20,8 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, overload
 
-from agentops.providers.base import ModelResponse, RequestMeter, Usage
+from django.conf import settings
+
 from workflows.errors import Permanent
+from workflows.provider import ModelResponse, RequestMeter, Usage
 
 TASK_MARKER = re.compile(r"<task>(?P<task>[a-z_]+)</task>")
 
@@ -83,6 +85,11 @@ class ScriptedProvider:
 
     def __init__(self, *, model: str) -> None:
         self.model = f"scripted/{model}"
+
+    @classmethod
+    def from_settings(cls, *, model: str | None = None) -> ScriptedProvider:
+        """The provider the settings configure; ``model`` (a release's, ``scripted/…``) overrides AGENTOPS_MODEL."""
+        return cls(model=model.removeprefix("scripted/") if model else settings.AGENTOPS_MODEL)
 
     def complete(
         self, *, system: str, messages: list[dict[str, Any]], max_tokens: int,

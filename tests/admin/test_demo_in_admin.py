@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from workflows.management.commands.demo import free_port
+from agentops.management.commands.demo import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

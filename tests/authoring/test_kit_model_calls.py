@@ -6,11 +6,11 @@ from decimal import Decimal
 
 import pytest
 
-from agentops.budgets import metered_complete
 from agentops.providers.answers import AnswerTool, ask_structured
-from agentops.providers.base import Usage
 from workflows.activity_context import ActivityContext
 from workflows.errors import BudgetExhausted, InvalidInput, Retryable, Throttled
+from workflows.metering import metered_complete
+from workflows.provider import Usage
 from workflows.registry import activity
 from workflows.testing import ActivityEnvironment, FakeLedger, FakeModel, Reply, Throttle, cut_off, registered
 

@@ -207,8 +207,8 @@ def pool_kills_reported(cluster: Cluster) -> set[int]:
 def billed_usd(model: str, recorded: Any) -> Decimal:
     """What the fake API's usage says one of its requests (``Recorded``) costs: nothing for a
     request it answered with an error or did not answer."""
-    from agentops.budgets import cost_usd
-    from agentops.providers.base import Usage
+    from workflows.metering import cost_usd
+    from workflows.provider import Usage
 
     usage = recorded.usage or {}
     return cost_usd(model, Usage(**{k: usage.get(k, 0) for k in Usage.__dataclass_fields__}))

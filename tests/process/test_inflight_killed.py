@@ -20,14 +20,14 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from agentops.budgets import USAGE_KEY_HEADER, usage_fields
-from agentops.providers.base import Usage
 from tests.fakes import anthropic_api as fake
 from tests.fakes.anthropic_api import Answer, FakeAnthropicAPI
 from tests.fakes.claude_agent import TASKS, ClaudeForAutonomous, first_text, structured, task_of, tool_results
 from tests.process.harness import assert_event_seqs_contiguous, billed_usd, wait_until_status
 from workflows import services
+from workflows.metering import USAGE_KEY_HEADER, usage_fields
 from workflows.models import Activity, Event, UsageEntry, Workflow
+from workflows.provider import Usage
 from workflows.selectors import spent_usd
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from agentops import providers
 from agentops.providers.anthropic import AnthropicProvider
 from agentops.providers.scripted import ScriptedProvider
 from tests.fakes import anthropic_api as fake
 from tests.fakes.anthropic_api import Answer, FakeAnthropicAPI
 from tests.providers.conftest import API_KEY, MODEL, RecordedSleeps
+from workflows import releases
 from workflows.errors import Permanent, Retryable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -385,28 +385,28 @@ def test_a_refusal_is_permanent(anthropic_api: FakeAnthropicAPI) -> None:
 
 def test_get_provider_picks_scripted_or_anthropic(settings: Any) -> None:
     settings.AGENTOPS_MODEL_PROVIDER = "scripted"
-    assert isinstance(providers.get_provider(), ScriptedProvider)
-    assert providers.current_release_spec()["provider"] == "scripted"
-    assert providers.current_release_spec()["model"] == f"scripted/{settings.AGENTOPS_MODEL}"
+    assert isinstance(releases.get_provider(), ScriptedProvider)
+    assert releases.current_release_spec()["provider"] == "scripted"
+    assert releases.current_release_spec()["model"] == f"scripted/{settings.AGENTOPS_MODEL}"
 
     settings.AGENTOPS_MODEL_PROVIDER = "anthropic"
     settings.ANTHROPIC_API_KEY = API_KEY
     settings.AGENTOPS_MODEL = MODEL
-    provider = providers.get_provider()
+    provider = releases.get_provider()
     assert isinstance(provider, AnthropicProvider)
     assert (provider.name, provider.model, provider.max_retries) == ("anthropic", MODEL,
                                                                      settings.AGENTOPS_ANTHROPIC_MAX_RETRIES)
     assert API_KEY not in repr(provider)
-    assert providers.current_release_spec()["provider"] == "anthropic"
-    assert providers.current_release_spec()["model"] == MODEL
+    assert releases.current_release_spec()["provider"] == "anthropic"
+    assert releases.current_release_spec()["model"] == MODEL
 
     settings.ANTHROPIC_API_KEY = ""
     with pytest.raises(ImproperlyConfigured, match="ANTHROPIC_API_KEY is not set"):
-        providers.get_provider()
+        releases.get_provider()
 
     settings.AGENTOPS_MODEL_PROVIDER = "openai"
     with pytest.raises(ImproperlyConfigured, match="'openai' is not a provider"):
-        providers.get_provider()
+        releases.get_provider()
 
 
 def _settings_in_subprocess(tmp_path: Path, env: dict[str, str], expr: str) -> subprocess.CompletedProcess[str]:

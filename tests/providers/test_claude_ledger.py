@@ -14,8 +14,6 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from agentops.budgets import USAGE_KEY_HEADER, cost_usd
-from agentops.providers.base import Usage
 from tests.conftest import drive
 from tests.fakes import anthropic_api as fake
 from tests.fakes.anthropic_api import FakeAnthropicAPI, Recorded
@@ -23,7 +21,9 @@ from tests.fakes.claude_agent import TASKS, ClaudeForAutonomous, seed_workspace
 from tests.providers.conftest import MODEL
 from tests.providers.test_claude_throttling import run_until_done
 from workflows import clock, services
+from workflows.metering import USAGE_KEY_HEADER, cost_usd
 from workflows.models import UsageEntry, Workflow
+from workflows.provider import Usage
 from workflows.selectors import spend_summary, spent_usd
 
 pytestmark = pytest.mark.django_db

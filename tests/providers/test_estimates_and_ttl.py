@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from agentops.budgets import (
+from agentops.providers.anthropic import AnthropicProvider
+from tests.fakes import anthropic_api as fake
+from tests.fakes.anthropic_api import FakeAnthropicAPI, rendered_blocks, tokens_of
+from tests.providers.conftest import API_KEY, MODEL
+from workflows.activity_context import ActivityContext
+from workflows.leases import Claim, LeaseLost
+from workflows.metering import (
     CHARS_PER_TOKEN,
     cost_usd,
     estimate_usd,
@@ -17,12 +23,6 @@ from agentops.budgets import (
     metered_complete,
     price_for,
 )
-from agentops.providers.anthropic import AnthropicProvider
-from tests.fakes import anthropic_api as fake
-from tests.fakes.anthropic_api import FakeAnthropicAPI, rendered_blocks, tokens_of
-from tests.providers.conftest import API_KEY, MODEL
-from workflows.activity_context import ActivityContext
-from workflows.leases import Claim, LeaseLost
 from workflows.models import UsageEntry
 from workflows.testing import FakeLease
 

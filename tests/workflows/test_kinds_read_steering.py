@@ -54,7 +54,7 @@ def test_a_harness_session_turn_takes_it(tmp_path: Any) -> None:
     claim = Claim(activity_id=0, workflow_id=1, operation_id="wf-1/SESSION.1/i1/0", name="harness_session",
                   attempt=1, lease_token="t", input={}, previous_attempt_lost=False)
     session = Session(root=tmp_path, operation_id=claim.operation_id)
-    from agentops.budgets import answered_by
+    from workflows.metering import answered_by
 
     with answered_by(model, ActivityEnvironment().ledger):
         turns = harness._loop(ActivityContext(claim=claim, lease=lease), session, system="<task>harness_session</task>",

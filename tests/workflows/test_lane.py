@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
-from agentops.budgets import metered_complete
 from tests.conftest import drive
 from workflows import engine, lane, services
 from workflows.activity_context import ActivityContext
+from workflows.metering import metered_complete
 from workflows.models import Activity, Workflow
 from workflows.registry import activity
 from workflows.services import activities

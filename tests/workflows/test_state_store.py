@@ -16,11 +16,11 @@ from django.urls import reverse
 from agentops.agents.autonomous.definition import Autonomous
 from agentops.agents.autonomous.presentation import earlier_tasks
 from agentops.providers import scripted
-from agentops.providers.base import ModelResponse
 from tests.conftest import drive, open_approval, release_params
 from workflows import replay, services, statestore
 from workflows.errors import InvalidInput
 from workflows.models import Activity, Checkpoint, StateBlob, Workflow
+from workflows.provider import ModelResponse
 
 pytestmark = pytest.mark.django_db
 

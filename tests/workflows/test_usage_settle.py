@@ -12,10 +12,10 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from agentops.budgets import cost_usd
-from agentops.providers.base import Usage
 from workflows import services
+from workflows.metering import cost_usd
 from workflows.models import Event, UsageEntry, Workflow
+from workflows.provider import Usage
 from workflows.selectors import spent_usd
 
 pytestmark = pytest.mark.django_db

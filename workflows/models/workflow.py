@@ -34,7 +34,7 @@ class BehavioralRelease(models.Model):
         return f"{self.provider}:{self.model} prompt={self.prompt_version} ({self.fingerprint[:10]})"
 
     def spec(self) -> dict[str, Any]:
-        """Provider, model, prompt and tool versions, as ``agentops.providers`` describes a release."""
+        """Provider, model, prompt and tool versions, as ``workflows.releases`` describes a release."""
         return {"provider": self.provider, "model": self.model, "prompt_version": self.prompt_version,
                 "tool_versions": self.tool_versions}
 

@@ -238,7 +238,7 @@ class RateGate:
 
 
 class GatedMeter:
-    """A request meter (``agentops.providers.base.RequestMeter``) that admits each request through
+    """A request meter (``workflows.provider.RequestMeter``) that admits each request through
     the call's ``RateGate`` before the inner meter (the usage ledger) reserves and sends it."""
 
     def __init__(self, inner: Any, gate: RateGate) -> None:

@@ -13,11 +13,11 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 
-from agentops.providers.base import Usage
 from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.leases import Claim, Fence
 from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
+from workflows.provider import Usage
 from workflows.selectors import spent_usd
 from workflows.services import lifecycle, slots
 from workflows.services.common import (
@@ -560,7 +560,7 @@ def usage_settle_from_report(*, report: list[UsageReportLine], user: Any = None)
     ``budget_release_once``); settling the same report again changes nothing. Raises
     InvalidInput, changing nothing, when a key is not in the ledger.
     """
-    from agentops.budgets import cost_usd, usage_fields
+    from workflows.metering import cost_usd, usage_fields
 
     keys = [line.key for line in report]
     rows = {e.key: e for e in UsageEntry.objects.filter(key__in=keys)}

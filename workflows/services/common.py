@@ -14,7 +14,7 @@ from typing import Any
 from django.db import connection, models, transaction
 from django_fsm import ConcurrentTransition
 
-from agentops import providers
+from workflows import releases
 from workflows.errors import InvalidInput, NotFound
 from workflows.models import BehavioralRelease, Checkpoint, Event, Intent, SteerMessage, Wait, Workflow
 from workflows.sql import (
@@ -397,7 +397,7 @@ def release_current(*, at: datetime) -> BehavioralRelease:
         announced = BehavioralRelease.objects.filter(announced_at__isnull=False).order_by("-announced_at").first()
         if announced is not None:
             return announced
-    return release_ensure(providers.current_release_spec(), at=at)
+    return release_ensure(releases.current_release_spec(), at=at)
 
 
 def release_ensure(spec: dict[str, Any], *, at: datetime) -> BehavioralRelease:
@@ -406,7 +406,7 @@ def release_ensure(spec: dict[str, Any], *, at: datetime) -> BehavioralRelease:
     Idempotent: get-or-create on the unique ``fingerprint``.
     """
     release, _ = BehavioralRelease.objects.get_or_create(
-        fingerprint=providers.release_fingerprint(spec),
+        fingerprint=releases.release_fingerprint(spec),
         defaults={
             "provider": spec["provider"], "model": spec["model"], "prompt_version": spec["prompt_version"],
             "tool_versions": spec["tool_versions"], "created_at": at,
@@ -420,7 +420,7 @@ def release_announce(*, at: datetime) -> BehavioralRelease:
 
     Idempotent: the release row is ensured, and ``announced_at`` set to ``at`` (a later start moves it).
     """
-    release = release_ensure(providers.current_release_spec(), at=at)
+    release = release_ensure(releases.current_release_spec(), at=at)
     BehavioralRelease.objects.filter(pk=release.pk).update(announced_at=at)
     return release
 

@@ -83,7 +83,7 @@ def workflow_launch(
     activity is scheduled, or its first wait opened, when this returns).
 
     ``max_hours`` sets a durable deadline: past it, beat cancels the workflow. ``fallback_model``
-    is the model its calls move to on sustained overload (``agentops.providers.provider_for``).
+    is the model its calls move to on sustained overload (``workflows.releases.provider_for``).
     ``labels`` (key to value, ``labels_checked``) are stored with it, to filter and count by.
 
     Not idempotent: every call launches a new workflow (``workflow_launch_once`` takes a key).

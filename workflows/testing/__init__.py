@@ -144,7 +144,7 @@ class ActivityEnvironment:
     ``resume`` is the checkpoint an earlier attempt saved; ``previous_attempt_lost`` makes the
     activity's ``reconcile`` run first, as after a crash. ``idempotency_key`` is what
     ``ctx.idempotency_key`` gives (empty: the operation id). ``model`` answers the activity's
-    model calls (``agentops.budgets.metered_complete``), metered in ``ledger``; without a model,
+    model calls (``workflows.metering.metered_complete``), metered in ``ledger``; without a model,
     a model call reaches the configured provider and the database ledger, as on a worker.
     """
 
@@ -179,7 +179,7 @@ class ActivityEnvironment:
         if self.model is None:
             yield
             return
-        from agentops.budgets import answered_by
+        from workflows.metering import answered_by
 
         with answered_by(self.model, self.ledger):
             yield

@@ -16,9 +16,9 @@ from typing import Any
 
 from django.conf import settings
 
-from agentops.providers.base import ModelResponse, RequestMeter, Usage
 from workflows.errors import BudgetDeferred, BudgetExhausted, Throttled
 from workflows.leases import Fence
+from workflows.provider import ModelResponse, RequestMeter, Usage
 
 __all__ = ["FakeLedger", "FakeModel", "LedgerEntry", "Reply", "Throttle", "cut_off"]
 

@@ -14,8 +14,8 @@ from typing import Any, TypedDict
 from django.conf import settings
 
 from agentops import sandbox
-from agentops.budgets import MODEL_CALL_LEASE, metered_complete
 from agentops.kind import (
+    MODEL_CALL_LEASE,
     ActivityContext,
     InvalidInput,
     Permanent,
@@ -24,6 +24,7 @@ from agentops.kind import (
     activity,
     annotate,
     keep_alive,
+    metered_complete,
     progress_validate,
     tool_span,
 )
@@ -36,7 +37,7 @@ MAX_TURNS = 8
 MAX_OUTPUT_CHARS = 4000
 COMMAND_TIMEOUT_SECONDS = 60
 TASK_RETRY = RetryPolicy(max_attempts=3, initial_interval_seconds=2.0, backoff=2.0)
-# Model-calling activities hold a short lease (agentops.budgets.MODEL_CALL_LEASE): metered_complete
+# Model-calling activities hold a short lease (agentops.kind.MODEL_CALL_LEASE): metered_complete
 # and the tool calls below heartbeat it from a background thread while they wait. They are
 # io_bound: they go to the I/O queue, where a threads-pool worker keeps hundreds in flight.
 

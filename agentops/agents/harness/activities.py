@@ -24,7 +24,6 @@ from agentops import sandbox
 from agentops.agents.harness import breakers, gitops, tools
 from agentops.agents.harness import checks as checks_mod
 from agentops.agents.harness.checks import CheckResult, Feature
-from agentops.budgets import cost_usd, metered_complete
 from agentops.kind import (
     ActivityContext,
     InvalidInput,
@@ -32,11 +31,13 @@ from agentops.kind import (
     RetryPolicy,
     activity,
     annotate,
+    cost_usd,
     keep_alive,
+    metered_complete,
     now,
+    provider_for,
     tool_span,
 )
-from agentops.providers import provider_for
 from agentops.sandbox import files
 from agentops.steering import steered
 

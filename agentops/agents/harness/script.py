@@ -22,7 +22,7 @@ from typing import Any
 
 from django.conf import settings
 
-from agentops.providers.base import ModelResponse, Usage
+from agentops.kind import ModelResponse, Usage
 
 DEMO = Path(__file__).resolve().parent / "demo"
 TAG = re.compile(r"^#<(?P<close>/?)(?P<negate>!?)(?P<tag>[A-Z0-9]+)>$")

@@ -11,10 +11,18 @@ from typing import Any, NotRequired, TypedDict
 from django.conf import settings
 
 from agentops import git as engine_git
-from agentops import providers, sandbox
-from agentops.budgets import MODEL_CALL_LEASE
+from agentops import sandbox
 from agentops.deploytarget import client
-from agentops.kind import ActivityContext, CompensationInput, InvalidInput, Permanent, RetryPolicy, activity
+from agentops.kind import (
+    MODEL_CALL_LEASE,
+    ActivityContext,
+    CompensationInput,
+    InvalidInput,
+    Permanent,
+    RetryPolicy,
+    activity,
+    provider_for,
+)
 from agentops.providers.answers import AnswerTool, ask_structured, json_object_in
 from agentops.sandbox import files
 
@@ -127,7 +135,7 @@ PROPOSE_SYSTEM = (
           lease_seconds=MODEL_CALL_LEASE, io_bound=True)
 def propose_change(ctx: ActivityContext, input: ProposalInput) -> Proposal:
     evidence = input.evidence
-    provider = providers.provider_for(ctx)
+    provider = provider_for(ctx)
     prompt = (f"<goal>{input.goal}</goal>\n"
               f"Repository at {evidence['head']} on {evidence['branch']} with {evidence['files']} files.")
     proposal, responses = ask_structured(ctx, system=PROPOSE_SYSTEM, prompt=prompt, tool=PROPOSAL_TOOL,

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from agentops import git as engine_git
-from agentops.budgets import MODEL_CALL_LEASE
-from agentops.kind import ActivityContext, InvalidInput, activity
+from agentops.kind import MODEL_CALL_LEASE, ActivityContext, InvalidInput, activity
 from agentops.providers.answers import AnswerTool, ask_structured
 from agentops.providers.scripted import offline_answer
 

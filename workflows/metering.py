@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.conf import settings
 from opentelemetry.trace import SpanKind
 
-from agentops.providers import provider_for
-from agentops.providers.base import ModelProvider, ModelResponse, Usage
 from workflows import lane, livewire, ratelimits, telemetry
 from workflows.activity_context import ActivityContext
 from workflows.connections import connection_release_while_waiting
 from workflows.errors import AgentOpsError, Permanent
 from workflows.heartbeats import keep_alive
 from workflows.leases import Fence
+from workflows.provider import ModelProvider, ModelResponse, Usage
 from workflows.ratelimits.limiter import RateLimitInfo
+from workflows.releases import provider_for
 
 if TYPE_CHECKING:
     from workflows.sql import RowWrite
@@ -337,7 +337,7 @@ def usage_fields(usage: Usage) -> dict[str, int]:
 
 class LedgerMeter:
     """The ledger rows of one model call, one per request; the provider reports each request to it
-    (``agentops.providers.base.RequestMeter``).
+    (``workflows.provider.RequestMeter``).
 
     ``sending(n)`` runs before request n leaves the process: it reserves ``<operation_id>#<call>
     @<attempt>.<n>`` (a budget check) and returns the headers that tag the request with that key

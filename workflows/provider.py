@@ -43,7 +43,7 @@ class ModelResponse:
 
 class RequestMeter(Protocol):
     """Told about every request a ``complete`` call sends, retries included (the usage ledger,
-    ``agentops.budgets.LedgerMeter``). ``n`` numbers the call's requests from 0."""
+    ``workflows.metering.LedgerMeter``). ``n`` numbers the call's requests from 0."""
 
     def sending(self, n: int) -> dict[str, str]:
         """Before request ``n`` leaves the process; may raise to stop it (over budget). Returns
