@@ -35,7 +35,7 @@ class Sizes:
     long_run_features: tuple[int, ...] = (10, 50, 200)
     long_run_rounds: tuple[int, ...] = (20,)
     # Shared rate limits (9): agents and calls against the fake API's organisation limit; the two
-    # tenants' agents (issue 28's 900 and 10, scaled to 90 and 1 to keep the run to minutes).
+    # tenants' agents (900 and 10, scaled to 90 and 1 to keep the run to minutes).
     ratelimit_agents: int = 300
     ratelimit_calls: int = 3
     ratelimit_rpm: int = 600

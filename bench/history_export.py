@@ -1,4 +1,4 @@
-"""Memory of `agent export-history` and `agent replay-check` by history length (issue 23, item 3).
+"""Memory of `agent export-history` and `agent replay-check` by history length.
 
 Builds synthetic finished workflows of N node visits (each visit: a checkpoint whose state grows
 with the run, as today's kinds' do, one activity with a result, a few events), then runs
@@ -29,7 +29,7 @@ def long_history(*, visits: int, state_growth_bytes: int = 470, state_bytes: int
     """A completed workflow of ``visits`` node visits written with ``bulk_create``: visit v's
     checkpoint state holds ``state_bytes`` plus v notes of ``state_growth_bytes`` (the
     whole-state copies of today's kinds: the run's total is quadratic in visits; the default
-    makes 1,600 visits about the 610 MB of the 200-feature harness run of issue 23), one
+    makes 1,600 visits about the 610 MB of the 200-feature harness run before state stopped growing), one
     succeeded activity of ``result_bytes``, ``events_per_visit`` events. Returns its id. Its
     nodes are not its kind's: it is for sizes, not for replaying."""
     from workflows import clock

@@ -269,7 +269,7 @@ def _timings(calls: list[dict[str, Any]], launched: dict[int, float], *, latency
             "due_to_sent_max_s": round(max(due_to_sent), 3)}
 
 
-# Issue 15.6: a worker SIGKILLed while its threads wait for answers; calls slower than the model-call
+# A worker SIGKILLed while its threads wait for answers; calls slower than the model-call
 # lease (20 s), so only the heartbeats kept the attempts, and a first heartbeat has been written.
 KILL_AGENTS = 8
 KILL_LATENCY_S = 25.0
@@ -341,6 +341,6 @@ def bench_inflight(bench: Bench) -> dict[str, Any]:
     finally:
         bench.cluster.stop(bench.cluster.workers())
         api.stop()
-    # Issue 28: 500 agents, and 1,000 on one 2-core host, at >= 0.8x the ideal rate.
+    # 500 agents, and 1,000 on one 2-core host, at >= 0.8x the ideal rate.
     targets = {"peak_in_flight": 500, "ratio_vs_ideal": 0.8, "ratio_vs_ideal_at": [500, 1000], "worker_rss_mb": 1024}
     return {**setup, "rows": rows, "kill_during_model_calls": killed, "targets": targets}

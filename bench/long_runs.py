@@ -1,4 +1,4 @@
-"""``python -m bench.long_runs``: what a step costs on day three against minute one (issue 23).
+"""``python -m bench.long_runs``: what a step costs on day three against minute one.
 
 Runs the shipped kinds at and past their limits, in this process, through the real services on a
 PostgreSQL database of its own (created, migrated, dropped at the end unless ``--keep-db``):
@@ -235,7 +235,7 @@ def checkpoint_and_row_bytes(workflow_id: int) -> dict[int, tuple[int, int]]:
 
     out: dict[int, tuple[int, int]] = {}
     with connection.cursor() as cursor:
-        if not _table_exists("workflows_stateblob"):  # before issue 23: every checkpoint is the whole state, as the row
+        if not _table_exists("workflows_stateblob"):  # no blobs: every checkpoint is the whole state, as the row
             cursor.execute("SELECT node_visit, octet_length(state::text) FROM workflows_checkpoint "
                            "WHERE workflow_id = %s", [workflow_id])
             for visit, size in cursor.fetchall():
@@ -426,7 +426,7 @@ def bench_long_runs(bench: Any) -> dict[str, Any]:
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The figures issue 23's targets are about: per-visit bytes of the largest harness run against
+    """The figures the long-run targets are about: per-visit bytes of the largest harness run against
     the smallest, and each run's late/early ratios."""
     harness = {int(r["run"].split()[1]): r for r in rows if r["run"].startswith("harness")}
     out: dict[str, Any] = {}

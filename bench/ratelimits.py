@@ -18,7 +18,7 @@ Nothing is configured: the limiter learns the limits from a warm-up's answers, a
   wait of each of its calls against the mean gap between successful requests meanwhile;
 - **without the limiter** (the baseline, last): the limit run again on a full organisation limit,
   the workers without the shared limiter (``AGENTOPS_RATE_LIMIT_REDIS_URL=""``): each call learns
-  of the limit by a 429 and backs off by its retry-after, as before issue 28.
+  of the limit by a 429 and backs off by its retry-after, as before the shared limiter.
 """
 from __future__ import annotations
 

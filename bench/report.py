@@ -156,7 +156,7 @@ def _inflight(r: dict[str, Any]) -> list[Row]:
 
 
 def _long_runs(r: dict[str, Any]) -> list[Row]:
-    """Issue 23's targets: per-visit bytes late/early <= 1.5x (autonomous), harness N=200 / N=10
+    """The long-run targets: per-visit bytes late/early <= 1.5x (autonomous), harness N=200 / N=10
     <= 2x, median advance late/early <= 1.3x, admin page <= 300 KB and < 1 s, show --json < 1 s."""
     rows: list[Row] = []
     for row in r["rows"]:
@@ -197,7 +197,7 @@ def _long_runs(r: dict[str, Any]) -> list[Row]:
 
 
 def _ratelimits(r: dict[str, Any]) -> list[Row]:
-    """Issue 28's targets: 429s <= 2 % of requests, successful use >= 0.85 x the binding limit,
+    """The rate-limit targets: 429s <= 2 % of requests, successful use >= 0.85 x the binding limit,
     the small tenant's median wait <= 2 x the large one's, priority 9 within 2 x the mean gap."""
     t, lim, fair = r["targets"], r["limit"], r["fairness"]
     by_worker = ", ".join(f"{w} {n}" for w, n in sorted(lim["calls_by_worker"].items()))
@@ -237,7 +237,7 @@ def _without_limiter(r: dict[str, Any]) -> list[Row]:
 
 
 def _slots(r: dict[str, Any]) -> list[Row]:
-    """Issue 28 item 2 for activities: at equal demand no tenant's p99 wait over 2x another's; the
+    """The concurrency-key targets: at equal demand no tenant's p99 wait over 2x another's; the
     small tenant's median wait <= 2x the large one's; the cap held and used."""
     t, eq, un = r["targets"], r["equal"], r["unequal"]
     p99 = " / ".join(f"{v:.2f}" for v in eq["p99_wait_s"].values())
