@@ -274,7 +274,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Celery's task events (received, started, succeeded; and sent, from publishers) are for Flower,
 # which turns them on in the workers it watches (its enable_events, on by default). Always on,
 # they cost each threads worker's consumer a publish per event: about a tenth of its CPU with
-# hundreds of model calls in flight (bench/README.md, section 7, "Task events are Flower's to turn on").
+# hundreds of model calls in flight (bench/HISTORY.md, "Task events are Flower's to turn on").
 AGENTOPS_CELERY_TASK_EVENTS = env_bool("AGENTOPS_CELERY_TASK_EVENTS", False)
 CELERY_WORKER_SEND_TASK_EVENTS = AGENTOPS_CELERY_TASK_EVENTS
 CELERY_TASK_SEND_SENT_EVENT = AGENTOPS_CELERY_TASK_EVENTS
@@ -316,7 +316,7 @@ if AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS < 0 or AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS 
 # checkpoints, a model call's reservation and charge, results); the others wait for a turn in
 # line instead of handing Python's interpreter lock around at every statement. 0: no limit.
 # The activity functions, the models' answers and every other wait run outside it
-# (workflows/lane.py; bench/README.md, section 7, "the engine lane").
+# (workflows/lane.py; bench/HISTORY.md, "CPU per call: the engine lane").
 AGENTOPS_IO_ENGINE_THREADS = env_int("AGENTOPS_IO_ENGINE_THREADS", 4)
 if AGENTOPS_IO_ENGINE_THREADS < 0:
     raise ImproperlyConfigured(f"AGENTOPS_IO_ENGINE_THREADS={AGENTOPS_IO_ENGINE_THREADS} must be 0 (no limit) or more.")
@@ -324,7 +324,7 @@ if AGENTOPS_IO_ENGINE_THREADS < 0:
 # out of its passes (``gc.freeze``: it lives as long as the process), and the youngest objects
 # are collected every this many allocations instead of Python's 700. A threads worker with
 # hundreds of calls in flight spent a tenth of its CPU in the collector, mostly walking the same
-# long-lived objects again (bench/README.md, section 7, "the garbage collector"). 0: Python's defaults.
+# long-lived objects again (bench/HISTORY.md, "CPU per call: the garbage collector"). 0: Python's defaults.
 AGENTOPS_WORKER_GC_THRESHOLD = env_int("AGENTOPS_WORKER_GC_THRESHOLD", 10_000)
 if AGENTOPS_WORKER_GC_THRESHOLD < 0:
     raise ImproperlyConfigured(f"AGENTOPS_WORKER_GC_THRESHOLD={AGENTOPS_WORKER_GC_THRESHOLD} must be 0 (Python's "

@@ -5,7 +5,7 @@ thread runs the engine's bookkeeping (claim, fence, reserve, charge, note, check
 advance), a dozen short statements with Python in between. Left to themselves, a hundred threads
 doing that at once take turns at the interpreter at every statement: each hand-off of Python's
 interpreter lock is a few context switches, and under load they cost more CPU than the work
-(bench/README.md, section 7, "the engine lane"). The lane lets AGENTOPS_IO_ENGINE_THREADS threads (4)
+(bench/HISTORY.md, "CPU per call: the engine lane"). The lane lets AGENTOPS_IO_ENGINE_THREADS threads (4)
 run that bookkeeping at once; the others wait for a turn in line, one sleep and one wake each.
 
 What runs in the lane: a claimed attempt's bookkeeping before and after the activity function
@@ -18,8 +18,8 @@ Work in hand goes first. A thread that holds a claimed attempt (coming back for 
 reservation or charge, a note, its result) is given a turn before one that is about to claim new
 work (a Celery message's first turn, ``turn(new_work=True)``). When a thousand agents are launched
 at once, each thread then takes its agent through to its model call before the next claim, instead
-of every claim going first and every first call waiting behind all of them (bench/README.md,
-section 7, "work in hand first"). New work is not starved: one that has waited NEW_WORK_WAIT_SECONDS goes
+of every claim going first and every first call waiting behind all of them (bench/HISTORY.md,
+"Agents in flight: work in hand first"). New work is not starved: one that has waited NEW_WORK_WAIT_SECONDS goes
 before work in hand.
 
 Two rules keep the lane from waiting on itself. A thread inside a transaction takes no turn (it

@@ -32,6 +32,8 @@ TASK_MARKER = re.compile(r"<task>(?P<task>[a-z_]+)</task>")
 Answer = str | dict[str, Any] | Callable[[str, list[dict[str, Any]]], "str | dict[str, Any]"]
 AnswerFn = Callable[[str, list[dict[str, Any]]], "str | dict[str, Any]"]
 _declared: dict[str, Answer] = {}
+TurnFn = Callable[..., ModelResponse]
+_turns: dict[str, TurnFn] = {}  # task → the function that plays its tool-using turns (offline_turn)
 SHIPPED_TASKS = ("plan_tasks", "execute_task", "verify_goal", "replan", "propose_change", "harness_initialize",
                  "harness_session")
 
@@ -57,6 +59,18 @@ def offline_answer(task: str, answer: str | dict[str, Any] | None = None) -> Any
 
     def declare(fn: AnswerFn) -> AnswerFn:
         _declared[task] = fn
+        return fn
+
+    return declare
+
+
+def offline_turn(*tasks: str) -> Callable[[TurnFn], TurnFn]:
+    """Declare, as a decorator, the function that plays a tool-using turn of each of ``tasks``
+    offline: ``fn(system=…, messages=…) -> ModelResponse`` (the harness's schedule of tool calls),
+    called instead of a declared answer when the request carries tools."""
+    def declare(fn: TurnFn) -> TurnFn:
+        for task in tasks:
+            _turns[task] = fn
         return fn
 
     return declare
@@ -109,11 +123,8 @@ class ScriptedProvider:
         prompt = "\n".join(str(m.get("content", "")) for m in messages)
         if task == "execute_task" and tools:
             return self._execute_turn(prompt, messages, system)
-        if task in ("harness_initialize", "harness_session") and tools:
-            # The harness demo's schedule: data files of that package, keyed by (feature, attempt).
-            from agentops.agents.harness.script import scripted_turn
-
-            return scripted_turn(system=system, messages=messages)
+        if task in _turns and tools:
+            return _turns[task](system=system, messages=messages)
         answer = self._answer(task, system, messages, prompt)
         if tool_choice and tool_choice.get("type") == "tool":
             # A forced tool call: the structured answer comes back as the tool's input, as from Claude.

@@ -1,5 +1,5 @@
 """The endpoints: each parses input, checks the permission the admin checks, calls the same service as
-`manage.py agent`, and answers with the JSON shape of that verb's ``--json`` (README, "JSON shapes")."""
+`manage.py agent`, and answers with the JSON shape of that verb's ``--json`` (docs/cli.md, "JSON shapes")."""
 from __future__ import annotations
 
 from http import HTTPStatus

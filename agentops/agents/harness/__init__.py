@@ -3,4 +3,4 @@
 Importing the package registers its definition and activities (docs/harness.md).
 """
 from agentops.agents import reviewer  # noqa: F401  (the reviewer children of the `reviewer` option)
-from agentops.agents.harness import activities, definition  # noqa: F401
+from agentops.agents.harness import activities, definition, script  # noqa: F401  (script: the offline sessions)

@@ -23,6 +23,7 @@ from typing import Any
 from django.conf import settings
 
 from agentops.kind import ModelResponse, Usage
+from agentops.providers.scripted import offline_turn
 
 DEMO = Path(__file__).resolve().parent / "demo"
 TAG = re.compile(r"^#<(?P<close>/?)(?P<negate>!?)(?P<tag>[A-Z0-9]+)>$")
@@ -70,6 +71,7 @@ def _between(text: str, tag: str) -> str:
     return match.group(1).strip() if match else ""
 
 
+@offline_turn("harness_initialize", "harness_session")
 def scripted_turn(*, system: str, messages: list[dict[str, Any]]) -> ModelResponse:
     brief = str(messages[0].get("content", "")) if messages else ""
     key = f"{_between(brief, 'feature')}/{_between(brief, 'attempt')}"

@@ -4,7 +4,7 @@ Django's pool (``OPTIONS["pool"]`` with ``CONN_HEALTH_CHECKS``) runs an empty qu
 connection it hands out. A threads worker takes a connection several times a model call (it gives
 it back before every wait: ``workflows.connections``), so each call paid several such round
 trips, each a hand-off of the interpreter between threads (0.2 ms a call at 50 threads in one
-process, bench/README.md, section 7, "where a threads worker's extra CPU goes"; under load within
+process, bench/HISTORY.md, "CPU per call: where a threads worker's extra CPU goes"; under load within
 the bench's scatter). This backend checks only a connection that has sat in the pool for
 ``POOL_CHECK_IDLE_SECONDS`` or more (``workflows.connections.pool_check_if_idle``): one given back
 a moment ago was working then.

@@ -211,7 +211,7 @@ class Command(BaseCommand):
 
         usage = verb("usage", "The usage ledger's requests whose outcome is unknown: `usage uncertain [--workflow ID]` "
                               "lists them; `usage settle --file REPORT.jsonl` charges or releases them from the "
-                              "provider's usage (README, \"Settling uncertain requests\").")
+                              "provider's usage (docs/operators.md, \"Settling uncertain requests\").")
         usage.add_argument("action", choices=("uncertain", "settle"))
         usage.add_argument("--workflow", type=int, metavar="ID", help="uncertain: only this workflow's requests")
         usage.add_argument("--file", metavar="PATH", help="settle: the usage report, JSON Lines ('-': standard input)")

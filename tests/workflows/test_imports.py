@@ -1,0 +1,140 @@
+"""The layout, locked: the kernel (``workflows``) imports nothing of the project (``agentops``:
+its settings and Celery app, the shipped kinds, providers, sandbox), and no import cycle holds
+modules of both, nor any two modules of the project. Imports inside functions count: they run
+too, only later. The scan reads the source (``ast``), as the lifecycle's scan does."""
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("workflows", "agentops")
+# One cycle is left inside the kernel's services: the modules of one workflow's lifecycle
+# (steps, cancellation, races, children, waits) call each other, and every import of a services
+# module runs the package's facade (``workflows/services/__init__.py``), which imports them all.
+# A cycle may shrink below these modules; none may grow beyond them or appear elsewhere.
+SERVICES_CYCLE = frozenset({
+    "workflows.metering", "workflows.notifications", "workflows.selectors", "workflows.statestore",
+    "workflows.telemetry", "workflows.services", "workflows.services.activities", "workflows.services.budgets",
+    "workflows.services.cancellation", "workflows.services.children", "workflows.services.failures",
+    "workflows.services.forks", "workflows.services.lifecycle", "workflows.services.notifications",
+    "workflows.services.pauses", "workflows.services.progress", "workflows.services.races",
+    "workflows.services.steering", "workflows.services.steps", "workflows.services.sweeps",
+    "workflows.services.waits", "workflows.services.workflows",
+})
+
+
+def product_modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            if "migrations" in parts or "tests" in parts:
+                continue
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = product_modules()
+
+
+def owner(name: str) -> str | None:
+    """The product module an imported name lives in (``a.b.c`` → ``a.b`` when ``c`` is a name in it)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str) -> Iterator[tuple[int, str]]:
+    """(line, module) for every product module ``module`` imports, at any depth of its code; an
+    import of ``a.b.c`` runs ``a`` and ``a.b`` first, so from outside ``a`` those count too."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            base = package
+            for _ in range(node.level - 1):
+                base = base.rpartition(".")[0]
+            source = (f"{base}.{node.module}" if node.module else base) if node.level else node.module or ""
+            submodules = [f"{source}.{alias.name}" for alias in node.names]
+            named = [name for name in submodules if name in MODULES]
+            names = named if len(named) == len(submodules) else [source, *named]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            if name.split(".")[0] not in PACKAGES or (target := owner(name)) is None:
+                continue
+            parts = target.split(".")
+            for depth in range(1, len(parts) + 1):
+                ancestor = ".".join(parts[:depth])
+                if ancestor in MODULES and ancestor != module and not module.startswith(ancestor + "."):
+                    yield node.lineno, ancestor
+
+
+GRAPH = {module: {target for _, target in imports_of(module)} for module in MODULES}
+
+
+def cycles() -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+    for start in sorted(GRAPH):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(GRAPH[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(GRAPH[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(component)
+    return found
+
+
+def test_the_scan_sees_the_product() -> None:
+    assert len(MODULES) > 150 and "workflows.engine" in MODULES and "agentops.celery" in MODULES
+    assert "workflows.services.steps" in GRAPH["workflows.services.cancellation"]  # a function-level import
+    assert "agentops.providers.scripted" in GRAPH["agentops.agents.harness.script"]
+
+
+def test_the_kernel_imports_nothing_of_the_project() -> None:
+    found = [f"{MODULES[module].relative_to(ROOT)}:{line}: {target}"
+             for module in sorted(MODULES) if module.startswith("workflows")
+             for line, target in imports_of(module) if target.startswith("agentops")]
+    assert not found, ("The kernel (workflows) imports the project (agentops); take what it needs into the kernel, "
+                       "or let the project register it (as agentops.celery registers the doorbells' publisher):\n"
+                       + "\n".join(found))
+
+
+def test_no_import_cycle_but_the_services_one_and_that_one_only_shrinks() -> None:
+    found = cycles()
+    assert found, "the scan finds the services cycle: if it is gone, empty SERVICES_CYCLE and assert none here"
+    grown = [sorted(component) for component in found if not component <= SERVICES_CYCLE]
+    assert not grown, f"an import cycle beyond the services one: {grown}"
