@@ -19,7 +19,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agentops import sandbox
 from workflows import services, statestore, telemetry
-from workflows.management.commands.agent import console_for, render_detail
+from workflows.management.verbs.common import console_for
+from workflows.management.verbs.detail import render_detail
 from workflows.models import Event, Wait, Workflow
 from workflows.selectors import workflow_detail
 

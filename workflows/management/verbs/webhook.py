@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import CommandParser
 from rich.table import Table
 
 from workflows.errors import InvalidInput, NotFound
+from workflows.management.verbs.common import Output, Verb
 from workflows.models import WebhookDelivery, WebhookSubscription
 from workflows.services import hooks
 
@@ -15,7 +15,8 @@ HELP = ("Outbound webhooks: `webhook add --name N --url URL --secret S [--event 
         "`webhook remove NAME`.")
 
 
-def add_parser(sub: CommandParser) -> None:
+def add_parsers(verb: Verb) -> None:
+    sub = verb("webhook", HELP)
     sub.add_argument("action", choices=("add", "list", "deliveries", "redeliver", "remove"))
     sub.add_argument("target", nargs="?", help="deliveries, remove: the webhook's name; redeliver: a delivery's pk")
     sub.add_argument("--name", help="add: the webhook's name")
@@ -35,7 +36,7 @@ def subscription_named(name: str | None) -> WebhookSubscription:
     return found
 
 
-def run(command: Any, options: dict[str, Any]) -> None:
+def webhook(command: Output, options: dict[str, Any]) -> None:
     action, target = options["action"], options["target"]
     if (action in ("add", "list")) == (target is not None):
         raise InvalidInput(f"`webhook {action}` takes " + ("no name or pk" if action in ("add", "list") else
@@ -44,13 +45,13 @@ def run(command: Any, options: dict[str, Any]) -> None:
         sub = hooks.webhook_subscription_create(name=options["name"] or "", url=options["url"] or "",
                                                 secret=options["secret"] or "", event_kinds=options["event"],
                                                 workflow_kinds=options["kind"], launchers=options["launcher"])
-        command._emit(options, hooks.subscription_json(sub),
+        command.emit(options, hooks.subscription_json(sub),
                       f"Webhook {sub.pk} ({sub.name}) → {sub.url}: told of "
                       f"{', '.join(sub.event_kinds) or 'every event'} recorded from now on.")
     elif action == "list":
         rows = [hooks.subscription_json(s) for s in WebhookSubscription.objects.order_by("pk")]
         if options["json"]:
-            command._emit(options, rows, "")
+            command.emit(options, rows, "")
             return
         table = Table("id", "name", "url", "events", "pending", "delivered", "failed")
         for r in rows:
@@ -64,7 +65,7 @@ def run(command: Any, options: dict[str, Any]) -> None:
             qs = qs.filter(status=options["status"])
         rows = [hooks.delivery_json(d) for d in qs[:100]]
         if options["json"]:
-            command._emit(options, rows, "")
+            command.emit(options, rows, "")
             return
         table = Table("pk", "delivery", "workflow", "seq", "event", "status", "attempts", "last answer")
         for r in rows:
@@ -75,10 +76,13 @@ def run(command: Any, options: dict[str, Any]) -> None:
         if not target.isdigit():
             raise InvalidInput(f"`webhook redeliver` takes a delivery's pk (a number), not {target[:30]!r}.")
         outcome = hooks.webhook_delivery_redeliver(delivery_id=int(target))
-        command._emit(options, {"id": int(target), "outcome": outcome.value},
+        command.emit(options, {"id": int(target), "outcome": outcome.value},
                       f"Delivery {target} " + ("will be sent again at once." if outcome == hooks.Outcome.APPLIED
                                                else "is pending already; nothing changed."))
     else:
         sub = subscription_named(target)
         hooks.webhook_subscription_remove(subscription_id=sub.pk)
-        command._emit(options, {"id": sub.pk, "outcome": "removed"}, f"Webhook {sub.name} removed.")
+        command.emit(options, {"id": sub.pk, "outcome": "removed"}, f"Webhook {sub.name} removed.")
+
+
+RUN = {"webhook": webhook}
