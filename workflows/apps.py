@@ -17,7 +17,7 @@ class WorkflowsConfig(AppConfig):
 
         from workflows import checks  # noqa: F401  (registers the start-up checks)
         from workflows.connections import watch_for_stale_plans
-        from workflows.services.installation import installation_forget
+        from workflows.installation import installation_forget
 
         # A flush (the tests' transactional cases) or a migration may replace the installation's row.
         post_migrate.connect(installation_forget, sender=self, dispatch_uid="workflows.installation_forget")

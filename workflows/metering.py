@@ -1,4 +1,5 @@
-"""Model prices and cost arithmetic (USD); the durable ledger lives in ``workflows.services.budgets``."""
+"""Metered model calls: each request of a call fenced, reserved in the usage ledger before it leaves
+(``workflows.services.budgets``), charged or released from its answer; prices in ``workflows.prices``."""
 from __future__ import annotations
 
 import contextvars
@@ -9,18 +10,18 @@ import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from decimal import ROUND_UP, Decimal
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
-from django.conf import settings
 from opentelemetry.trace import SpanKind
 
 from workflows import lane, livewire, ratelimits, telemetry
 from workflows.activity_context import ActivityContext
 from workflows.connections import connection_release_while_waiting
-from workflows.errors import AgentOpsError, Permanent
+from workflows.errors import AgentOpsError
 from workflows.heartbeats import keep_alive
 from workflows.leases import Fence
+from workflows.prices import CHARS_PER_TOKEN, cost_usd, estimate_usd, estimated_input_tokens, usage_fields
 from workflows.provider import ModelProvider, ModelResponse, Usage
 from workflows.ratelimits.limiter import RateLimitInfo
 from workflows.releases import provider_for
@@ -30,69 +31,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("agentops.budgets")
 
-MILLION = Decimal(1_000_000)
-CHARS_PER_TOKEN = 4
 # The lease of an activity that calls the model (``@activity(lease_seconds=MODEL_CALL_LEASE)``): a
 # setting, 20 s by default. metered_complete heartbeats it from a background thread while an answer
 # is awaited, so a slow answer keeps it and a dead worker's attempt is taken over within seconds.
 MODEL_CALL_LEASE = "AGENTOPS_MODEL_CALL_LEASE_SECONDS"
-
-
-@dataclass(frozen=True)
-class Price:
-    """USD per million tokens."""
-
-    input: Decimal
-    output: Decimal
-    cache_read: Decimal
-    cache_write: Decimal
-    # A cache write with the 1-hour TTL; twice uncached input where the table gives none.
-    cache_write_1h: Decimal
-
-
-def price_for(model: str) -> Price:
-    """The price of ``model``; the scripted provider's ``scripted/<model>`` is priced as ``<model>``
-    so offline runs show believable (simulated) spend."""
-    table: dict[str, dict[str, Any]] = settings.AGENTOPS_MODEL_PRICES_USD_PER_MTOK
-    name = model.removeprefix("scripted/")
-    row = table.get(name) or table.get("default")
-    if row is None:
-        raise Permanent(f"No price for model {model!r} in AGENTOPS_MODEL_PRICES_USD_PER_MTOK and no 'default' row.")
-    prices = {k: Decimal(str(row[k])) for k in ("input", "output", "cache_read", "cache_write")}
-    return Price(**prices, cache_write_1h=Decimal(str(row.get("cache_write_1h", prices["input"] * 2))))
-
-
-def estimate_usd(model: str, *, input_tokens: int, max_tokens: int, prefix_cache_ttl: str = "5m") -> Decimal:
-    """An upper estimate of one request's cost: every input token written to the prompt cache at
-    the dearest TTL the request asks for (a write costs 1.25 times uncached input on the 5-minute
-    TTL, twice on the 1-hour one) and every allowed output token."""
-    price = price_for(model)
-    write = price.cache_write_1h if prefix_cache_ttl == "1h" else price.cache_write
-    return _usd(Decimal(input_tokens) * max(price.input, write) + Decimal(max_tokens) * price.output)
-
-
-def estimated_input_tokens(*, system: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-    """The input of a request, in tokens, where the provider cannot count it: one per
-    ``CHARS_PER_TOKEN`` characters of the rendered prompt, rounded up."""
-    chars = len(system) + len(json.dumps(messages, default=str)) + len(json.dumps(tools or []))
-    return chars // CHARS_PER_TOKEN + 1
-
-
-def cost_usd(model: str, usage: Usage) -> Decimal:
-    """The cost of reported usage; cache reads and writes (5-minute and 1-hour) at their own prices."""
-    price = price_for(model)
-    written_1h = min(usage.cache_creation_1h_input_tokens, usage.cache_creation_input_tokens)
-    return _usd(
-        Decimal(usage.input_tokens) * price.input
-        + Decimal(usage.output_tokens) * price.output
-        + Decimal(usage.cache_read_input_tokens) * price.cache_read
-        + Decimal(usage.cache_creation_input_tokens - written_1h) * price.cache_write
-        + Decimal(written_1h) * price.cache_write_1h
-    )
-
-
-def _usd(per_million_total: Decimal) -> Decimal:
-    return (per_million_total / MILLION).quantize(Decimal("0.000001"), rounding=ROUND_UP)
 
 
 class Ledger(Protocol):
@@ -326,13 +268,6 @@ def _continued_conversation_tokens(ctx: ActivityContext, *, system: str, message
         return None
     added = messages[len(last.messages):]
     return last.tokens + len(json.dumps(added, default=str)) // CHARS_PER_TOKEN + 1
-
-
-def usage_fields(usage: Usage) -> dict[str, int]:
-    """A ``Usage`` as the ledger's token columns."""
-    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-            "cache_read_tokens": usage.cache_read_input_tokens, "cache_write_tokens": usage.cache_creation_input_tokens,
-            "cache_write_1h_tokens": usage.cache_creation_1h_input_tokens}
 
 
 class LedgerMeter:

@@ -29,6 +29,7 @@ from django.urls import reverse
 
 from workflows import clock
 from workflows.activity_context import ActivityContext
+from workflows.authority import wait_authority_refusal
 from workflows.errors import Permanent, Retryable
 from workflows.models import Wait
 from workflows.registry import RetryPolicy, activity
@@ -78,8 +79,6 @@ def approvers_of(wait: Wait) -> list[Any]:
     """The active users who may decide ``wait``, as the approval service decides who may:
     members of its role group and superusers, less the launcher and the goal's author unless
     AGENTOPS_ALLOW_SELF_APPROVAL (``wait_authority_refusal``)."""
-    from workflows.services.waits import wait_authority_refusal  # services import this module
-
     users = get_user_model().objects.filter(is_active=True).filter(
         Q(groups__name=wait.required_role) | Q(is_superuser=True)
     ).distinct().order_by("pk")

@@ -246,7 +246,7 @@ def workflows_retrying(ids: list[int]) -> set[int]:
 
 
 def installation_id() -> str | None:
-    """This database's installation id (``workflows.services.installation``); None before the
+    """This database's installation id (``workflows.installation``); None before the
     first activity of a database whose row was removed (a test's flush) made it again."""
     return Installation.objects.values_list("installation_id", flat=True).first()
 

@@ -46,6 +46,7 @@ ITEM_MIN_BYTES = 256
 # that changes one of 500 features rewrites one chunk and a list of 16 references, not 500.
 CHUNK_AFTER = 64
 CHUNK_ITEMS = 32
+MAX_JSON_BYTES = 1_000_000  # one JSON value the engine stores (json_checked)
 MAX_VALUE_CHARS = 1_000_000  # one stored value (a string, or one list element's JSON), as MAX_JSON_BYTES
 FULL_EVERY = 2  # a whole checkpoint when the deltas since the last one reach this many times its size
 
@@ -115,8 +116,6 @@ def _chunk(items: list[Any], blobs: dict[str, str], what: str) -> dict[str, Any]
 def externalize_checked(value: Any, *, what: str) -> Externalized:
     """``externalize``, then the checks of ``json_checked`` on the stored form (JSON, at most 1 MB)
     and on each blob's text (no NUL, no lone surrogates); raises InvalidInput naming ``what``."""
-    from workflows.services.common import json_checked
-
     out = externalize(value, what=what)
     json_checked(out.value, what=what)
     for text in out.blobs.values():
@@ -392,8 +391,6 @@ def state_write(workflow: Any, updates: dict[str, Any], *, previous: tuple[str, 
     form, new blobs are stored, and the caller's checkpoint gets the returned delta against
     ``previous`` (the ``state_hash`` and ``chain_bytes`` of the workflow's last checkpoint, or
     None), or the whole state."""
-    from workflows.services.common import json_checked
-
     resolved = state_of(workflow)
     ext = externalize_checked(updates, what=what)
     old_stored = workflow.state if isinstance(workflow.state, dict) else {}
@@ -473,3 +470,24 @@ def stored_sizes(workflow_id: int) -> Iterator[tuple[int, int, int]]:
     for checkpoint, stored in stored_states(Checkpoint.objects.filter(workflow_id=workflow_id).order_by("node_visit")):
         own = checkpoint.state if checkpoint.delta is None else checkpoint.delta
         yield checkpoint.node_visit, len(canonical(own).encode()), len(canonical(stored).encode())
+
+
+def json_checked(value: Any, *, what: str) -> Any:
+    """Return ``value`` if it is JSON-serializable, free of NUL characters and under 1 MB."""
+    try:
+        encoded = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{what} is not JSON-serializable: {exc}.") from None
+    if len(encoded) > MAX_JSON_BYTES:
+        raise InvalidInput(f"{what} is {len(encoded)} bytes of JSON; the limit is {MAX_JSON_BYTES}.")
+    if "\\u0000" in encoded:
+        raise InvalidInput(f"{what} contains a NUL character, which PostgreSQL cannot store.")
+    if "\\ud" in encoded:  # a surrogate escape: fine in pairs, rejected by PostgreSQL when alone
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(
+                f"{what} contains characters that are not valid Unicode (lone surrogates), "
+                "which PostgreSQL cannot store."
+            ) from None
+    return value

@@ -125,7 +125,7 @@ def flush() -> None:
 def workflow_ids(workflow_id: int) -> tuple[int, int]:
     """The workflow's trace id and root span id: from this installation's id and the workflow's,
     so that two databases' workflow 7 are two traces."""
-    from workflows.services.installation import installation_id
+    from workflows.installation import installation_id
 
     digest = hashlib.sha256(f"agentops-trace:{installation_id()}:{workflow_id}".encode()).digest()
     return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1

@@ -30,9 +30,10 @@ from workflows.engine import (
 )
 from workflows.errors import BudgetExhausted, InvalidInput, Permanent, Retryable, Throttled
 from workflows.heartbeats import keep_alive
-from workflows.metering import MODEL_CALL_LEASE, cost_usd, metered_complete
+from workflows.metering import MODEL_CALL_LEASE, metered_complete
 from workflows.params import ROLE_MAX_LENGTH, LaunchParams
 from workflows.presentation import EMPTY_QUERY, AdminPanel, CandidateView, candidate_as_json
+from workflows.prices import cost_usd
 from workflows.progress import progress_validate
 from workflows.provider import ModelResponse, Usage
 from workflows.registry import CompensationInput, RetryPolicy, activity, register_definition

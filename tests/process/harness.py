@@ -207,7 +207,7 @@ def pool_kills_reported(cluster: Cluster) -> set[int]:
 def billed_usd(model: str, recorded: Any) -> Decimal:
     """What the fake API's usage says one of its requests (``Recorded``) costs: nothing for a
     request it answered with an error or did not answer."""
-    from workflows.metering import cost_usd
+    from workflows.prices import cost_usd
     from workflows.provider import Usage
 
     usage = recorded.usage or {}

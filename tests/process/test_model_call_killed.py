@@ -18,8 +18,9 @@ from tests.fakes.anthropic_api import Answer, FakeAnthropicAPI
 from tests.fakes.claude_agent import TASKS, ClaudeForAutonomous, first_text, seed_workspace, task_of, tool_results
 from tests.process.harness import assert_event_seqs_contiguous, billed_usd, wait_until_status
 from workflows import services
-from workflows.metering import USAGE_KEY_HEADER, usage_fields
+from workflows.metering import USAGE_KEY_HEADER
 from workflows.models import Activity, ActivityAttempt, Event, UsageEntry, Workflow
+from workflows.prices import usage_fields
 from workflows.provider import Usage
 from workflows.selectors import spent_usd
 

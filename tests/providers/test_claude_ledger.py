@@ -21,8 +21,9 @@ from tests.fakes.claude_agent import TASKS, ClaudeForAutonomous, seed_workspace
 from tests.providers.conftest import MODEL
 from tests.providers.test_claude_throttling import run_until_done
 from workflows import clock, services
-from workflows.metering import USAGE_KEY_HEADER, cost_usd
+from workflows.metering import USAGE_KEY_HEADER
 from workflows.models import UsageEntry, Workflow
+from workflows.prices import cost_usd
 from workflows.provider import Usage
 from workflows.selectors import spend_summary, spent_usd
 

@@ -15,15 +15,9 @@ from tests.fakes.anthropic_api import FakeAnthropicAPI, rendered_blocks, tokens_
 from tests.providers.conftest import API_KEY, MODEL
 from workflows.activity_context import ActivityContext
 from workflows.leases import Claim, LeaseLost
-from workflows.metering import (
-    CHARS_PER_TOKEN,
-    cost_usd,
-    estimate_usd,
-    estimated_input_tokens,
-    metered_complete,
-    price_for,
-)
+from workflows.metering import metered_complete
 from workflows.models import UsageEntry
+from workflows.prices import CHARS_PER_TOKEN, cost_usd, estimate_usd, estimated_input_tokens, price_for
 from workflows.testing import FakeLease
 
 # Over the 1,024-token minimum cacheable length of Sonnet: the prefix alone is cacheable.

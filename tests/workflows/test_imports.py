@@ -10,18 +10,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("workflows", "agentops")
-# One cycle is left inside the kernel's services: the modules of one workflow's lifecycle
-# (steps, cancellation, races, children, waits) call each other, and every import of a services
-# module runs the package's facade (``workflows/services/__init__.py``), which imports them all.
-# A cycle may shrink below these modules; none may grow beyond them or appear elsewhere.
+# One cycle is left inside the kernel's services, among the modules of one workflow's lifecycle:
+# entering a node, completing or failing cancels the children (cancellation) and settles a
+# first-of wait (races), which move the workflow with steps' helpers; a child's end wakes its
+# parent (children, workflows). It may shrink below these modules; none may grow beyond them or
+# appear elsewhere.
 SERVICES_CYCLE = frozenset({
-    "workflows.metering", "workflows.notifications", "workflows.selectors", "workflows.statestore",
-    "workflows.telemetry", "workflows.services", "workflows.services.activities", "workflows.services.budgets",
-    "workflows.services.cancellation", "workflows.services.children", "workflows.services.failures",
-    "workflows.services.forks", "workflows.services.lifecycle", "workflows.services.notifications",
-    "workflows.services.pauses", "workflows.services.progress", "workflows.services.races",
-    "workflows.services.steering", "workflows.services.steps", "workflows.services.sweeps",
-    "workflows.services.waits", "workflows.services.workflows",
+    "workflows.services.budgets", "workflows.services.cancellation", "workflows.services.children",
+    "workflows.services.failures", "workflows.services.pauses", "workflows.services.races",
+    "workflows.services.steps", "workflows.services.workflows",
 })
 
 

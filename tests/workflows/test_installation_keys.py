@@ -24,9 +24,9 @@ from django.db.migrations.executor import MigrationExecutor
 from tests.conftest import drive, run_at_once
 from workflows import engine, services
 from workflows.activity_context import ActivityContext
+from workflows.installation import MAX_SENT_KEY_LENGTH, idempotency_key_for, installation_forget
 from workflows.models import Activity, Installation, Workflow
 from workflows.registry import activity
-from workflows.services.installation import MAX_SENT_KEY_LENGTH, idempotency_key_for, installation_forget
 from workflows.testing import registered
 
 KIND = "test-installation-keys"

@@ -13,8 +13,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from workflows import services
-from workflows.metering import cost_usd
 from workflows.models import Event, UsageEntry, Workflow
+from workflows.prices import cost_usd
 from workflows.provider import Usage
 from workflows.selectors import spent_usd
 

@@ -25,9 +25,10 @@ from workflows.admin.common import (
     redirect_with_outcome,
     time_left,
 )
+from workflows.authority import wait_authority_refusal
 from workflows.errors import Refused
 from workflows.models import Intent, Wait
-from workflows.services.waits import MAX_COMMENT_CHARS, wait_authority_refusal
+from workflows.services.waits import MAX_COMMENT_CHARS
 
 logger = logging.getLogger("agentops.admin")
 

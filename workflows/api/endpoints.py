@@ -48,11 +48,11 @@ from workflows.api.schemas import (
     WorkflowDetailOut,
     WorkflowPage,
 )
+from workflows.authority import wait_authority_refusal
 from workflows.errors import NotFound
 from workflows.models import Event, Wait, Workflow
 from workflows.services import schedules
 from workflows.services.labels import MAX_LABELS, label_filters_parsed
-from workflows.services.waits import wait_authority_refusal
 
 
 class AgentOpsAPI(NinjaAPI):

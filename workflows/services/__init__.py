@@ -1,4 +1,5 @@
 """Every write to durable state: lock, check, transition, save, record the event, ring the doorbell."""
+from workflows.installation import idempotency_key_for, installation_ensure, installation_id
 from workflows.services.activities import (
     RunOutcome,
     activity_checkpoint_if_current,
@@ -25,7 +26,6 @@ from workflows.services.budgets import (
 )
 from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
 from workflows.services.forks import workflow_fork
-from workflows.services.installation import idempotency_key_for, installation_ensure, installation_id
 from workflows.services.pauses import workflow_pause
 from workflows.services.progress import stagnation_check, stagnation_flag_if_due
 from workflows.services.steering import SteerResult, steering_take_if_current, workflow_steer

@@ -23,7 +23,6 @@ from workflows.services.common import (
     Appended,
     event_record,
     events_batched,
-    json_checked,
     release_ensure,
     workflow_lock,
     workflow_save,
@@ -33,6 +32,7 @@ from workflows.services.progress import progress_record_once
 from workflows.services.steps import COMPENSATION_NODE, ChainSlot, commitment_compensated_by
 from workflows.services.workflows import AdvanceRaised, advance_locked
 from workflows.sql import RowWrite, row_get
+from workflows.statestore import json_checked
 from workflows.tenancy import workflow_tenant
 
 logger = logging.getLogger("agentops.activities")

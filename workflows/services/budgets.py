@@ -17,6 +17,7 @@ from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.leases import Claim, Fence
 from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
+from workflows.prices import cost_usd, usage_fields
 from workflows.provider import Usage
 from workflows.selectors import spent_usd
 from workflows.services import lifecycle, slots
@@ -560,8 +561,6 @@ def usage_settle_from_report(*, report: list[UsageReportLine], user: Any = None)
     ``budget_release_once``); settling the same report again changes nothing. Raises
     InvalidInput, changing nothing, when a key is not in the ledger.
     """
-    from workflows.metering import cost_usd, usage_fields
-
     keys = [line.key for line in report]
     rows = {e.key: e for e in UsageEntry.objects.filter(key__in=keys)}
     unknown = [f"line {line.line}: {line.key!r}" for line in report if line.key not in rows]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -35,8 +34,6 @@ from workflows.sql import (
     where_shape,
     where_sql,
 )
-
-MAX_JSON_BYTES = 1_000_000
 
 
 def workflow_lock(workflow_id: int, *, advance: bool = False) -> Workflow:
@@ -423,27 +420,6 @@ def release_announce(*, at: datetime) -> BehavioralRelease:
     release = release_ensure(releases.current_release_spec(), at=at)
     BehavioralRelease.objects.filter(pk=release.pk).update(announced_at=at)
     return release
-
-
-def json_checked(value: Any, *, what: str) -> Any:
-    """Return ``value`` if it is JSON-serializable, free of NUL characters and under 1 MB."""
-    try:
-        encoded = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(f"{what} is not JSON-serializable: {exc}.") from None
-    if len(encoded) > MAX_JSON_BYTES:
-        raise InvalidInput(f"{what} is {len(encoded)} bytes of JSON; the limit is {MAX_JSON_BYTES}.")
-    if "\\u0000" in encoded:
-        raise InvalidInput(f"{what} contains a NUL character, which PostgreSQL cannot store.")
-    if "\\ud" in encoded:  # a surrogate escape: fine in pairs, rejected by PostgreSQL when alone
-        try:
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidInput(
-                f"{what} contains characters that are not valid Unicode (lone surrogates), "
-                "which PostgreSQL cannot store."
-            ) from None
-    return value
 
 
 def amount_checked(value: Decimal | None, *, what: str) -> Decimal | None:

@@ -27,11 +27,12 @@ from workflows import clock, registry
 from workflows.errors import InvalidInput, NotFound, Refused, ScheduleRefused
 from workflows.models import Schedule, ScheduleOccurrence, Workflow
 from workflows.services.cancellation import workflow_cancel
-from workflows.services.common import json_checked, text_checked
+from workflows.services.common import text_checked
 from workflows.services.failures import row_isolated
 from workflows.services.labels import labels_checked
 from workflows.services.steps import MAX_GOAL_CHARS
 from workflows.services.workflows import workflow_launch
+from workflows.statestore import json_checked
 
 logger = logging.getLogger("agentops.schedules")
 

@@ -15,19 +15,19 @@ from django.db.models import Q
 
 from workflows import doorbells, engine, registry, selectors, statestore, telemetry
 from workflows.errors import InvalidInput
+from workflows.installation import idempotency_key_for
 from workflows.leases import Claim
 from workflows.models import Activity, Checkpoint, Commitment, Signal, Timer, Wait, Workflow
 from workflows.notifications import NOTIFY_ACTIVITY, OPENED, REMINDER, NotifyInput
 from workflows.services import lifecycle, slots
 from workflows.services.common import (
     event_record,
-    json_checked,
     release_current,
     workflow_save,
 )
-from workflows.services.installation import idempotency_key_for
 from workflows.services.lifecycle import LIVE
 from workflows.sql import row_insert, rows_select
+from workflows.statestore import json_checked
 from workflows.tenancy import workflow_tenant
 
 MAX_GOAL_CHARS = 10_000

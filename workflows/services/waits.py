@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 
 from workflows import clock
+from workflows.authority import wait_authority_refusal
 from workflows.errors import NotFound, WaitRefused
-from workflows.models import Intent, Timer, Wait, Workflow
+from workflows.models import Timer, Wait, Workflow
 from workflows.services.common import event_record, text_checked, workflow_lock
 from workflows.services.races import first_wait_settle
 from workflows.services.steps import wake_locked
@@ -109,40 +109,6 @@ def _refusal(
                 f"not {candidate_hash[:12] or '(none)'}…; "
                 "reopen the approval queue or `agent show` to decide on the current candidate.")
     return wait_authority_refusal(wait=wait, user=user)
-
-
-def wait_authority_refusal(*, wait: Wait, user: Any, groups: set[str] | None = None) -> str:
-    """Why ``user`` may not decide ``wait`` at all (role, self-approval), or "" when they may.
-
-    Self-approval is deciding on a candidate built for your own goal: as the workflow's
-    launcher, or as the author of the intent version the wait was opened under (an operator
-    who changed the goal). The approval service checks this under lock; the admin uses it to
-    hide buttons and answer a forged POST with 403. ``groups`` saves a query per wait in a
-    list, and so does an ``intent_created_by_id`` annotation on the wait (``open_approvals``).
-    """
-    if not settings.AGENTOPS_ALLOW_SELF_APPROVAL and user.pk is not None:
-        if wait.workflow.launched_by_id == user.pk:
-            return (f"{user.username} launched workflow {wait.workflow_id} and may not decide its approvals "
-                    "(AGENTOPS_ALLOW_SELF_APPROVAL is off); another approver must decide.")
-        if _intent_author_id(wait) == user.pk:
-            return (f"{user.username} set the goal of workflow {wait.workflow_id} (intent v{wait.intent_version}) "
-                    f"that wait {wait.pk} was opened for, and may not decide its approvals "
-                    "(AGENTOPS_ALLOW_SELF_APPROVAL is off); another approver must decide.")
-    if groups is None:
-        groups = set(user.groups.values_list("name", flat=True))
-    if not (user.is_superuser or wait.required_role in groups):
-        return (f"Wait {wait.pk} needs a member of group {wait.required_role!r}, and {user.username} is not one; "
-                "ask an administrator to add them, or ask a member of that group to decide.")
-    return ""
-
-
-def _intent_author_id(wait: Wait) -> int | None:
-    """Who created the intent version ``wait`` was opened under (None: nobody recorded)."""
-    if "intent_created_by_id" in wait.__dict__:
-        author: int | None = wait.__dict__["intent_created_by_id"]
-        return author
-    return (Intent.objects.filter(workflow_id=wait.workflow_id, version=wait.intent_version)
-            .values_list("created_by_id", flat=True).first())
 
 
 def timer_fire_if_due(*, timer_id: int) -> bool:

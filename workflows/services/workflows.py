@@ -22,7 +22,6 @@ from workflows.services.common import (
     amount_checked,
     event_record,
     events_batched,
-    json_checked,
     priority_checked,
     release_current,
     text_checked,
@@ -59,6 +58,7 @@ from workflows.services.steps import (
     wait_open,
     wake_locked,
 )
+from workflows.statestore import json_checked
 
 logger = logging.getLogger("agentops.workflows")
 MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,119}")
