@@ -22,7 +22,7 @@ from workflows import clock, engine, services
 from workflows.activity_context import ActivityContext
 from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Throttled
 from workflows.leases import Claim
-from workflows.models import Activity, ActivityAttempt
+from workflows.models import Activity, ActivityAttempt, Timer, Wait
 from workflows.registry import RetryPolicy, activity
 from workflows.services import lifecycle
 from workflows.services.lifecycle import RunOutcome
@@ -47,6 +47,8 @@ ARGUMENTS: dict[tuple[type[Any], str], dict[str, Any]] = {
     (ActivityAttempt, "lose"): {"error": "attempt 1 lost", "at": AT},
     (ActivityAttempt, "discard"): {"at": AT},
     (ActivityAttempt, "cancel"): {"reason": "node left", "at": AT},
+    (Timer, "fire"): {"at": AT},
+    (Timer, "ignore"): {"note": "workflow cancelled"},
 }
 # The table, as docs/state-machines.md states it: (transition, from, to).
 TABLE = {
@@ -59,6 +61,7 @@ TABLE = {
         ("succeed", "running", "succeeded"), ("fail", "running", "failed"), ("lose", "running", "lost"),
         ("discard", "running", "stale"), ("discard", "lost", "stale"), ("cancel", "running", "cancelled"),
     },
+    Timer: {("fire", "pending", "fired"), ("ignore", "pending", "ignored"), ("ignore", "fired", "ignored")},
 }
 TRANSITIONS = sorted(ARGUMENTS, key=lambda key: (key[0].__name__, key[1]))
 CASES = [(model, name, status) for model, name in TRANSITIONS for status in model.Status.values]
@@ -68,14 +71,14 @@ def _id(case: Any) -> str:
     return case.__name__ if isinstance(case, type) else str(case)
 
 
-@pytest.mark.parametrize("model", [Activity, ActivityAttempt], ids=_id)
+@pytest.mark.parametrize("model", [Activity, ActivityAttempt, Timer], ids=_id)
 def test_the_models_declare_the_table(model: type[Any]) -> None:
     """Each status machine has exactly the transitions of the documented table."""
     declared = {(t.name, source, t.target) for t in lifecycle.declared_all(model) for source in t.sources}
     assert declared == TABLE[model]
 
 
-@pytest.mark.parametrize("model", [Activity, ActivityAttempt], ids=_id)
+@pytest.mark.parametrize("model", [Activity, ActivityAttempt, Timer], ids=_id)
 def test_every_declared_transition_has_arguments_here(model: type[Any]) -> None:
     assert {t.name for t in lifecycle.declared_all(model)} == {name for m, name in ARGUMENTS if m is model}
 
@@ -111,7 +114,7 @@ def test_what_the_sql_writes_is_what_the_transition_sets(model: type[Any], name:
 
 def test_a_status_cannot_be_assigned() -> None:
     """The status fields are protected: only a declared transition changes them."""
-    for row in (Activity(), ActivityAttempt()):
+    for row in (Activity(), ActivityAttempt(), Timer()):
         with pytest.raises(AttributeError, match="Direct status modification is not allowed"):
             row.status = "failed"
 
@@ -150,9 +153,15 @@ def test_the_sql_of_a_transition_moves_only_rows_in_its_sources(
     """The conditional UPDATE of each transition matches a row only in a declared source state."""
     if model is Activity:
         rows, where = Activity.objects.filter(pk=one_step.pk), {"id": one_step.pk}
-    else:
+    elif model is ActivityAttempt:
         ActivityAttempt.objects.create(activity=one_step, number=1, lease_token="t", started_at=AT)
         rows, where = ActivityAttempt.objects.filter(activity=one_step), {"activity": one_step.pk, "number": 1}
+    else:
+        wait = Wait.objects.create(workflow=one_step.workflow, operation_id="op/timer", kind=Wait.Kind.TIMER,
+                                   node="RUN", node_visit=1, intent_version=1, created_at=AT)
+        timer = Timer.objects.create(workflow=one_step.workflow, wait=wait, purpose=Timer.Purpose.WAKE, fire_at=AT,
+                                     intent_version=1)
+        rows, where = Timer.objects.filter(pk=timer.pk), {"id": timer.pk}
     rows.update(status=status)  # the test puts the row in each state; the product never does this
     transition = lifecycle.declared(model, name)
     moved = lifecycle._move(model, name, where, **ARGUMENTS[model, name])

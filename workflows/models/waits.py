@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+from django_fsm import ConcurrentTransitionMixin, FSMField, FSMModelMixin, transition
 
 from workflows.models.workflow import Workflow
 from workflows.params import ROLE_MAX_LENGTH
@@ -116,7 +116,7 @@ class Wait(ConcurrentTransitionMixin, models.Model):
         self.decided_at = at
 
 
-class Timer(models.Model):
+class Timer(FSMModelMixin, models.Model):
     """A durable wake-up: a row with fire_at, fired by beat, bound to an intent version."""
 
     class Purpose(models.TextChoices):
@@ -133,7 +133,7 @@ class Timer(models.Model):
     purpose = models.CharField(max_length=10, choices=Purpose.choices)
     fire_at = models.DateTimeField(help_text="Wake time, computed once when the timer was created.")
     intent_version = models.PositiveIntegerField(help_text="Intent version the timer is bound to.")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    status = FSMField(max_length=10, choices=Status.choices, default=Status.PENDING, protected=True)
     fired_at = models.DateTimeField(null=True, blank=True)
     note = models.CharField(max_length=200, blank=True, help_text="Why an ignored timer was ignored.")
 
@@ -143,6 +143,19 @@ class Timer(models.Model):
 
     def __str__(self) -> str:
         return f"{self.purpose} timer {self.pk} at {self.fire_at:%Y-%m-%d %H:%M:%S} ({self.status})"
+
+    # The whole lifecycle (docs/state-machines.md); the services issue each as one conditional
+    # UPDATE on its sources (``lifecycle.rows_move``), so two beats fire a timer once.
+    @transition(field=status, source=Status.PENDING, target=Status.FIRED)
+    def fire(self, *, at: datetime) -> None:
+        """Its time came and a beat claimed it; it satisfies or expires its wait next."""
+        self.fired_at = at
+
+    @transition(field=status, source=[Status.PENDING, Status.FIRED], target=Status.IGNORED)
+    def ignore(self, *, note: str) -> None:
+        """Its wait, intent or workflow moved on: cancelled, superseded, or a first-of wait won by
+        another branch (pending), or found stale once claimed (fired)."""
+        self.note = note[:200]
 
 
 class Signal(models.Model):

@@ -10,7 +10,7 @@ from workflows import clock, doorbells, registry, selectors
 from workflows.errors import TransitionRefused
 from workflows.models import Activity, Commitment, Event, Timer, Wait, Workflow
 from workflows.services.common import event_record, text_checked, workflow_lock, workflow_save
-from workflows.services.lifecycle import activity_reopen
+from workflows.services.lifecycle import activity_reopen, rows_move
 from workflows.services.steps import (
     COMPENSATION_NODE,
     Outcome,
@@ -79,7 +79,7 @@ def _cancel_locked(workflow: Workflow, reason: str, *, by: str, now: datetime) -
     for wait in workflow.waits.filter(status=Wait.Status.OPEN).exclude(kind=Wait.Kind.CHILD):
         wait.cancel(at=now)
         wait.save(update_fields=["status", "decided_at"])
-    workflow.timers.filter(status=Timer.Status.PENDING).update(status=Timer.Status.IGNORED, note="workflow cancelled")
+    rows_move(workflow.timers.filter(status=Timer.Status.PENDING), "ignore", note="workflow cancelled")
     # A running attempt is voided too, not awaited: it records nothing, and an effect it still
     # sends after its last fenced check lands on a key that compensation has already closed
     # (the deploy protocol's tombstone), so compensating at once is safe.

@@ -31,7 +31,7 @@ from django.db import models
 from workflows import clock, registry, selectors
 from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Refused, Throttled
 from workflows.leases import Claim
-from workflows.models import Activity, ActivityAttempt, Workflow
+from workflows.models import Activity, ActivityAttempt, Timer, Workflow
 from workflows.services import slots
 from workflows.services.common import Appended, event_record, events_append_while
 from workflows.sql import (
@@ -128,6 +128,12 @@ def _moving(model: type[models.Model], name: str, where: Mapping[str, Any], **ar
     return RowWrite(model, _changes(transition, arguments), {**where, "status": _status_condition(transition)})
 
 
+def rows_move(rows: models.QuerySet[Any], name: str, **arguments: Any) -> int:
+    """Transition ``name`` of those of ``rows`` in one of its source states, as one UPDATE; the
+    rows moved. For the machines whose writes live with their services (``Timer``)."""
+    return _move_all(rows, name, **arguments)
+
+
 def _move_all(rows: models.QuerySet[Any], name: str, **arguments: Any) -> int:
     """``_move`` for conditions SQL by hand does not express (ranges, several ids)."""
     transition = declared(rows.model, name)  # type: ignore[arg-type]
@@ -148,6 +154,10 @@ DOCS_LEAD = {
                 "result before it takes it (a chain slot). `workflows/services/lifecycle.py` issues every "
                 "transition as one conditional UPDATE on its source states; a running attempt's also on its "
                 "fence (attempt, lease_token), so a zombie attempt moves nothing.",
+    "Timer": "Created `pending` with the wait it serves (its `fire_at` computed once). A beat sweep fires a due "
+             "one by a conditional UPDATE (`waits.timer_fire_if_due`), so two beats fire it once; a cancel, a "
+             "supersede or a first-of wait won by another branch ignores it, and so does its own firing when "
+             "it finds its wait, intent or workflow moved on (`timer.ignored`).",
     "ActivityAttempt": "Created `running` when its activity is claimed (`lifecycle.attempt_start`), and closed by "
                        "the transition its activity takes. `throttled`, `refunded` and `retry_after_seconds` "
                        "say what a failed one led to.",
@@ -178,11 +188,11 @@ children's commitments of its current intent stand keeps course (`release.kept_c
 
 def docs_section(model_name: str) -> str:
     """What docs/state-machines.md shows under a model's graph (``make docs``): for the
-    lifecycle's two models, where they start and the table of their transitions; for commitments,
+    lifecycle's two models and timers, where they start and the table of their transitions; for commitments,
     who owns them as a tree of workflows ends."""
     if model_name == "Commitment":
         return COMMITMENT_DOCS
-    model = {"Activity": Activity, "ActivityAttempt": ActivityAttempt}.get(model_name)
+    model = {"Activity": Activity, "ActivityAttempt": ActivityAttempt, "Timer": Timer}.get(model_name)
     return "" if model is None else f"\n{DOCS_LEAD[model_name]}\n\n{transition_table(model)}\n"
 
 

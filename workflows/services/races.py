@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from workflows.models import Signal, Timer, Wait, Workflow
+from workflows.services import lifecycle
 from workflows.services.common import event_record, workflow_lock
 from workflows.services.steps import child_commitments_adopt, wake_locked
 
@@ -96,8 +97,8 @@ def _ended_child_wait(workflow: Workflow, wait: Wait, *, now: datetime) -> Wait 
 def _losers_close(workflow: Workflow, wait: Wait, *, won: str, winner: Wait | None, now: datetime) -> None:
     from workflows.services.cancellation import children_cancel_live  # it imports the steps this module does
 
-    wait.timers.filter(status=Timer.Status.PENDING).update(
-        status=Timer.Status.IGNORED, note=f"first-of wait {wait.pk} was won by the {won}")
+    lifecycle.rows_move(wait.timers.filter(status=Timer.Status.PENDING), "ignore",
+                        note=f"first-of wait {wait.pk} was won by the {won}")
     losers = [op for op in wait.first_of if winner is None or op != winner.operation_id]
     if losers:
         children_cancel_live(workflow, why=f"lost first-of wait {wait.pk} to the {won}",

@@ -12,6 +12,7 @@ from workflows import clock
 from workflows.authority import wait_authority_refusal
 from workflows.errors import NotFound, WaitRefused
 from workflows.models import Timer, Wait, Workflow
+from workflows.services import lifecycle
 from workflows.services.common import event_record, text_checked, workflow_lock
 from workflows.services.races import first_wait_settle
 from workflows.services.steps import wake_locked
@@ -123,14 +124,12 @@ def timer_fire_if_due(*, timer_id: int) -> bool:
     with transaction.atomic():
         workflow = workflow_lock(workflow_id)
         now = clock.now()
-        if not Timer.objects.filter(pk=timer_id, status=Timer.Status.PENDING, fire_at__lte=now).update(
-            status=Timer.Status.FIRED, fired_at=now
-        ):
+        if not lifecycle.rows_move(Timer.objects.filter(pk=timer_id, fire_at__lte=now), "fire", at=now):
             return False
         timer = Timer.objects.select_related("wait").get(pk=timer_id)
         stale = _timer_staleness(timer, workflow)
         if stale:
-            Timer.objects.filter(pk=timer_id).update(status=Timer.Status.IGNORED, note=stale)
+            lifecycle.rows_move(Timer.objects.filter(pk=timer_id), "ignore", note=stale)
             event_record(workflow=workflow, kind="timer.ignored", at=now, timer_id=timer_id, reason=stale)
             return True
         wait = timer.wait
