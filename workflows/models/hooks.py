@@ -2,9 +2,13 @@
 the database until the receiver answers 2xx (docs/live.md, "Outbound webhooks")."""
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
+from django_fsm import FSMField, FSMModelMixin, transition
 
 
 class WebhookSubscription(models.Model):
@@ -52,7 +56,15 @@ class WebhookSubscription(models.Model):
         return f"webhook {self.name} → {self.url}"
 
 
-class WebhookDelivery(models.Model):
+def _attempt_recorded(row: Any, attempt: int, status_code: int | None, error: str) -> None:
+    """What every answered (or failed) attempt writes on its delivery."""
+    row.attempts = attempt
+    row.claimed_until = None
+    row.last_status_code = status_code
+    row.last_error = error[:500]
+
+
+class WebhookDelivery(FSMModelMixin, models.Model):
     """One event for one subscription: sent until a 2xx answer, oldest first per workflow."""
 
     class Status(models.TextChoices):
@@ -68,8 +80,8 @@ class WebhookDelivery(models.Model):
     seq = models.PositiveIntegerField(help_text="The event's number within its workflow: the order of deliveries.")
     kind = models.CharField(max_length=60, help_text="The event's kind.")
     body = models.TextField(help_text="The JSON body, made once: every attempt sends these bytes.")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING,
-                              help_text="pending → delivered, or failed after the last attempt.")
+    status = FSMField(max_length=10, choices=Status.choices, default=Status.PENDING, protected=True,
+                      help_text="pending → delivered, or failed after the last attempt.")
     attempts = models.PositiveIntegerField(default=0, help_text="Attempts made so far.")
     redeliveries = models.PositiveIntegerField(
         default=0, help_text="How many times a person asked to send it again: the X-Agentops-Redelivery header "
@@ -99,6 +111,33 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"delivery {self.delivery_id} of {self.kind} #{self.seq} (workflow {self.workflow_id}): {self.status}"
+
+    # The whole lifecycle (docs/state-machines.md); the services issue each as one conditional
+    # UPDATE on its sources and the attempt it records (``lifecycle.rows_move``).
+    @transition(field=status, source=Status.PENDING, target=Status.DELIVERED)
+    def deliver(self, *, attempt: int, status_code: int | None, error: str, at: datetime) -> None:
+        """The receiver answered 2xx."""
+        _attempt_recorded(self, attempt, status_code, error)
+        self.delivered_at = at
+
+    @transition(field=status, source=Status.PENDING, target=Status.PENDING)
+    def retry(self, *, attempt: int, status_code: int | None, error: str, next_attempt_at: datetime) -> None:
+        """An attempt failed with attempts left: sent again at ``next_attempt_at``."""
+        _attempt_recorded(self, attempt, status_code, error)
+        self.next_attempt_at = next_attempt_at
+
+    @transition(field=status, source=Status.PENDING, target=Status.FAILED)
+    def fail(self, *, attempt: int, status_code: int | None, error: str) -> None:
+        """The last attempt (AGENTOPS_OUTBOUND_WEBHOOK_MAX_ATTEMPTS) failed; a person may redeliver it."""
+        _attempt_recorded(self, attempt, status_code, error)
+
+    @transition(field=status, source=[Status.DELIVERED, Status.FAILED], target=Status.PENDING)
+    def redeliver(self, *, at: datetime) -> None:
+        """A person asked to send it again: at once, counted in ``X-Agentops-Redelivery``."""
+        self.next_attempt_at = at
+        self.claimed_until = None
+        self.delivered_at = None
+        self.redeliveries = F("redeliveries") + 1
 
 
 class WebhookAttempt(models.Model):

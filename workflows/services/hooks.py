@@ -25,13 +25,14 @@ from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q
 
 from workflows import clock, doorbells
 from workflows.errors import InvalidInput, NotFound
 from workflows.eventfeed import EventFilter, GlobalCursor, event_json, latest_event_pk
 from workflows.models import Workflow
 from workflows.models.hooks import WebhookAttempt, WebhookDelivery, WebhookSubscription
+from workflows.services import lifecycle
 from workflows.services.steps import Outcome
 
 logger = logging.getLogger("agentops.webhooks.outbound")
@@ -205,17 +206,17 @@ def webhook_delivery_send_if_claimed(*, delivery_id: int, attempt: int) -> Outco
     duration_ms = int((time.monotonic() - started) * 1000)
     ok = status_code is not None and 200 <= status_code < 300
     now = clock.now()
-    values: dict[str, Any] = {"attempts": attempt, "claimed_until": None, "last_status_code": status_code,
-                              "last_error": error[:500]}
-    if ok:
-        values.update(status=WebhookDelivery.Status.DELIVERED, delivered_at=now)
-    elif attempt >= settings.AGENTOPS_OUTBOUND_WEBHOOK_MAX_ATTEMPTS:
-        values.update(status=WebhookDelivery.Status.FAILED)
-    else:
-        values.update(next_attempt_at=now + timedelta(seconds=backoff_seconds(attempt)))
+    answer = {"attempt": attempt, "status_code": status_code, "error": error}
+    failed = not ok and attempt >= settings.AGENTOPS_OUTBOUND_WEBHOOK_MAX_ATTEMPTS
+    this_attempt = WebhookDelivery.objects.filter(pk=delivery.pk, attempts=attempt - 1)
     with transaction.atomic():
-        recorded = WebhookDelivery.objects.filter(pk=delivery.pk, status=WebhookDelivery.Status.PENDING,
-                                                  attempts=attempt - 1).update(**values)
+        if ok:
+            recorded = lifecycle.rows_move(this_attempt, "deliver", **answer, at=now)
+        elif failed:
+            recorded = lifecycle.rows_move(this_attempt, "fail", **answer)
+        else:
+            recorded = lifecycle.rows_move(this_attempt, "retry", **answer,
+                                           next_attempt_at=now + timedelta(seconds=backoff_seconds(attempt)))
         if not recorded:
             return Outcome.ALREADY_APPLIED
         WebhookAttempt.objects.create(delivery=delivery, number=attempt, started_at=started_at,
@@ -224,7 +225,7 @@ def webhook_delivery_send_if_claimed(*, delivery_id: int, attempt: int) -> Outco
     log("webhook.outbound." + ("delivered" if ok else "failed"),
         extra={"delivery": delivery.delivery_id, "webhook": delivery.subscription.name, "attempt": attempt,
                "status": status_code, "error": error[:200]})
-    if ok or values.get("status") == WebhookDelivery.Status.FAILED:
+    if ok or failed:
         # The next delivery of this workflow need not wait for beat's next tick.
         webhook_deliveries_dispatch_due(subscription_id=delivery.subscription_id, workflow_id=delivery.workflow_id)
     return Outcome.APPLIED
@@ -279,9 +280,7 @@ def webhook_delivery_redeliver(*, delivery_id: int) -> Outcome:
     conditional UPDATE on its status)."""
     if not WebhookDelivery.objects.filter(pk=delivery_id).exists():
         raise NotFound(f"Webhook delivery {delivery_id} does not exist.")
-    again = WebhookDelivery.objects.filter(pk=delivery_id).exclude(status=WebhookDelivery.Status.PENDING).update(
-        status=WebhookDelivery.Status.PENDING, next_attempt_at=clock.now(), claimed_until=None, delivered_at=None,
-        redeliveries=F("redeliveries") + 1)
+    again = lifecycle.rows_move(WebhookDelivery.objects.filter(pk=delivery_id), "redeliver", at=clock.now())
     return Outcome.APPLIED if again else Outcome.ALREADY_APPLIED
 
 

@@ -31,7 +31,7 @@ from django.db import models
 from workflows import clock, registry, selectors
 from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Refused, Throttled
 from workflows.leases import Claim
-from workflows.models import Activity, ActivityAttempt, Timer, Workflow
+from workflows.models import Activity, ActivityAttempt, Timer, WebhookDelivery, Workflow
 from workflows.services import slots
 from workflows.services.common import Appended, event_record, events_append_while
 from workflows.sql import (
@@ -158,6 +158,11 @@ DOCS_LEAD = {
              "one by a conditional UPDATE (`waits.timer_fire_if_due`), so two beats fire it once; a cancel, a "
              "supersede or a first-of wait won by another branch ignores it, and so does its own firing when "
              "it finds its wait, intent or workflow moved on (`timer.ignored`).",
+    "WebhookDelivery": "Created `pending`, one per event and subscription, by the scan of new events. An attempt is "
+                       "claimed (`claimed_until`), POSTed outside any transaction and recorded by a conditional "
+                       "UPDATE on `pending` and the attempt count (`hooks.webhook_delivery_send_if_claimed`), so "
+                       "a late finisher whose claim lapsed records nothing; `redeliver` is a person's "
+                       "(CLI, API, admin).",
     "ActivityAttempt": "Created `running` when its activity is claimed (`lifecycle.attempt_start`), and closed by "
                        "the transition its activity takes. `throttled`, `refunded` and `retry_after_seconds` "
                        "say what a failed one led to.",
@@ -188,11 +193,12 @@ children's commitments of its current intent stand keeps course (`release.kept_c
 
 def docs_section(model_name: str) -> str:
     """What docs/state-machines.md shows under a model's graph (``make docs``): for the
-    lifecycle's two models and timers, where they start and the table of their transitions; for commitments,
-    who owns them as a tree of workflows ends."""
+    lifecycle's two models, timers and webhook deliveries, where they start and the table of their
+    transitions; for commitments, who owns them as a tree of workflows ends."""
     if model_name == "Commitment":
         return COMMITMENT_DOCS
-    model = {"Activity": Activity, "ActivityAttempt": ActivityAttempt, "Timer": Timer}.get(model_name)
+    model = {"Activity": Activity, "ActivityAttempt": ActivityAttempt, "Timer": Timer,
+             "WebhookDelivery": WebhookDelivery}.get(model_name)
     return "" if model is None else f"\n{DOCS_LEAD[model_name]}\n\n{transition_table(model)}\n"
 
 
