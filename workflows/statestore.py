@@ -20,7 +20,7 @@ reading any visit's state costs at most three times the state). ``state_hash`` i
 stored state the checkpoint leads to; a row changed behind the engine's back (a data migration of
 parked state) no longer matches it, and the next checkpoint is a whole one again.
 
-Nothing here locks or rings: ``services.steps.enter_node`` writes through ``state_write``, the
+Nothing here locks or rings: ``services.visits.enter_node`` writes through ``state_write``, the
 engine reads through ``state_of``, replay and the admin through ``states_by_visit``.
 """
 from __future__ import annotations

@@ -12,8 +12,9 @@ import tests.child_kinds  # registers the kinds; its square is an activity here 
 from tests.conftest import drive
 from workflows import engine, selectors, services
 from workflows.models import Activity, Commitment, Event, Wait, Workflow
-from workflows.services.children import child_start, children_collect_if_finished
+from workflows.services.children import children_collect_if_finished
 from workflows.services.common import workflow_lock
+from workflows.services.workflows import child_start
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rung")]
 
@@ -153,7 +154,7 @@ def test_a_failed_parent_cancels_its_children(fanout_of_deployers: tuple[Workflo
     from django.db import transaction
 
     from workflows import clock
-    from workflows.services.steps import fail_locked
+    from workflows.services.visits import fail_locked
 
     parent, kids = fanout_of_deployers
     with transaction.atomic():

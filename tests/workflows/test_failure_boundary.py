@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from workflows import clock, engine, registry, services
 from workflows.activity_context import ActivityContext
 from workflows.models import Activity, Event, Wait, Workflow
-from workflows.services import Outcome, RunOutcome, steps, sweeps
+from workflows.services import Outcome, RunOutcome, sweeps, visits, waits
 from workflows.services.common import events_batched, workflow_lock
 from workflows.services.workflows import advance_locked
 from workflows.testing import registered
@@ -132,7 +132,7 @@ def test_a_raising_handler_keeps_the_recorded_result_and_retries_later(frozen, m
     """The activity ran once and its result stays recorded; the failure is an event, the workflow
     stays running at the recorded node with a retry time, and a second doorbell runs nothing."""
     if goal.endswith("not refused"):
-        monkeypatch.setattr(steps, "wait_check_lengths", lambda workflow, command: None)
+        monkeypatch.setattr(waits, "wait_check_lengths", lambda workflow, command: None)
     node = "AFTER"
     workflow, activity = launch_and_call(goal)
 
@@ -180,7 +180,7 @@ def test_a_node_entered_with_the_events_before_a_raising_advance_stays_entered(f
     with transaction.atomic():
         locked = workflow_lock(workflow.pk, advance=True)
         with events_batched(locked):
-            steps.enter_node(locked, "AFTER", {"receipt": {"call": 1}}, now=clock.now())
+            visits.enter_node(locked, "AFTER", {"receipt": {"call": 1}}, now=clock.now())
             assert advance_locked(locked) == Outcome.HANDLER_FAILED
 
     workflow.refresh_from_db()

@@ -19,7 +19,7 @@ from workflows.errors import BudgetDeferred, InvalidInput
 from workflows.models import Activity, Commitment, UsageEntry, Workflow
 from workflows.services.children import children_collect_if_finished
 from workflows.services.common import workflow_lock
-from workflows.services.steps import fail_locked
+from workflows.services.visits import fail_locked
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("rung")]
 

@@ -74,7 +74,7 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
     # Not columns: what an advance reads with the row lock (``workflow_lock(advance=True)``).
     # (intent version, goal), which ``selectors.current_goal`` answers from while the workflow is
     # at that version; (checkpoint id, state hash, chain length) of its last checkpoint, which
-    # ``steps.enter_node`` chains the next one to; whether a child wait is open (False: none was,
+    # ``visits.enter_node`` chains the next one to; whether a child wait is open (False: none was,
     # and this transaction opened none, so leaving a node cancels no child without asking);
     # whether it has any steer message (False: a chained activity's first call needs not ask).
     goal_read: tuple[int, str] | None = None

@@ -26,8 +26,10 @@ from workflows.services.budgets import (
 )
 from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
 from workflows.services.forks import workflow_fork
-from workflows.services.pauses import workflow_pause
+from workflows.services.intents import workflow_supersede
+from workflows.services.pauses import workflow_pause, workflow_resume
 from workflows.services.progress import stagnation_check, stagnation_flag_if_due
+from workflows.services.signals import workflow_signal, workflow_signal_from_webhook
 from workflows.services.steering import SteerResult, steering_take_if_current, workflow_steer
 from workflows.services.steps import Outcome, Result
 from workflows.services.sweeps import (
@@ -42,10 +44,6 @@ from workflows.services.workflows import (
     workflow_advance_if_runnable,
     workflow_launch,
     workflow_launch_once,
-    workflow_resume,
-    workflow_signal,
-    workflow_signal_from_webhook,
-    workflow_supersede,
 )
 
 __all__ = [

@@ -29,7 +29,8 @@ from workflows.services.common import (
     workflow_not_found,
     workflow_save,
 )
-from workflows.services.steps import BUDGET_PAUSE_PREFIX, Outcome, Result, username_of, wake_locked
+from workflows.services.steps import BUDGET_PAUSE_PREFIX, Outcome, Result, username_of
+from workflows.services.visits import wake_locked
 from workflows.sql import (
     RowWrite,
     WhereShape,

@@ -40,7 +40,7 @@ def workflow_lock(workflow_id: int, *, advance: bool = False) -> Workflow:
     """Lock the workflow row for the rest of the transaction (every writer locks it first). With
     ``advance``, for a caller that advances it, the same statement also reads what every advance
     asks: its current goal (``selectors.current_goal``), its last checkpoint's state hash and
-    chain length (the next checkpoint's delta, ``steps.enter_node``), whether it has an open
+    chain length (the next checkpoint's delta, ``visits.enter_node``), whether it has an open
     child wait (``cancellation.children_cancel_live``), and whether it has any steer message (a
     chained activity's first steering question, ``steps.activity_schedule``)."""
     if not advance:

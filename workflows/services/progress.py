@@ -13,7 +13,8 @@ from workflows.models import Activity, Event, ProgressSample, Workflow
 from workflows.progress import progress_validate
 from workflows.services.common import event_record, workflow_lock, workflow_save
 from workflows.services.failures import row_isolated
-from workflows.services.steps import STAGNATION_PAUSE_PREFIX, enter_node
+from workflows.services.steps import STAGNATION_PAUSE_PREFIX
+from workflows.services.visits import enter_node
 from workflows.sql import row_insert_unless_exists
 
 logger = logging.getLogger("agentops.progress")

@@ -7,8 +7,10 @@ from typing import Any
 
 from workflows.models import Signal, Timer, Wait, Workflow
 from workflows.services import lifecycle
+from workflows.services.cancellation import children_cancel_live
 from workflows.services.common import event_record, workflow_lock
-from workflows.services.steps import child_commitments_adopt, wake_locked
+from workflows.services.steps import child_commitments_adopt, child_wait_close
+from workflows.services.visits import wake_locked
 
 
 def first_wait_settle(workflow: Workflow, wait: Wait, *, now: datetime, signal: Signal | None = None,
@@ -68,8 +70,6 @@ def _ended_child_wait(workflow: Workflow, wait: Wait, *, now: datetime) -> Wait 
     """The child wait of the race whose child has ended, the first in the order given, or None.
     Every child of the race is locked (after the workflow) and an end not yet collected is
     recorded on its wait here, as ``children_collect_if_finished`` would."""
-    from workflows.services.children import child_wait_close  # it imports this module's importers
-
     if not wait.first_of:
         return None
     waits = {w.operation_id: w for w in Wait.objects.filter(workflow=workflow, kind=Wait.Kind.CHILD,
@@ -95,8 +95,6 @@ def _ended_child_wait(workflow: Workflow, wait: Wait, *, now: datetime) -> Wait 
 
 
 def _losers_close(workflow: Workflow, wait: Wait, *, won: str, winner: Wait | None, now: datetime) -> None:
-    from workflows.services.cancellation import children_cancel_live  # it imports the steps this module does
-
     lifecycle.rows_move(wait.timers.filter(status=Timer.Status.PENDING), "ignore",
                         note=f"first-of wait {wait.pk} was won by the {won}")
     losers = [op for op in wait.first_of if winner is None or op != winner.operation_id]

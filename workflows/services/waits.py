@@ -1,21 +1,24 @@
-"""Decisions on waits (approve, reject) and firing durable timers."""
+"""Waits: open one (an advance's ``OpenWait``), decide it (approve, reject), fire its durable timers."""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
 
-from workflows import clock
+from workflows import clock, engine
 from workflows.authority import wait_authority_refusal
-from workflows.errors import NotFound, WaitRefused
-from workflows.models import Timer, Wait, Workflow
+from workflows.errors import InvalidInput, NotFound, WaitRefused
+from workflows.models import Signal, Timer, Wait, Workflow
+from workflows.notifications import OPENED
 from workflows.services import lifecycle
-from workflows.services.common import event_record, text_checked, workflow_lock
+from workflows.services.common import event_record, text_checked, workflow_lock, workflow_save
 from workflows.services.races import first_wait_settle
-from workflows.services.steps import wake_locked
+from workflows.services.steps import approval_notify_ensure, signal_consume
+from workflows.services.visits import wake_locked
+from workflows.statestore import json_checked
 
 MAX_COMMENT_CHARS = 5_000
 
@@ -159,3 +162,72 @@ def _timer_staleness(timer: Timer, workflow: Workflow) -> str:
     if timer.wait.status != Wait.Status.OPEN:
         return f"wait {timer.wait_id} is already {timer.wait.status}"
     return ""
+
+
+# The text fields of ``OpenWait`` that are stored in columns of that name on ``Wait``.
+WAIT_TEXT_FIELDS = ("operation_id", "kind", "candidate_hash", "required_role", "event_name", "timeout_policy")
+
+
+
+def wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) -> bool:
+    """Open the wait ``command`` asks for (True when a signal already satisfied it).
+
+    Raises InvalidInput, before writing anything, for a value longer than its column.
+    """
+    wait_check_lengths(workflow, command)
+    seconds = command.expires_in_seconds
+    expires_at = now + timedelta(seconds=seconds) if seconds is not None else None
+    wait, created = Wait.objects.get_or_create(
+        operation_id=command.operation_id,
+        defaults={
+            "workflow": workflow, "kind": command.kind, "node": workflow.current_node,
+            "node_visit": workflow.node_visit, "intent_version": workflow.intent_version,
+            "candidate": json_checked(command.candidate, what="The candidate"),
+            "candidate_hash": command.candidate_hash,
+            "required_role": command.required_role, "state_versions": command.state_versions,
+            "event_name": command.event_name, "expires_at": expires_at, "timeout_policy": command.timeout_policy,
+            "first_of": list(command.children), "created_at": now,
+        },
+    )
+    if not created:
+        return False
+    if expires_at is not None:
+        purpose = Timer.Purpose.WAKE if wait.kind == Wait.Kind.TIMER else Timer.Purpose.EXPIRE
+        Timer.objects.create(workflow=workflow, wait=wait, purpose=purpose, fire_at=expires_at,
+                             intent_version=workflow.intent_version)
+    event_record(workflow=workflow, kind="wait.opened", at=now, wait_id=wait.pk, wait_kind=wait.kind,
+                 candidate_hash=wait.candidate_hash, required_role=wait.required_role,
+                 expires_at=expires_at.isoformat() if expires_at else None)
+    if wait.kind == Wait.Kind.APPROVAL:
+        # Its approvers are told by an activity of its own, committed with the wait: a crash
+        # cannot open the wait without it, and its failure never blocks the workflow.
+        approval_notify_ensure(workflow, wait, purpose=OPENED, now=now)
+    if wait.kind == Wait.Kind.EVENT:
+        # Signals queued before the wait opened: the oldest of its name is its answer.
+        signal = Signal.objects.filter(workflow=workflow, name=wait.event_name,
+                                       consumed_by__isnull=True).order_by("pk").first()
+        if signal is not None:
+            signal_consume(workflow, wait, signal, now=now)
+            return True
+    if wait.kind == Wait.Kind.FIRST:
+        # A child of the race that has ended, or a signal queued before the wait opened, wins at once.
+        if first_wait_settle(workflow, wait, now=now):
+            return True
+    workflow.park(at=now)
+    workflow_save(workflow, "status", at=now)
+    return False
+
+
+
+def wait_check_lengths(workflow: Workflow, command: engine.OpenWait) -> None:
+    """Refuse a text of ``command`` longer than its column (PostgreSQL would raise DataError)."""
+    for name in WAIT_TEXT_FIELDS:
+        value = getattr(command, name)
+        limit = Wait._meta.get_field(name).max_length
+        if limit is not None and len(value) > limit:
+            raise InvalidInput(
+                f"Node {workflow.current_node} of workflow {workflow.pk} opens a {command.kind} wait whose {name} "
+                f"is {len(value)} characters long; the limit is {limit}. Shorten it; when it comes from a launch "
+                "parameter, the definition's validate_params should refuse it at launch.",
+                workflow_id=workflow.pk, field=name,
+            )

@@ -1,4 +1,5 @@
-"""Workflow lifecycle: launch, advance, signal, supersede, resume."""
+"""A workflow's launch and advance, and the start of a child from its parent's advance: a child's
+launch advances it, and that advance may start children of its own, so the three are one module."""
 from __future__ import annotations
 
 import contextlib
@@ -6,17 +7,17 @@ import functools
 import logging
 import re
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 
-from workflows import clock, doorbells, engine, registry, selectors, telemetry
-from workflows.errors import InvalidInput, NotFound, TransitionRefused
-from workflows.models import ClientRequest, Commitment, Intent, Signal, Wait, Workflow, WorkflowLabel
-from workflows.services.cancellation import advance_cancellation, children_cancel_live, compensations_retry
-from workflows.services.children import child_start
+from workflows import clock, engine, registry, selectors, telemetry
+from workflows.errors import BudgetExhausted, InvalidInput, NotFound
+from workflows.models import ClientRequest, Intent, Wait, Workflow, WorkflowLabel
+from workflows.services.budgets import pause_for_budget_locked
+from workflows.services.cancellation import advance_cancellation
 from workflows.services.client_requests import client_request_claim_once, idempotency_key_checked
 from workflows.services.common import (
     amount_checked,
@@ -37,27 +38,19 @@ from workflows.services.failures import (
 )
 from workflows.services.labels import labels_checked
 from workflows.services.lifecycle import LIVE
-from workflows.services.pauses import operator_resume_locked
-from workflows.services.races import first_wait_settle
 from workflows.services.steps import (
+    BUDGET_PAUSE_PREFIX,
     MAX_GOAL_CHARS,
     MAX_HOURS,
     MAX_STEPS_PER_ADVANCE,
     ChainSlot,
     Outcome,
-    Result,
     activity_schedule,
-    child_commitments_adopt,
-    commitments_compensate_after_children,
-    complete_locked,
-    enter_node,
-    fail_locked,
-    live_work_void,
-    signal_consume,
+    child_wait_close,
     username_of,
-    wait_open,
-    wake_locked,
 )
+from workflows.services.visits import complete_locked, enter_node, fail_locked
+from workflows.services.waits import wait_open
 from workflows.statestore import json_checked
 
 logger = logging.getLogger("agentops.workflows")
@@ -125,7 +118,7 @@ def workflow_launch_once(
     IdempotencyKeyReused when the key named another request, InvalidInput as ``workflow_launch``
     does; both write nothing.
 
-    ``parent_wait`` launches a child workflow (``workflows.services.children.child_start``, in
+    ``parent_wait`` launches a child workflow (``child_start``, in
     the parent's locked advance): the child of that wait, ending no later than its parent's deadline.
     """
     idempotency_key = idempotency_key_checked(idempotency_key)
@@ -366,244 +359,68 @@ def _apply(workflow: Workflow, command: engine.ScheduleActivity | engine.OpenWai
     return wait_open(workflow, command, now=now)
 
 
-SIGNAL_AUTO_KEY_PREFIX = "auto-"
-# The keys of signed webhook deliveries: "webhook:<source>:<delivery id>". No caller of
-# workflow_signal (the HTTP API, `agent signal`) may send a key here, so none can make a genuine
-# delivery look like a repeat.
-SIGNAL_WEBHOOK_KEY_PREFIX = "webhook:"
+BUDGET_STEP = Decimal("0.0001")  # Workflow.budget_total_usd's precision
 
 
-@transaction.atomic
-def workflow_signal(*, workflow_id: int, name: str, payload: Any = None, dedupe_key: str = "") -> Result:
-    """Deliver a named event to the workflow's open event wait for that name, or queue it.
+def child_start(workflow: Workflow, command: engine.StartChild, *, now: datetime) -> bool:
+    """Start the child workflow ``command`` asks for, once; the caller holds the parent's row
+    lock (its advance). The child wait (kind ``child``, its operation id the step's) records the
+    child's end; the child is launched in the same transaction, with its budget reserved from the
+    parent's, the parent's launcher, priority and hourly limit, and no later deadline.
 
-    Signals are queued per name in order of arrival, and each event wait for a name receives
-    the oldest one queued (when it opens, or when the next signal arrives). Outcome APPLIED: the
-    signal satisfied an open wait now (the message names it); QUEUED: no wait for the name is
-    open, the signal waits for the next one (``agent show`` lists it under ``signals_queued``).
-    A signal is never answered as delivered when no wait received it.
-
-    Idempotent per ``dedupe_key``: unique constraint ``uniq_signal_dedupe``; a repeated key
-    returns ALREADY_APPLIED and changes nothing. Without a key, every delivery is a new signal,
-    stored under a key of its own that starts with SIGNAL_AUTO_KEY_PREFIX. Raises InvalidInput,
-    and stores nothing, for a key longer than the column or one in a reserved namespace
-    (SIGNAL_AUTO_KEY_PREFIX, or SIGNAL_WEBHOOK_KEY_PREFIX: see workflow_signal_from_webhook).
+    Idempotent: the wait is looked up by operation id (unique ``Wait.operation_id``) under the
+    parent's lock, and a child is launched only with its wait (constraint ``uniq_child_per_wait``).
+    Returns False, having paused the parent for a person (pause cause budget), when the child's
+    budget does not fit in what remains of the parent's total; raising the budget resumes it and
+    the handler starts the child then. Raises InvalidInput for an unknown kind, bad parameters or
+    goal: a bug of the definition, which the failure boundary records (nothing is kept).
     """
-    if dedupe_key.startswith(SIGNAL_AUTO_KEY_PREFIX):
-        raise InvalidInput(f"The dedupe key {dedupe_key[:40]!r} starts with {SIGNAL_AUTO_KEY_PREFIX!r}, which is "
-                           "reserved for the keys of signals sent without one; choose a key without that prefix.")
-    if dedupe_key.startswith(SIGNAL_WEBHOOK_KEY_PREFIX):
-        raise InvalidInput(f"The dedupe key {dedupe_key[:40]!r} starts with {SIGNAL_WEBHOOK_KEY_PREFIX!r}, which is "
-                           "reserved for signed webhook deliveries; choose a key without that prefix.")
-    return _signal_deliver(workflow_id=workflow_id, name=name, payload=payload, dedupe_key=dedupe_key)
+    if Wait.objects.filter(operation_id=command.operation_id).exists():
+        return True
+    registry.definition(command.child_kind)  # an unknown kind is refused before anything is written
+    try:
+        budget = _child_budget(workflow, command)
+    except BudgetExhausted as exc:
+        pause_for_budget_locked(workflow, exc, now=now)
+        return False
+    wait = Wait.objects.create(
+        workflow=workflow, operation_id=command.operation_id, kind=Wait.Kind.CHILD, node=workflow.current_node,
+        node_visit=workflow.node_visit, intent_version=workflow.intent_version, event_name=command.child_kind,
+        created_at=now,
+    )
+    workflow.child_waits_open = True
+    child, _ = workflow_launch_once(
+        idempotency_key="", kind=command.child_kind, goal=command.goal, params=command.params,
+        user=workflow.launched_by, priority=workflow.priority, budget_total_usd=budget,
+        budget_hourly_usd=workflow.budget_hourly_usd, parent_wait=wait,
+    )
+    event_record(workflow=workflow, kind="child.started", at=now, wait_id=wait.pk, operation_id=wait.operation_id,
+                 child=child.pk, child_kind=child.kind, budget_usd=None if budget is None else str(budget))
+    if child.is_terminal:  # it ended in its own launch (a kind that completes at once)
+        child_wait_close(workflow, wait, child, now=now)
+    return True
 
 
-@transaction.atomic
-def workflow_signal_from_webhook(*, workflow_id: int, name: str, payload: Any, source: str,
-                                 delivery_id: str) -> Result:
-    """Deliver the signal of a signed webhook delivery (its signature already verified).
-
-    Idempotent per delivery: the key ``webhook:<source>:<delivery_id>`` (unique constraint
-    ``uniq_signal_dedupe``), in the namespace workflow_signal refuses, so only a delivery the
-    source signed can take it; the same delivery again returns ALREADY_APPLIED. Raises
-    InvalidInput, and stores nothing, for an empty source or delivery id.
-    """
-    if not source or not delivery_id:
-        raise InvalidInput("A webhook delivery needs its source and its delivery id; nothing was delivered.")
-    return _signal_deliver(workflow_id=workflow_id, name=name, payload=payload,
-                          dedupe_key=f"{SIGNAL_WEBHOOK_KEY_PREFIX}{source}:{delivery_id}")
-
-
-def _signal_deliver(*, workflow_id: int, name: str, payload: Any, dedupe_key: str) -> Result:
-    """The delivery both entry points share, inside their transaction: the key's namespace is theirs to check."""
-    name = text_checked(name, what="The signal name", max_length=100)
-    payload = json_checked(payload, what="The signal payload")
-    max_key = Signal._meta.get_field("dedupe_key").max_length
-    if max_key is not None and len(dedupe_key) > max_key:
-        raise InvalidInput(f"The dedupe key is {len(dedupe_key)} characters long; the limit is {max_key}. "
-                           "Send a shorter key, e.g. a hash of this one.")
-    if any(c < " " or c == "\x7f" for c in dedupe_key):
-        raise InvalidInput("The dedupe key holds a control character (NUL, a line break…); send printable text.")
-    workflow = workflow_lock(workflow_id)
-    keys = Signal.objects.filter(workflow=workflow)
-    if dedupe_key:
-        # Before the status: a repeat (a webhook redelivered after the workflow finished) is answered
-        # as the repeat it is, not refused.
-        earlier = keys.filter(dedupe_key=dedupe_key).first()
-        if earlier is not None:
-            where = "still queued" if earlier.consumed_by_id is None else f"delivered to wait {earlier.consumed_by_id}"
-            return Result.of(workflow, Outcome.ALREADY_APPLIED,
-                             f"A signal with dedupe key {dedupe_key!r} was received before ({where}); nothing changed.")
-    if workflow.is_terminal:
-        raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; it takes no more signals.")
-    now = clock.now()
-    key = dedupe_key
-    if not key:
-        # A keyless signal is never a repeat. The seq of the event that records it makes its key
-        # unique among generated ones; the suffix steps around a key a sender chose in this
-        # namespace before it was reserved (such rows stay as they are).
-        seq, n = workflow.event_seq + 1, 0
-        key = f"{SIGNAL_AUTO_KEY_PREFIX}{seq}"
-        while keys.filter(dedupe_key=key).exists():
-            n += 1
-            key = f"{SIGNAL_AUTO_KEY_PREFIX}{seq}.{n}"
-    signal = Signal.objects.create(workflow=workflow, name=name, payload=payload, dedupe_key=key, received_at=now)
-    wait = workflow.waits.filter(kind__in=(Wait.Kind.EVENT, Wait.Kind.FIRST), status=Wait.Status.OPEN,
-                                 event_name=name).order_by("pk").first()
-    queued = keys.filter(name=name, consumed_by__isnull=True)
-    event_record(workflow=workflow, kind="signal.received", at=now, name=name, dedupe_key=key,
-                 queued=wait is None)
-    if wait is None:
-        ahead = queued.count() - 1
-        return Result.of(workflow, Outcome.QUEUED,
-                         f"No wait for signal {name!r} is open on workflow {workflow_id}; the signal is queued"
-                         + (f" behind {ahead} earlier one{'s' if ahead > 1 else ''}" if ahead else "")
-                         + f" and the next wait for {name!r} receives it (oldest first).")
-    # The oldest queued signal of the name: normally this one, since an open wait leaves none queued.
-    oldest = queued.order_by("pk").first() or signal
-    if wait.kind == Wait.Kind.FIRST:
-        won = first_wait_settle(workflow, wait, now=now, signal=oldest)
-        if won != "signal":
-            return Result.of(workflow, Outcome.QUEUED,
-                             f"Signal {name!r} came after the end of a child that wait {wait.pk} (first of) was "
-                             f"waiting for, which won; the signal is queued and the next wait for {name!r} "
-                             "receives it (oldest first).")
-        return Result.of(workflow, Outcome.APPLIED, f"Signal {name!r} delivered to wait {wait.pk}.")
-    signal_consume(workflow, wait, oldest, now=now)
-    wake_locked(workflow, now=now, cause=f"signal {name}")
-    return Result.of(workflow, Outcome.APPLIED, f"Signal {name!r} delivered to wait {wait.pk}.")
-
-
-@transaction.atomic
-def workflow_supersede(*, workflow_id: int, goal: str, user: Any = None, idempotency_key: str = "") -> Result:
-    """Record a new intent version; old waits are invalidated and the workflow revalidates.
-
-    The old intent's activities in flight are voided (a running attempt stops at its next
-    fenced call) and its active commitments are compensated. Timers of the old version stay
-    in place and are recorded as ignored when they fire.
-
-    Without ``idempotency_key`` not idempotent: each call adds an intent version. With one,
-    once per key: the same supersede again (same workflow, goal and user) returns
-    ALREADY_APPLIED naming the version it made, and changes nothing (unique constraint
-    ``uniq_client_request_key``, claimed under the workflow's row lock); the key with another
-    request raises IdempotencyKeyReused.
-    """
-    goal = text_checked(goal, what="The goal", max_length=MAX_GOAL_CHARS)
-    idempotency_key = idempotency_key_checked(idempotency_key)
-    workflow = workflow_lock(workflow_id)
-    now = clock.now()
-    claimed = None
-    if idempotency_key:
-        claimed, first = client_request_claim_once(
-            operation=ClientRequest.Operation.SUPERSEDE, key=idempotency_key, user=user, now=now,
-            body={"workflow_id": workflow_id, "goal": goal, "user": username_of(user)})
-        if not first:
-            return Result.of(workflow, Outcome.ALREADY_APPLIED,
-                             f"This supersede (key {idempotency_key!r}) already made intent v{claimed.intent_version} "
-                             f"of workflow {workflow_id}; nothing changed.")
-    if workflow.is_terminal or workflow.status == Workflow.Status.CANCELLING:
-        raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; its goal can no longer change.")
-    old = workflow.intent_version
-    if claimed is not None:
-        claimed.workflow, claimed.intent_version = workflow, old + 1
-        claimed.save(update_fields=["workflow", "intent_version"])
-    Intent.objects.filter(workflow=workflow, version=old).update(superseded_at=now)
-    Intent.objects.create(workflow=workflow, version=old + 1, goal=goal, created_by=user, created_at=now)
-    workflow.intent_version = old + 1
-    workflow_save(workflow, "intent_version", at=now)
-    # A child wait stays open until its child (cancelled below) has ended: it records that end.
-    for wait in workflow.waits.filter(status=Wait.Status.OPEN).exclude(kind=Wait.Kind.CHILD):
-        wait.invalidate(at=now)
-        wait.save(update_fields=["status", "decided_at"])
-        event_record(workflow=workflow, kind="wait.invalidated", at=now, wait_id=wait.pk, reason="intent superseded")
-    # No effect outlives its intent: the old goal's work in flight is voided, its children
-    # cancelled, and every effect made for it (recorded or uncertain) is compensated while the
-    # workflow rebuilds: after the children's, once they have ended.
-    live_work_void(workflow, now=now, reason=f"intent v{old} superseded")
-    children_cancel_live(workflow, why=f"superseded its goal (intent v{old} → v{old + 1})", by=username_of(user)
-                         or "supersede", now=now, before_intent=old + 1)
-    child_commitments_adopt(workflow, now=now)
-    commitments_compensate_after_children(workflow, workflow.commitments.filter(status=Commitment.Status.ACTIVE),
-                                          now=now, before_intent=old + 1)
-    event_record(workflow=workflow, kind="intent.superseded", at=now, old=old, new=old + 1, by=username_of(user))
-    if workflow.advance_retry_at is not None:
-        # Failed advances were failures of the old goal's path: the new one advances now.
-        workflow.handler_failures, workflow.advance_retry_at, workflow.reason = 0, None, ""
-        workflow_save(workflow, "handler_failures", "advance_retry_at", "reason", at=now)
-    if workflow.status == Workflow.Status.WAITING:
-        workflow.wake(at=now)
-        workflow_save(workflow, "status", at=now)
-    enter_node(workflow, registry.definition(workflow.kind).revalidate_node, {}, now=now)
-    doorbells.workflow_advance(workflow_id=workflow.pk)
-    return Result.of(workflow, Outcome.APPLIED,
-                     f"Workflow {workflow_id} now pursues intent v{old + 1}; its open approvals were withdrawn, its "
-                     f"work for the old goal stopped and its effects compensated, and it revalidates before going on.")
-
-
-@transaction.atomic
-def workflow_resume(*, workflow_id: int, user: Any = None, by: str = "") -> Result:
-    """Resume a paused workflow, retry failed compensations (of a workflow in any state), or
-    re-ring a running one whose doorbell may be lost.
-
-    A workflow an operator paused goes on exactly where it stopped (``operator_resume_locked``).
-    A workflow paused, or backing off, after failed advances is advanced at once, in this
-    call, with a fresh count of failures: HANDLER_FAILED when it fails again (recorded).
-    Idempotent: resuming a running workflow only rings its doorbell again; only failed
-    compensations get new attempts (conditional UPDATE on status=failed).
-    Raises TransitionRefused for waiting and terminal workflows, naming what they wait for.
-    """
-    workflow = workflow_lock(workflow_id)
-    now = clock.now()
-    by = username_of(user) or by.strip()[:150] or "an operator"
-    if workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.BUDGET:
-        raise TransitionRefused(f"Workflow {workflow_id} is paused because its budget ran out; resuming would pause "
-                                f"it again at its next model call. Raise the budget (`manage.py agent budget "
-                                f"{workflow_id} --total USD --user NAME`, or POST "
-                                f"/api/workflows/{workflow_id}/budget), which resumes it.")
-    # A compensation out of attempts leaves an effect nothing undoes, whatever the workflow's state.
-    retried = compensations_retry(workflow, now=now)
-    if workflow.status == Workflow.Status.PAUSED and workflow.pause_cause == Workflow.PauseCause.OPERATOR:
-        return operator_resume_locked(workflow, now=now, by=by)
-    if workflow.status == Workflow.Status.PAUSED:
-        failed = workflow.pause_cause == Workflow.PauseCause.HANDLER_FAILED
-        if workflow.pause_cause == Workflow.PauseCause.DEFINITION:
-            workflow.reason = ""  # the question was for the person who just answered it
-            workflow_save(workflow, "reason", at=now)
-        wake_locked(workflow, now=now, cause=f"resumed by {by}")
-        return _advance_now(workflow, now=now, by=by) if failed else _resumed(workflow)
-    if workflow.status == Workflow.Status.RUNNING and workflow.handler_failures:
-        return _advance_now(workflow, now=now, by=by)
-    if retried:
-        return Result.of(workflow, Outcome.APPLIED, f"Workflow {workflow_id}: {retried} failed compensation"
-                                                    f"{'s get' if retried > 1 else ' gets'} new attempts.")
-    if workflow.status in (Workflow.Status.RUNNING, Workflow.Status.CANCELLING):
-        doorbells.workflow_advance(workflow_id=workflow.pk)
-        return Result.of(workflow, Outcome.ALREADY_APPLIED,
-                         f"Workflow {workflow_id} was already {workflow.status}; its doorbell was rung again.")
-    if workflow.status == Workflow.Status.WAITING:
-        waits = ", ".join(f"{w.kind} wait {w.pk}" for w in workflow.waits.filter(status=Wait.Status.OPEN))
-        raise TransitionRefused(
-            f"Workflow {workflow_id} is waiting on {waits or 'a wait'}; decide or signal it instead."
+def _child_budget(workflow: Workflow, command: engine.StartChild) -> Decimal | None:
+    """The child's total budget: as asked, or what remains of the parent's; BudgetExhausted when
+    it does not fit in what remains (the parent's spend and its live children's budgets)."""
+    asked = None
+    if command.budget_usd is not None:
+        try:
+            asked = Decimal(command.budget_usd)
+        except ArithmeticError:
+            raise InvalidInput(f"ctx.child(budget={command.budget_usd!r}) is not an amount of USD.") from None
+        asked = amount_checked(asked, what=f"The budget of child {command.operation_id}")
+    if workflow.budget_total_usd is None:
+        return asked
+    left = workflow.budget_total_usd - selectors.spent_usd(workflow)
+    budget = left.quantize(BUDGET_STEP, rounding=ROUND_DOWN) if asked is None else asked
+    if budget <= 0 or budget > left:
+        raise BudgetExhausted(
+            f"{BUDGET_PAUSE_PREFIX}: workflow {workflow.pk} has {max(left, Decimal(0)):.4f} of its "
+            f"{workflow.budget_total_usd:.4f} USD left (its spend and its children's budgets), and its child "
+            f"{command.operation_id} ({command.child_kind}) needs {budget:.4f}; raise the budget (`manage.py agent "
+            f"budget {workflow.pk} --total USD`, or POST /api/workflows/{workflow.pk}/budget) to start it.",
+            workflow_id=workflow.pk,
         )
-    raise TransitionRefused(f"Workflow {workflow_id} is {workflow.status}; it cannot be resumed.")
-
-
-def _resumed(workflow: Workflow) -> Result:
-    return Result.of(workflow, Outcome.APPLIED, f"Workflow {workflow.pk} resumed; it is {workflow.status}.")
-
-
-def _advance_now(workflow: Workflow, *, now: datetime, by: str) -> Result:
-    """Advance a workflow after its handler failures, presumably fixed, with a fresh count
-    (the failures' reason goes with them; a new failure writes its own)."""
-    if workflow.status != Workflow.Status.RUNNING:
-        return _resumed(workflow)  # waking it ended it (its release policy) or sent it elsewhere
-    event_record(workflow=workflow, kind="workflow.advance_retried", at=now, by=by,
-                 failures=workflow.handler_failures)
-    workflow.handler_failures, workflow.advance_retry_at, workflow.reason = 0, None, ""
-    workflow_save(workflow, "handler_failures", "advance_retry_at", "reason", at=now)
-    with events_batched(workflow):
-        outcome = advance_locked(workflow)
-    if outcome == Outcome.HANDLER_FAILED:
-        return Result.of(workflow, outcome, f"Workflow {workflow.pk} was resumed, but advancing failed again: "
-                                            f"{workflow.reason}")
-    return _resumed(workflow)
+    return budget

@@ -16,7 +16,7 @@ from workflows.management.verbs.common import (
     user_or_none,
 )
 from workflows.models import Signal
-from workflows.services.workflows import SIGNAL_AUTO_KEY_PREFIX, SIGNAL_WEBHOOK_KEY_PREFIX
+from workflows.services.signals import SIGNAL_AUTO_KEY_PREFIX, SIGNAL_WEBHOOK_KEY_PREFIX
 
 
 def add_parsers(verb: Verb) -> None:
