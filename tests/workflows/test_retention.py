@@ -22,6 +22,7 @@ from tests.workflows.test_replay_check import replay_check
 from workflows import clock, services, statestore
 from workflows.engine import Complete, Decision, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import TransitionRefused
+from workflows.features import forks
 from workflows.models import Checkpoint, Event, StateBlob, Workflow
 from workflows.services import retention
 from workflows.testing import registered
@@ -319,7 +320,7 @@ def test_archiving_deletes_the_blobs_no_remaining_row_references_and_keeps_a_for
                                                                     "kept note " * 200))
     with registered(Redraft):
         original = drive(services.workflow_launch(kind="redraft", goal="Publish the notes").pk)
-        fork = drive(services.workflow_fork(workflow_id=original.pk, from_visit=1).pk)
+        fork = drive(forks.workflow_fork(workflow_id=original.pk, from_visit=1).pk)
     assert (original.status, fork.status) == ("completed", "completed")
     assert blobs_of(original) == blobs_of(fork) == {first, second, note}
     fork_states = {visit: statestore.state_at(fork, visit) for visit in (2, 3)}
@@ -345,8 +346,11 @@ def waiting_for_a_lock(*, seconds: float = 10) -> int:
     deadline = time.monotonic() + seconds
     while True:
         with connection.cursor() as cursor:
-            # pg_locks, not pg_stat_activity: that one is read once per transaction.
-            cursor.execute("SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted AND pid <> pg_backend_pid()")
+            # Sessions of other databases on the server (another suite's) are not counted; the
+            # activity view is read once per transaction unless its snapshot is cleared.
+            cursor.execute("SELECT pg_stat_clear_snapshot()")
+            cursor.execute("SELECT count(DISTINCT l.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                           "WHERE NOT l.granted AND l.pid <> pg_backend_pid() AND a.datname = current_database()")
             waiting = cursor.fetchone()[0]
         if waiting or time.monotonic() > deadline:
             return int(waiting)
@@ -369,7 +373,7 @@ def test_a_fork_created_while_retention_archives_the_original_keeps_every_blob_i
 
     def fork_it() -> None:
         try:
-            made.append(services.workflow_fork(workflow_id=original.pk, from_visit=1))
+            made.append(forks.workflow_fork(workflow_id=original.pk, from_visit=1))
         except Exception as exc:  # noqa: BLE001 - asserted on below
             made.append(exc)
         finally:
