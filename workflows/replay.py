@@ -116,7 +116,7 @@ def visits_of(workflow: Workflow, *, first: int = 1) -> Iterator[Visit]:
     Checkpoints hold deltas and long values are blobs (``workflows.statestore``): each visit's
     state is rebuilt from the last whole checkpoint on; the current visit's is the workflow
     row's, which a data migration of parked state rewrites."""
-    # A fork's first visit is the one after those it reused from its original (workflows.services.forks).
+    # A fork's first visit is the one after those it reused from its original (workflows.features.forks.services).
     first = max(first, (workflow.forked_from_visit or 0) + 1)
     goals = dict(Intent.objects.filter(workflow=workflow).values_list("version", "goal"))
     checkpoints = _ByVisit(statestore.states_streamed(workflow, first_visit=first, chunk_size=CHECKPOINTS_PER_FETCH),

@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from tests.admin.conftest import gate_wait, logged_in, messages_of
-from workflows import services
+from workflows.features import forks
 from workflows.models import SteerMessage
 
 pytestmark = pytest.mark.django_db
@@ -58,7 +58,7 @@ def test_an_empty_steer_is_a_form_error_and_a_kind_without_steering_has_no_butto
 
 def test_the_page_names_a_forks_original_and_an_originals_forks(operator, waiting_release):
     original = waiting_release.workflow_id
-    fork = services.workflow_fork(workflow_id=original, from_visit=2, user=operator)
+    fork = forks.workflow_fork(workflow_id=original, from_visit=2, user=operator)
     client = logged_in(operator)
     assert f'Forks: <a href="{page_of(fork.pk)}">workflow {fork.pk}</a> (from visit 2' in client.get(
         page_of(original)).content.decode()

@@ -25,6 +25,7 @@ from tests.process.harness import (
     wait_until_status,
 )
 from workflows import services
+from workflows.features import forks
 from workflows.models import Activity, Event, SteerMessage, Workflow
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -119,8 +120,8 @@ def test_a_fork_from_visit_n_reuses_n_results_and_repeats_no_effect(
     wait_until_status(cluster, [original], "completed", timeout=60)
     deploy_key = Activity.objects.get(workflow_id=original, name="deploy").sent_key
 
-    after_deploy = services.workflow_fork(workflow_id=original, from_visit=7, user=approver).pk
-    before_approval = services.workflow_fork(workflow_id=original, from_visit=4, user=requester).pk
+    after_deploy = forks.workflow_fork(workflow_id=original, from_visit=7, user=approver).pk
+    before_approval = forks.workflow_fork(workflow_id=original, from_visit=4, user=requester).pk
     wait_until_status(cluster, [after_deploy], "completed", timeout=60)
     wait_until_status(cluster, [before_approval], "waiting", node="WAIT_FOR_APPROVAL", timeout=60)
     approve(before_approval, approver)

@@ -10,6 +10,7 @@ from agentops.agents.autonomous.definition import Autonomous
 from tests.conftest import drive, open_approval, release_params
 from workflows import replay, selectors, services, statestore
 from workflows.errors import TransitionRefused
+from workflows.features import forks
 from workflows.models import Activity, Commitment, Event, UsageEntry, Workflow
 
 pytestmark = pytest.mark.django_db
@@ -36,7 +37,7 @@ def test_a_fork_after_the_deploy_reuses_it_and_makes_no_effect(git_repo, deploy_
     with, verifies and reconciles the original's deployment and completes; the target saw one deployment,
     the fork owns no commitment, and its steps carry its own operation ids."""
     original = completed_release(git_repo, requester, approver)
-    fork = services.workflow_fork(workflow_id=original.pk, from_visit=DEPLOY_VISIT, user=approver)
+    fork = forks.workflow_fork(workflow_id=original.pk, from_visit=DEPLOY_VISIT, user=approver)
     assert (fork.current_node, fork.node_visit, fork.forked_from_id, fork.forked_from_visit) == (
         "VERIFY_POSTCONDITION", DEPLOY_VISIT + 1, original.pk, DEPLOY_VISIT)
     fork = drive(fork.pk)
@@ -66,7 +67,7 @@ def test_a_fork_before_the_approval_asks_again_and_deploys_under_its_own_key(
     """Forked at visit 4: the proposal and the tests are reused (no model call, no test run); the fork
     asks for approval of the same candidate, then deploys once under its own operation id."""
     original = completed_release(git_repo, requester, approver)
-    fork = drive(services.workflow_fork(workflow_id=original.pk, from_visit=BEFORE_APPROVAL, user=requester).pk)
+    fork = drive(forks.workflow_fork(workflow_id=original.pk, from_visit=BEFORE_APPROVAL, user=requester).pk)
     assert (fork.status, fork.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
     assert not Activity.objects.filter(workflow=fork, name__in=["propose_change", "run_tests"]).exists()
     wait = open_approval(fork.pk)
@@ -85,7 +86,7 @@ def test_a_fork_before_the_approval_asks_again_and_deploys_under_its_own_key(
 def test_cancelling_a_fork_leaves_the_originals_effect_alone(git_repo, deploy_target, approver, requester):
     """The deployment the fork reused belongs to the original: cancelling the fork compensates nothing."""
     original = completed_release(git_repo, requester, approver)
-    fork = services.workflow_fork(workflow_id=original.pk, from_visit=DEPLOY_VISIT, user=approver)
+    fork = forks.workflow_fork(workflow_id=original.pk, from_visit=DEPLOY_VISIT, user=approver)
     services.workflow_cancel(workflow_id=fork.pk, reason="not needed", user=approver)
     fork = drive(fork.pk)
 
@@ -100,16 +101,16 @@ def test_visits_out_of_range_and_unforkable_kinds_are_refused(settings, tmp_path
     fresh = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
     before = Workflow.objects.count()
     with pytest.raises(TransitionRefused, match="has not finished a node visit yet"):
-        services.workflow_fork(workflow_id=fresh.pk, from_visit=1)
+        forks.workflow_fork(workflow_id=fresh.pk, from_visit=1)
     done = drive(fresh.pk)
     last = done.node_visit - 1
     for visit in (0, done.node_visit, 10**6):
         with pytest.raises(TransitionRefused, match=rf"The visit to fork from must be between 1 and {last}, the "
                                                     rf"node visits workflow {done.pk} finished"):
-            services.workflow_fork(workflow_id=done.pk, from_visit=visit)
+            forks.workflow_fork(workflow_id=done.pk, from_visit=visit)
     monkeypatch.setattr(Autonomous, "fork_refusal", "its workspace lives on disk")
     with pytest.raises(TransitionRefused, match=f"Workflow {done.pk} cannot be forked: its workspace lives on disk"):
-        services.workflow_fork(workflow_id=done.pk, from_visit=1)
+        forks.workflow_fork(workflow_id=done.pk, from_visit=1)
     assert Workflow.objects.count() == before
     assert not Event.objects.filter(kind="workflow.forked").exists()
 
@@ -118,7 +119,7 @@ def test_an_autonomous_fork_reuses_the_plan_and_runs_the_tasks_again(settings, t
     """Forked after PLANNING: the fork makes no plan call and runs the three tasks itself."""
     settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
     original = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk)
-    fork = drive(services.workflow_fork(workflow_id=original.pk, from_visit=1).pk)
+    fork = drive(forks.workflow_fork(workflow_id=original.pk, from_visit=1).pk)
 
     assert fork.status == "completed", fork.reason
     assert fork.result["tasks_done"] == 3
@@ -131,7 +132,7 @@ def test_a_forks_history_starts_at_its_first_own_visit_and_replays(settings, tmp
     """The visits it reused are the original's: its history (export-history, replay-check) starts after them."""
     settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
     original = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk)
-    fork = drive(services.workflow_fork(workflow_id=original.pk, from_visit=3).pk)
+    fork = drive(forks.workflow_fork(workflow_id=original.pk, from_visit=3).pk)
 
     history = replay.history_of(fork)
     assert [v.visit for v in history.visits] == list(range(4, fork.node_visit + 1))
@@ -143,7 +144,7 @@ def test_a_fork_carries_the_originals_labels(settings, tmp_path):
     settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
     original = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes",
                                               labels={"team": "docs", "env": "prod"}).pk)
-    fork = services.workflow_fork(workflow_id=original.pk, from_visit=1)
+    fork = forks.workflow_fork(workflow_id=original.pk, from_visit=1)
 
     assert selectors.workflow_summary(fork)["labels"] == {"env": "prod", "team": "docs"}
     found = selectors.workflow_list(labels=[("team", "docs")]).values_list("pk", flat=True)
@@ -161,8 +162,8 @@ def test_a_fork_gets_what_the_original_has_left_of_its_budget(settings, tmp_path
     left = Decimal("1.00") - selectors.spent_usd(original)
     assert left <= Decimal("0.70")
 
-    fork = services.workflow_fork(workflow_id=original.pk, from_visit=1)
+    fork = forks.workflow_fork(workflow_id=original.pk, from_visit=1)
 
     assert fork.budget_total_usd == left
     unbudgeted = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk)
-    assert services.workflow_fork(workflow_id=unbudgeted.pk, from_visit=1).budget_total_usd is None
+    assert forks.workflow_fork(workflow_id=unbudgeted.pk, from_visit=1).budget_total_usd is None

@@ -1,6 +1,7 @@
-"""The layout, locked: the kernel (``workflows``) imports nothing of the project (``agentops``:
-its settings and Celery app, the shipped kinds, providers, sandbox), and no import cycle holds
-any two product modules. Imports inside functions count: they run
+"""The layout, locked: the kernel (``workflows`` but its features, interfaces and test kit)
+imports no feature (``workflows.features``); nothing of ``workflows`` imports the project
+(``agentops``: its settings and Celery app, the shipped kinds, providers, sandbox); and no
+import cycle holds any two product modules. Imports inside functions count: they run
 too, only later. The scan reads the source (``ast``), as the lifecycle's scan does."""
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("workflows", "agentops")
+FEATURES = "workflows.features"
+# What is not the kernel inside ``workflows``: the features, the interfaces that call them, the test kit.
+NOT_KERNEL = (FEATURES, "workflows.api", "workflows.admin", "workflows.management", "workflows.testing")
 
 
 def product_modules() -> dict[str, Path]:
@@ -107,8 +111,10 @@ def cycles() -> list[set[str]]:
 
 def test_the_scan_sees_the_product() -> None:
     assert len(MODULES) > 150 and "workflows.engine" in MODULES and "agentops.celery" in MODULES
-    assert "workflows.services.workflows" in GRAPH["workflows.services.forks"]  # a function-level import
+    assert "workflows.services.workflows" in GRAPH["workflows.features.forks.services"]  # a function-level import
     assert "agentops.providers.scripted" in GRAPH["agentops.agents.harness.script"]
+    assert in_kernel("workflows.engine") and in_kernel("workflows.services.steps")
+    assert not in_kernel("workflows.features.forks.services") and not in_kernel("workflows.api.endpoints")
 
 
 def test_the_kernel_imports_nothing_of_the_project() -> None:
@@ -118,6 +124,19 @@ def test_the_kernel_imports_nothing_of_the_project() -> None:
     assert not found, ("The kernel (workflows) imports the project (agentops); take what it needs into the kernel, "
                        "or let the project register it (as agentops.celery registers the doorbells' publisher):\n"
                        + "\n".join(found))
+
+
+def in_kernel(module: str) -> bool:
+    return module.startswith("workflows") and not any(module == top or module.startswith(top + ".")
+                                                      for top in NOT_KERNEL)
+
+
+def test_the_kernel_imports_no_feature() -> None:
+    found = [f"{MODULES[module].relative_to(ROOT)}:{line}: {target}"
+             for module in sorted(MODULES) if in_kernel(module)
+             for line, target in imports_of(module) if target.startswith(FEATURES)]
+    assert not found, ("A kernel module imports a feature (workflows.features); the feature calls the kernel, or "
+                       "the kernel offers a hook the feature registers with:\n" + "\n".join(found))
 
 
 def test_no_import_cycle() -> None:

@@ -50,6 +50,7 @@ from workflows.api.schemas import (
 )
 from workflows.authority import wait_authority_refusal
 from workflows.errors import NotFound
+from workflows.features import forks
 from workflows.models import Event, Wait, Workflow
 from workflows.services import schedules
 from workflows.services.labels import MAX_LABELS, label_filters_parsed
@@ -236,7 +237,7 @@ def workflow_fork(request: HttpRequest, payload: ForkIn, workflow_id: int = WORK
     `from_visit` node visits (their recorded results, as its state) and runs on with the current definition;
     the token's user launched it. A visit the original has not finished: 409. Needs `workflows.add_workflow`."""
     require(caller(request), LAUNCH_PERMISSION, to="fork workflows")
-    fork = services.workflow_fork(workflow_id=workflow_id, from_visit=payload.from_visit, user=caller(request))
+    fork = forks.workflow_fork(workflow_id=workflow_id, from_visit=payload.from_visit, user=caller(request))
     return Status(201, selectors.fork_summary(fork))
 
 

@@ -25,7 +25,6 @@ from workflows.services.budgets import (
     workflow_priority_set,
 )
 from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
-from workflows.services.forks import workflow_fork
 from workflows.services.intents import workflow_supersede
 from workflows.services.pauses import workflow_pause, workflow_resume
 from workflows.services.progress import stagnation_check, stagnation_flag_if_due
@@ -88,7 +87,6 @@ __all__ = [
     "workflow_priority_set",
     "workflow_cancel",
     "workflow_deadline_enforce_if_due",
-    "workflow_fork",
     "workflow_launch",
     "workflow_launch_once",
     "workflow_pause",

@@ -7,6 +7,7 @@ from typing import Any
 
 from workflows import selectors, services
 from workflows.errors import InvalidInput
+from workflows.features import forks
 from workflows.management.verbs.common import (
     Output,
     Verb,
@@ -146,7 +147,7 @@ def steer(command: Output, options: dict[str, Any]) -> None:
 
 
 def fork(command: Output, options: dict[str, Any]) -> None:
-    fork = services.workflow_fork(workflow_id=options["id"], from_visit=options["from_visit"],
+    fork = forks.workflow_fork(workflow_id=options["id"], from_visit=options["from_visit"],
                                   user=user_or_none(options["user"]), by=f"shell:{shell_login()}")
     command.emit(options, selectors.fork_summary(fork),
                f"Forked workflow {options['id']} at visit {options['from_visit']}: workflow {fork.pk} "
