@@ -60,7 +60,7 @@ def remind_approvals() -> int:
 
 @shared_task(name="agentops.beat.fire_schedules", acks_late=True)
 def fire_schedules() -> int:
-    from workflows.services import schedules
+    from workflows.features.schedules import services as schedules
 
     return schedules.schedules_fire_due()
 
@@ -68,7 +68,7 @@ def fire_schedules() -> int:
 @shared_task(name="agentops.schedules.fire", acks_late=True)
 def fire_schedule(schedule_id: int) -> int:
     """A schedule's beat entry rings at each occurrence (docs/operators.md, "Schedules")."""
-    from workflows.services import schedules
+    from workflows.features.schedules import services as schedules
 
     return schedules.schedule_fire(schedule_id=schedule_id)
 

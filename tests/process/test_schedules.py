@@ -10,8 +10,8 @@ from django_celery_beat.models import PeriodicTask
 
 from tests.conftest import release_params
 from workflows import clock
+from workflows.features.schedules import services as schedules
 from workflows.models import Schedule, ScheduleOccurrence, Workflow
-from workflows.services import schedules
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 EVERY = 10  # seconds: MIN_EVERY_SECONDS

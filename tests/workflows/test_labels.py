@@ -13,8 +13,8 @@ from tests.conftest import one_event_kind
 from tests.test_metrics import TOKEN, samples, scrape
 from workflows import selectors, services
 from workflows.errors import IdempotencyKeyReused, InvalidInput
+from workflows.features.schedules import services as schedules
 from workflows.models import Event, Schedule, Workflow, WorkflowLabel
-from workflows.services import schedules
 from workflows.services.labels import MAX_LABELS, label_filters_parsed
 from workflows.testing import registered
 

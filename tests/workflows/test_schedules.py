@@ -14,8 +14,8 @@ from django_celery_beat.models import PeriodicTask
 
 from workflows import clock, engine, services
 from workflows.errors import InvalidInput, ScheduleRefused
+from workflows.features.schedules import services as schedules
 from workflows.models import Event, Schedule, Workflow
-from workflows.services import schedules
 from workflows.testing import registered
 
 pytestmark = pytest.mark.django_db

@@ -17,8 +17,8 @@ from django.db.migrations.executor import MigrationExecutor
 
 from tests.workflows.test_schedules import KIND, T0, WaitsForDone, add, finish, fire, outcomes
 from workflows.errors import Refused
+from workflows.features.schedules import services as schedules
 from workflows.models import Schedule, ScheduleOccurrence, Workflow
-from workflows.services import schedules
 from workflows.testing import registered
 
 pytestmark = pytest.mark.django_db

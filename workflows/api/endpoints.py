@@ -51,8 +51,8 @@ from workflows.api.schemas import (
 from workflows.authority import wait_authority_refusal
 from workflows.errors import NotFound
 from workflows.features import forks
+from workflows.features.schedules import services as schedules
 from workflows.models import Event, Wait, Workflow
-from workflows.services import schedules
 from workflows.services.labels import MAX_LABELS, label_filters_parsed
 
 

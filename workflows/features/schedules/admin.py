@@ -1,6 +1,6 @@
 """Schedules in the admin: add one (checked as `agent schedule add` checks it), see its occurrences
 and what each did, pause, resume, trigger or remove it. Every change goes through
-``workflows.services.schedules``, which keeps the schedule's beat entry in step."""
+``workflows.features.schedules.services``, which keeps the schedule's beat entry in step."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from workflows.errors import AgentOpsError
+from workflows.features.schedules import services as schedules
 from workflows.models import Schedule, ScheduleOccurrence
-from workflows.services import schedules
 
 
 class OccurrenceInline(admin.TabularInline):

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from workflows import selectors
 from workflows.errors import InvalidInput
+from workflows.features.schedules import services as schedules
 from workflows.management.verbs.common import (
     Output,
     Verb,
@@ -14,7 +15,6 @@ from workflows.management.verbs.common import (
     user_or_none,
 )
 from workflows.models import Schedule
-from workflows.services import schedules
 from workflows.services.labels import label_pairs_parsed
 
 
