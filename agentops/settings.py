@@ -81,6 +81,9 @@ INSTALLED_APPS = [
     # django-ninja: the HTTP API; listed so /api/docs serves its Swagger UI from the app, not a CDN.
     "ninja",
     "workflows",
+    # The features around the kernel that have admin pages: apps, so the admin finds them.
+    "workflows.features.schedules",
+    "workflows.features.webhooks",
     # The project shell: its own commands (demo, deploy_target), which use features the kernel
     # (workflows) does not import: the sandbox and the fake deploy target.
     "agentops",
@@ -630,7 +633,7 @@ AGENTOPS_HANDLER_MAX_FAILURES = env_int("AGENTOPS_HANDLER_MAX_FAILURES", 5)
 
 # Inbound webhooks (README, "Webhooks"): "source=secret,source2=secret2", secrets of at least 32
 # characters. Each source signs its deliveries with scheme v2: HMAC-SHA256 of
-# "v2\n<timestamp>\n<delivery id>\n<method>\n<path>\n<body>" (workflows/api/webhooks.py).
+# "v2\n<timestamp>\n<delivery id>\n<method>\n<path>\n<body>" (workflows/features/webhooks/inbound.py).
 # During a rotation a source has a second, previous secret in AGENTOPS_WEBHOOK_PREVIOUS_SECRETS (same
 # format): deliveries signed with either verify, until the previous one is removed.
 webhook_source_name = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")

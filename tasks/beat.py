@@ -82,6 +82,6 @@ def archive_histories() -> int:
 
 @shared_task(name="agentops.beat.deliver_webhooks", acks_late=True)
 def deliver_webhooks() -> int:
-    from workflows.services import hooks
+    from workflows.features.webhooks import services as hooks
 
     return hooks.webhooks_deliver_due()

@@ -6,8 +6,8 @@ from django.contrib.auth.models import User
 
 from tests.admin.conftest import logged_in, make_staff
 from workflows import clock
+from workflows.features.webhooks import services as hooks
 from workflows.models import WebhookAttempt, WebhookDelivery, WebhookSubscription
-from workflows.services import hooks
 
 SECRET = "k" * 40
 

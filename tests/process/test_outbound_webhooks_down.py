@@ -13,8 +13,8 @@ from django.db import connection, transaction
 from tests.fakes.webhook_receiver import Receiver
 from tests.process.harness import approve, launch_release, wait_until_status
 from workflows import clock
+from workflows.features.webhooks import services as hooks
 from workflows.models import Event, WebhookAttempt, WebhookDelivery
-from workflows.services import hooks
 from workflows.services.common import event_record, workflow_lock
 from workflows.testing.cluster import wait_for
 

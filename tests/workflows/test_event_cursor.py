@@ -1,4 +1,4 @@
-"""The all-workflows cursor (workflows/eventfeed.py) never passes over an event that will still
+"""The all-workflows cursor (workflows/features/webhooks/feed.py) never passes over an event that will still
 commit: a transaction that took a lower event number and holds it open, however long, is waited
 for; a rolled-back one is passed as soon as it is gone. Real PostgreSQL transactions on two
 connections; the live stream and the outbound webhooks read through the same cursor."""
@@ -15,9 +15,9 @@ from django.db import connection, transaction
 
 from tests.conftest import one_event_kind
 from workflows import clock, services
-from workflows.eventfeed import EventFilter, GlobalCursor, latest_event_pk
+from workflows.features.webhooks import services as hooks
+from workflows.features.webhooks.feed import EventFilter, GlobalCursor, latest_event_pk
 from workflows.models import WebhookDelivery
-from workflows.services import hooks
 from workflows.services.common import event_record, workflow_lock
 from workflows.testing import registered
 

@@ -16,8 +16,8 @@ from tests.conftest import one_event_kind
 from tests.fakes.webhook_receiver import Receiver
 from workflows import clock, doorbells, services
 from workflows.errors import InvalidInput
+from workflows.features.webhooks import services as hooks
 from workflows.models import WebhookAttempt, WebhookDelivery, Workflow
-from workflows.services import hooks
 from workflows.services.common import event_record, workflow_lock
 from workflows.services.steps import Outcome
 from workflows.testing import registered

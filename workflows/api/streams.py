@@ -22,7 +22,7 @@ from workflows import livewire
 from workflows.api.auth import VIEW_PERMISSIONS, require
 from workflows.api.schemas import WORKFLOW_ID, ErrorOut
 from workflows.errors import InvalidInput, NotFound, Refused
-from workflows.eventfeed import (
+from workflows.features.webhooks.feed import (
     EventFilter,
     GlobalCursor,
     event_json,

@@ -13,7 +13,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
 from workflows.features.schedules import verbs as schedule
-from workflows.management.verbs import access, decisions, records, runs, webhook
+from workflows.features.webhooks import verbs as webhook
+from workflows.management.verbs import access, decisions, records, runs
 from workflows.management.verbs.common import console_for, numbers_checked
 
 EXIT_BAD_INPUT = 2

@@ -15,8 +15,8 @@ from django.views.decorators.http import require_POST
 
 from workflows.admin.common import ReadOnlyAdmin, add_outcome_message, forbidden, pretty_json, redirect_with_outcome
 from workflows.errors import InvalidInput
+from workflows.features.webhooks import services as hooks
 from workflows.models import WebhookAttempt, WebhookDelivery, WebhookSubscription
-from workflows.services import hooks
 from workflows.services.steps import Outcome
 
 REDELIVER_PERMISSION = "workflows.change_webhooksubscription"

@@ -6,9 +6,9 @@ from typing import Any
 from rich.table import Table
 
 from workflows.errors import InvalidInput, NotFound
+from workflows.features.webhooks import services as hooks
 from workflows.management.verbs.common import Output, Verb
 from workflows.models import WebhookDelivery, WebhookSubscription
-from workflows.services import hooks
 
 HELP = ("Outbound webhooks: `webhook add --name N --url URL --secret S [--event KIND]… [--kind K]… "
         "[--launcher USER]…`; `webhook list`; `webhook deliveries NAME [--status S]`; `webhook redeliver PK`; "

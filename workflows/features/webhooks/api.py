@@ -10,9 +10,9 @@ from ninja import Field, Path, Query, Router, Schema, Status
 from workflows.api.auth import require
 from workflows.api.schemas import Body, ErrorOut
 from workflows.errors import InvalidInput, NotFound
+from workflows.features.webhooks import services as hooks
 from workflows.models import WebhookDelivery, WebhookSubscription
 from workflows.selectors import MAX_ID
-from workflows.services import hooks
 
 router = Router(tags=["webhooks"])
 # A name in a filter: printable, 1-150 characters, no surrounding spaces.

@@ -29,7 +29,7 @@ from django.db.models import Exists, OuterRef, Q
 
 from workflows import clock, doorbells
 from workflows.errors import InvalidInput, NotFound
-from workflows.eventfeed import EventFilter, GlobalCursor, event_json, latest_event_pk
+from workflows.features.webhooks.feed import EventFilter, GlobalCursor, event_json, latest_event_pk
 from workflows.models import Workflow
 from workflows.models.hooks import WebhookAttempt, WebhookDelivery, WebhookSubscription
 from workflows.services import lifecycle
@@ -247,7 +247,7 @@ _opener = urllib.request.build_opener(_NoRedirects)
 
 def signature_headers(secret: str, *, delivery_id: str, url: str, body: bytes, timestamp: int) -> dict[str, str]:
     """The headers of signature scheme v2 (README, "Webhooks"), over the URL's percent-decoded path."""
-    from workflows.api.webhooks import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, signed_message
+    from workflows.features.webhooks.inbound import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, signed_message
 
     path = unquote(urlsplit(url).path) or "/"
     message = signed_message(timestamp=str(timestamp), delivery=delivery_id, method="POST", path=path, body=body)
