@@ -76,6 +76,9 @@ KILL_AFTER_ACCEPT = [{"point": "activity.after_external_call", "when": {"activit
 RELEASE_PLANS = ("approve", "reject", "cancel", "supersede", "park")
 RELEASE_WEIGHTS = (6, 1, 1, 1, 1)
 TICK_SECONDS = 0.2
+# How long a person's request waits for a workflow's row lock before the driver tries again next tick.
+DRIVER_LOCK_TIMEOUT_MS = 2000
+LOCK_NOT_AVAILABLE = "55P03"
 MAX_DEFERRALS = 10
 # When a "cancel" or "supersede" plan changes its mind: with this chance while the approval is still
 # open, else this many seconds after the approval (a deploy follows an approval within about a second).
@@ -493,7 +496,7 @@ class Soak:
                     pending_faults.append(FaultEvent(at=now + 1.0, kind=fault.kind, deferred=fault.deferred + 1))
                     pending_faults.sort(key=lambda f: f.at)
             self._run_later(now)
-            self._drive()
+            self._drive_bounded()
             self._watch_exits()
             time.sleep(TICK_SECONDS)
 
@@ -525,6 +528,25 @@ class Soak:
             wf = services.workflow_launch(kind="autonomous", goal=f"Write soak notes {plan.n}", user=self.requester)
         plan.workflow_id = wf.pk
 
+    def _drive_bounded(self) -> None:
+        """``_drive``, waiting at most DRIVER_LOCK_TIMEOUT_MS for any row lock. A worker stopped or cut
+        off inside a transaction holds its rows until the nemesis resumes or heals it, and the nemesis's
+        undo actions run in this loop: a request that waited for such a lock without end would stop
+        the soak. Each service is atomic and idempotent, so what timed out is asked again next tick."""
+        from django.db import OperationalError, connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET lock_timeout = {DRIVER_LOCK_TIMEOUT_MS}")
+        try:
+            self._drive()
+        except OperationalError as exc:
+            if not lock_timed_out(exc):
+                raise
+            self.decisions["waited for a row lock: asked again"] += 1
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = 0")
+
     def _drive(self) -> None:
         """What people do: decide open approvals per plan, change their minds when planned."""
         from workflows.models import Wait
@@ -553,6 +575,8 @@ class Soak:
     def _decide(self, wait: Any, plan: Plan, *, what: str, comment: str) -> bool:
         """Reject or approve ``wait`` as ``plan`` says (approving twice where it says so), counted
         in the decisions under ``what``; True when it was approved."""
+        from django.db import OperationalError
+
         from workflows import services
         from workflows.errors import AgentOpsError
 
@@ -564,8 +588,14 @@ class Soak:
             services.wait_approve(wait_id=wait.pk, user=self.approver, candidate_hash=wait.candidate_hash)
             self.decisions[f"{what}approved"] += 1
             if plan.approve_twice:
-                again = services.wait_approve(wait_id=wait.pk, user=self.approver, candidate_hash=wait.candidate_hash)
-                self.decisions[f"{what}second approval {again.outcome.value}"] += 1
+                try:
+                    again = services.wait_approve(wait_id=wait.pk, user=self.approver,
+                                                  candidate_hash=wait.candidate_hash)
+                    self.decisions[f"{what}second approval {again.outcome.value}"] += 1
+                except OperationalError as exc:  # the first one stands: the workflow it woke holds the lock
+                    if not lock_timed_out(exc):
+                        raise
+                    self.decisions[f"{what}second approval waited for a row lock"] += 1
         except AgentOpsError as exc:  # e.g. invalidated by a new goal between the query and the decision
             self.decisions[f"{what}refused {type(exc).__name__}"] += 1
             return False
@@ -925,7 +955,7 @@ class Soak:
         deadline = time.monotonic() + self.args.converge_timeout
         last_report = 0.0
         while True:
-            self._drive()
+            self._drive_bounded()
             self._watch_exits()
             left = self._unconverged()
             if not left:
@@ -1117,6 +1147,11 @@ class Soak:
         self.figures.faults = dict(sorted(self.faults.items()))
         self.figures.faults_skipped = dict(sorted(self.skipped.items()))
         self.figures.faults["total"] = sum(self.faults.values())
+
+
+def lock_timed_out(exc: BaseException) -> bool:
+    """Whether a database error is PostgreSQL's lock_timeout (the driver's bounded wait)."""
+    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
 
 
 def _workflow_of(key: str) -> int:
