@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "ninja",
     "workflows",
     # The features around the kernel that have admin pages: apps, so the admin finds them.
+    "workflows.features.access",
     "workflows.features.schedules",
     "workflows.features.webhooks",
     # The project shell: its own commands (demo, deploy_target), which use features the kernel

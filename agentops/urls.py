@@ -4,8 +4,8 @@ from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
-from workflows import metrics
 from workflows.api.endpoints import api
+from workflows.features.costs import metrics
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),

@@ -75,7 +75,7 @@ def fire_schedule(schedule_id: int) -> int:
 
 @shared_task(name="agentops.beat.archive_histories", acks_late=True)
 def archive_histories() -> int:
-    from workflows.services import retention
+    from workflows.features.retention import services as retention
 
     return retention.histories_archive_due()
 

@@ -12,7 +12,7 @@ from django.test import Client
 from tests.api.conftest import Http, grant, token_for
 from tests.conftest import drive
 from workflows import selectors, services
-from workflows.costs import cost_breakdown
+from workflows.features.costs.breakdown import cost_breakdown
 from workflows.models import UsageEntry
 
 

@@ -11,8 +11,8 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.test import Client
 
+from workflows.features.access.tokens import TokenRefused, api_token_authenticate
 from workflows.models import ApiToken
-from workflows.services.tokens import TokenRefused, api_token_authenticate
 
 
 def agent(*args: str) -> str:

@@ -27,8 +27,8 @@ from django.contrib.auth.models import User
 
 from tests.conftest import make_git_repo, release_params
 from tests.process.harness import REPO_ROOT, Broker, subprocess_database_url
+from workflows.features.access.tokens import api_token_create
 from workflows.models import Workflow
-from workflows.services.tokens import api_token_create
 from workflows.testing.cluster import free_port
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]

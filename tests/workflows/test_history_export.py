@@ -19,8 +19,8 @@ from bench.history_export import long_history
 from tests.conftest import drive, release_params
 from tests.workflows.test_replay_check import HISTORIES, SkipsTheTests, replay_check
 from workflows import clock, histories, replay, services
+from workflows.features.retention import services as retention
 from workflows.models import Event, Workflow
-from workflows.services import retention
 from workflows.services.common import event_record, workflow_lock
 from workflows.testing import deployed
 

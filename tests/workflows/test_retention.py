@@ -23,8 +23,8 @@ from workflows import clock, services, statestore
 from workflows.engine import Complete, Decision, Goto, NodeContext, WorkflowDefinition, node
 from workflows.errors import TransitionRefused
 from workflows.features import forks
+from workflows.features.retention import services as retention
 from workflows.models import Checkpoint, Event, StateBlob, Workflow
-from workflows.services import retention
 from workflows.testing import registered
 from workflows.testing.cluster import subprocess_database_url
 
@@ -212,7 +212,8 @@ def test_killed_between_archive_and_delete_keeps_every_row_then_the_next_run_fin
                AGENTOPS_RETENTION_DAYS=str(DAYS), AGENTOPS_ARCHIVE_DIR=str(retention_on),
                AGENTOPS_FAULT_LOG=str(fault_log), AGENTOPS_VAR_DIR=str(tmp_path / "var"),
                AGENTOPS_TESTING_FAULTS=json.dumps([{"point": "retention.archive_written", "action": "sigkill_self"}]))
-    code = "import django; django.setup(); from workflows.services import retention; retention.histories_archive_due()"
+    code = ("import django; django.setup(); from workflows.features.retention import services; "
+            "services.histories_archive_due()")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
     assert done.returncode == -9, done.stderr[-2000:]

@@ -6,7 +6,7 @@ a CSRF token, checked for permission before the service is called (the service c
 """
 from django.contrib import admin
 
-from workflows.admin import approvals, records, tokens, workflows  # noqa: F401  (registers the ModelAdmins)
+from workflows.admin import approvals, records, workflows  # noqa: F401  (registers the ModelAdmins)
 
 admin.site.site_header = "agentops operations"
 admin.site.site_title = "agentops"

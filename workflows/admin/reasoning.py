@@ -9,7 +9,7 @@ from django.db.models import Count
 
 from workflows.admin.charts import Reading, TimeChart, time_chart
 from workflows.admin.display import usd, when
-from workflows.costs import cost_breakdown
+from workflows.features.costs.breakdown import cost_breakdown
 from workflows.models import Event, ProgressSample, UsageEntry, Workflow
 from workflows.selectors import spend_summary
 

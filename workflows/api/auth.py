@@ -11,7 +11,7 @@ from ninja.security import HttpBearer
 
 from workflows.api.errors import Forbidden
 from workflows.errors import InvalidInput
-from workflows.services.tokens import api_token_authenticate
+from workflows.features.access.tokens import api_token_authenticate
 
 # The admin's permissions (docs/operators.md, "Who may do what"), held by the user or a group.
 VIEW_PERMISSIONS = ("workflows.view_workflow", "workflows.change_workflow")

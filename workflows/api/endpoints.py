@@ -10,7 +10,7 @@ from ninja import Header, NinjaAPI, Path, Query, Status
 from pydantic import StringConstraints
 
 from workflows import registry, selectors, services
-from workflows.api import costs, paging, streams
+from workflows.api import paging, streams
 from workflows.api.auth import LAUNCH_PERMISSION, OPERATE_PERMISSION, VIEW_PERMISSIONS, JsonParser, TokenAuth, require
 from workflows.api.errors import Forbidden, install_error_handlers, statuses_answered
 from workflows.api.schemas import (
@@ -51,6 +51,7 @@ from workflows.api.schemas import (
 from workflows.authority import wait_authority_refusal
 from workflows.errors import NotFound
 from workflows.features import forks
+from workflows.features.costs import api as costs
 from workflows.features.schedules import services as schedules
 from workflows.features.webhooks import api as hooks
 from workflows.features.webhooks import inbound as webhooks

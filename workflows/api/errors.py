@@ -27,7 +27,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 
 from workflows.api import middleware
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused, Retryable
-from workflows.services.tokens import TokenRefused
+from workflows.features.access.tokens import TokenRefused
 
 logger = logging.getLogger("agentops.api")
 

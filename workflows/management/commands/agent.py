@@ -12,9 +12,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from workflows.errors import AgentOpsError, InvalidInput, NotFound, Refused
+from workflows.features.access import verbs as access
 from workflows.features.schedules import verbs as schedule
 from workflows.features.webhooks import verbs as webhook
-from workflows.management.verbs import access, decisions, records, runs
+from workflows.management.verbs import decisions, records, runs
 from workflows.management.verbs.common import console_for, numbers_checked
 
 EXIT_BAD_INPUT = 2

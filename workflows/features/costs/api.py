@@ -8,8 +8,8 @@ from ninja import Field, Router, Schema
 
 from workflows.api.auth import VIEW_PERMISSIONS, require
 from workflows.api.schemas import WORKFLOW_ID, ErrorOut
-from workflows.costs import cost_breakdown
 from workflows.errors import NotFound
+from workflows.features.costs.breakdown import cost_breakdown
 from workflows.models import Workflow
 
 router = Router(tags=["workflows"])

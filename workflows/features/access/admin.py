@@ -10,8 +10,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from workflows.features.access import tokens
 from workflows.models import ApiToken
-from workflows.services import tokens
 from workflows.services.steps import Outcome
 
 

@@ -7,12 +7,12 @@ from rich.table import Table
 
 from workflows import selectors, services
 from workflows.errors import InvalidInput, NotFound
+from workflows.features.access import roles, tokens
 from workflows.management.verbs.common import (
     Output,
     Verb,
     user_by_name,
 )
-from workflows.services import roles, tokens
 
 
 def add_parsers(verb: Verb) -> None:
