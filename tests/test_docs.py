@@ -19,7 +19,8 @@ from django.core.management import call_command
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-MACHINES = ["Workflow", "Wait", "Timer", "Commitment", "Activity", "ActivityAttempt", "WebhookDelivery"]
+MACHINES = ["Workflow", "Wait", "Timer", "Commitment", "Activity", "ActivityAttempt", "WebhookDelivery",
+            "UsageEntry"]
 
 
 @pytest.mark.parametrize("model", MACHINES)

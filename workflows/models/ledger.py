@@ -1,10 +1,12 @@
 """The usage ledger of model calls and the progress samples."""
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from django.db import models
+from django_fsm import FSMField, transition
 
 from workflows.models.workflow import Workflow
 
@@ -36,8 +38,8 @@ class UsageEntry(models.Model):
     attempt = models.PositiveIntegerField(default=0, help_text="The activity attempt that sent the request.")
     provider = models.CharField(max_length=40, help_text="Provider the request went to.")
     model = models.CharField(max_length=120, help_text="Model the request asked for.")
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.RESERVED,
-                              help_text="reserved → charged, released or uncertain; uncertain → charged or released.")
+    status = FSMField(max_length=10, choices=Status.choices, default=Status.RESERVED, protected=True,
+                      help_text="reserved → charged, released or uncertain; uncertain → charged or released.")
     reserved_usd = models.DecimalField(max_digits=12, decimal_places=6, help_text="Estimate held before the call.")
     cost_usd = models.DecimalField(
         max_digits=12, decimal_places=6, null=True, blank=True, help_text="Real cost from the reported usage."
@@ -68,6 +70,30 @@ class UsageEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.cost_usd if self.cost_usd is not None else self.reserved_usd} USD ({self.status})"
+
+    # The whole lifecycle (docs/state-machines.md); the budget services issue each as one
+    # conditional UPDATE on its sources and the request's key (``lifecycle.rows_move``).
+    @transition(field=status, source=[Status.RESERVED, Status.UNCERTAIN], target=Status.CHARGED)
+    def charge(self, *, cost_usd: Decimal, usage: dict[str, int], request_id: str, http_status: int | None,
+               at: datetime) -> None:
+        """The provider reported the request's usage: its real cost replaces the estimate (a late
+        answer or the provider's usage report settles an uncertain one)."""
+        self.cost_usd, self.charged_at, self.outcome = cost_usd, at, ""
+        self.request_id, self.http_status = request_id[:120], http_status
+        for name, tokens in usage.items():
+            setattr(self, name, tokens)
+
+    @transition(field=status, source=[Status.RESERVED, Status.UNCERTAIN], target=Status.RELEASED)
+    def release(self, *, reason: str, http_status: int | None, request_id: str, at: datetime) -> None:
+        """The request cost nothing: answered with an error (not billed) or never sent."""
+        self.charged_at, self.outcome = at, reason[:300]
+        self.request_id, self.http_status = request_id[:120], http_status
+
+    @transition(field=status, source=Status.RESERVED, target=Status.UNCERTAIN)
+    def doubt(self, *, reason: str) -> None:
+        """No answer was seen (a timeout, a dropped connection, the attempt that sent it stopped):
+        the provider may have billed it, so the estimate keeps counting."""
+        self.outcome = reason[:300]
 
     @property
     def amount_usd(self) -> Any:

@@ -41,7 +41,6 @@ from workflows.sql import (
     quoted_column,
     quoted_table,
     row_lock_clause,
-    row_update,
     rows_insert,
     set_sql,
     where_params,
@@ -270,9 +269,6 @@ def _check_window(workflow_id: int, limit: Decimal, ids: list[int], estimate: De
     )
 
 
-OPEN = (UsageEntry.Status.RESERVED.value, UsageEntry.Status.UNCERTAIN.value)
-
-
 def budget_charge_once(*, key: str, cost_usd: Decimal, usage: dict[str, int], request_id: str = "",
                        http_status: int | None = 200) -> bool:
     """Replace the reservation of one request with its real cost, from the usage the provider
@@ -290,10 +286,8 @@ def budget_charge_write(*, key: str, cost_usd: Decimal, usage: dict[str, int], r
                         http_status: int | None = 200) -> RowWrite:
     """``budget_charge_once`` as a write not yet made: a model call's charge goes in the statement
     of its ``model.called`` note (``ActivityContext.note_with``)."""
-    return RowWrite(UsageEntry, {
-        "status": UsageEntry.Status.CHARGED.value, "cost_usd": cost_usd, "charged_at": clock.now(),
-        "request_id": request_id[:120], "http_status": http_status, "outcome": "", **usage,
-    }, {"key": key, "status": OPEN})
+    return lifecycle.row_moving(UsageEntry, "charge", {"key": key}, cost_usd=cost_usd, usage=usage,
+                                request_id=request_id, http_status=http_status, at=clock.now())
 
 
 def budget_release_once(*, key: str, reason: str, http_status: int | None = None, request_id: str = "") -> bool:
@@ -302,10 +296,8 @@ def budget_release_once(*, key: str, reason: str, http_status: int | None = None
 
     Idempotent: conditional UPDATE on status reserved or uncertain; True when this call released it.
     """
-    return bool(row_update(UsageEntry, {
-        "status": UsageEntry.Status.RELEASED.value, "charged_at": clock.now(), "http_status": http_status,
-        "request_id": request_id[:120], "outcome": reason[:300],
-    }, {"key": key, "status": OPEN}))
+    return bool(lifecycle.row_moving(UsageEntry, "release", {"key": key}, reason=reason, http_status=http_status,
+                                     request_id=request_id, at=clock.now()).run())
 
 
 def budget_uncertain_once(*, key: str, reason: str) -> bool:
@@ -315,9 +307,7 @@ def budget_uncertain_once(*, key: str, reason: str) -> bool:
 
     Idempotent: conditional UPDATE on status reserved; True when this call marked it.
     """
-    return bool(UsageEntry.objects.filter(key=key, status=UsageEntry.Status.RESERVED).update(
-        status=UsageEntry.Status.UNCERTAIN, outcome=reason[:300],
-    ))
+    return bool(lifecycle.rows_move(UsageEntry.objects.filter(key=key), "doubt", reason=reason))
 
 
 def usage_reservations_settle_orphaned() -> int:
@@ -333,8 +323,8 @@ def usage_reservations_settle_orphaned() -> int:
         status=ActivityAttempt.Status.RUNNING,
     )
     orphaned = UsageEntry.objects.filter(status=UsageEntry.Status.RESERVED).filter(~Exists(running))
-    return orphaned.update(status=UsageEntry.Status.UNCERTAIN,
-                           outcome="no answer seen: the attempt that sent it stopped (worker died or lease lost)")
+    return lifecycle.rows_move(orphaned, "doubt",
+                               reason="no answer seen: the attempt that sent it stopped (worker died or lease lost)")
 
 
 @transaction.atomic

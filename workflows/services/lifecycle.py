@@ -31,7 +31,7 @@ from django.db import models
 from workflows import clock, registry, selectors
 from workflows.errors import BudgetDeferred, BudgetExhausted, Permanent, Refused, Throttled
 from workflows.leases import Claim
-from workflows.models import Activity, ActivityAttempt, Timer, WebhookDelivery, Workflow
+from workflows.models import Activity, ActivityAttempt, Timer, UsageEntry, WebhookDelivery, Workflow
 from workflows.services import slots
 from workflows.services.common import Appended, event_record, events_append_while
 from workflows.sql import (
@@ -119,11 +119,12 @@ def _status_condition(transition: Declared) -> str | tuple[str, ...]:
 
 def _move(model: type[models.Model], name: str, where: Mapping[str, Any], **arguments: Any) -> int:
     """Transition ``name`` of the rows ``where`` that are in one of its source states, as SQL; the rows moved."""
-    return _moving(model, name, where, **arguments).run()
+    return row_moving(model, name, where, **arguments).run()
 
 
-def _moving(model: type[models.Model], name: str, where: Mapping[str, Any], **arguments: Any) -> RowWrite:
-    """``_move`` as a write not yet made (``row_update_then`` makes two in one statement)."""
+def row_moving(model: type[models.Model], name: str, where: Mapping[str, Any], **arguments: Any) -> RowWrite:
+    """``_move`` as a write not yet made (``row_update_then`` makes two in one statement; a model
+    call's charge goes in the statement of its note)."""
     transition = declared(model, name)
     return RowWrite(model, _changes(transition, arguments), {**where, "status": _status_condition(transition)})
 
@@ -163,6 +164,11 @@ DOCS_LEAD = {
                        "UPDATE on `pending` and the attempt count (`hooks.webhook_delivery_send_if_claimed`), so "
                        "a late finisher whose claim lapsed records nothing; `redeliver` is a person's "
                        "(CLI, API, admin).",
+    "UsageEntry": "Created `reserved`, one per request to a provider, before it leaves the process (its estimate "
+                  "held against the budget). The metered call settles it by a conditional UPDATE on its key and "
+                  "its sources (`budgets.budget_charge_once`, `budget_release_once`, `budget_uncertain_once`), so "
+                  "a request recorded twice is counted once; the lease sweep doubts the reservations of attempts "
+                  "that stopped, and a late answer or the provider's usage report settles an uncertain one.",
     "ActivityAttempt": "Created `running` when its activity is claimed (`lifecycle.attempt_start`), and closed by "
                        "the transition its activity takes. `throttled`, `refunded` and `retry_after_seconds` "
                        "say what a failed one led to.",
@@ -193,12 +199,12 @@ children's commitments of its current intent stand keeps course (`release.kept_c
 
 def docs_section(model_name: str) -> str:
     """What docs/state-machines.md shows under a model's graph (``make docs``): for the
-    lifecycle's two models, timers and webhook deliveries, where they start and the table of their
-    transitions; for commitments, who owns them as a tree of workflows ends."""
+    lifecycle's two models, timers, webhook deliveries and usage entries, where they start and the
+    table of their transitions; for commitments, who owns them as a tree of workflows ends."""
     if model_name == "Commitment":
         return COMMITMENT_DOCS
     model = {"Activity": Activity, "ActivityAttempt": ActivityAttempt, "Timer": Timer,
-             "WebhookDelivery": WebhookDelivery}.get(model_name)
+             "WebhookDelivery": WebhookDelivery, "UsageEntry": UsageEntry}.get(model_name)
     return "" if model is None else f"\n{DOCS_LEAD[model_name]}\n\n{transition_table(model)}\n"
 
 
@@ -351,8 +357,8 @@ def activity_succeed_if_current(claim: Claim, *, result: Any, now: datetime,
 
     Idempotent: conditional UPDATE on (status=running, attempt, lease_token).
     """
-    rows = row_update_then_select(_moving(Activity, "succeed", _fence(claim), result=result, at=now),
-                                  _moving(ActivityAttempt, "succeed", _attempt_row(claim), at=now),
+    rows = row_update_then_select(row_moving(Activity, "succeed", _fence(claim), result=result, at=now),
+                                  row_moving(ActivityAttempt, "succeed", _attempt_row(claim), at=now),
                                   selectors.RECORDED_COLUMNS, {"workflow": claim.workflow_id, "node_visit": visit})
     if rows is None:
         return None
