@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from django.db import connection, transaction
 
-from workflows import engine, replay
+from workflows import commands, replay
 from workflows.errors import NotFound, Refused
 from workflows.models import Event, Workflow
 
@@ -189,7 +189,7 @@ def _visits(stream: Iterator[str]) -> Iterator[replay.Visit]:
             yield replay.Visit(
                 node=record["node"], visit=record["visit"], intent_version=record["intent_version"],
                 goal=record["goal"], state=record["state"],
-                steps=[engine.Step(**{**s, "node": record["node"]}) for s in record["steps"]])
+                steps=[commands.Step(**{**s, "node": record["node"]}) for s in record["steps"]])
         elif kind == "event":
             events += 1
         elif kind == "end":

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
-from workflows import engine, registry, statestore
+from workflows import commands, engine, registry, statestore
 from workflows.errors import AgentOpsError, NonDeterminismError
 from workflows.models import Activity, Intent, Wait, Workflow
 from workflows.services.steps import COMPENSATION_NODE
@@ -43,7 +43,7 @@ class Visit:
     intent_version: int
     goal: str
     state: dict[str, Any]
-    steps: list[engine.Step] = field(default_factory=list)
+    steps: list[commands.Step] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class History:
     def from_json(cls, data: dict[str, Any]) -> History:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a recorded history (its \"format\" is not {FORMAT!r})")
-        visits = [Visit(**{**v, "steps": [engine.Step(**{"node": v["node"], **s}) for s in v["steps"]]})
+        visits = [Visit(**{**v, "steps": [commands.Step(**{"node": v["node"], **s}) for s in v["steps"]]})
                   for v in data["visits"]]
         fields = {k: data[k] for k in ("workflow_id", "kind", "definition_version", "params", "release_fingerprint",
                                        "status")}
@@ -143,13 +143,13 @@ def visits_of(workflow: Workflow, *, first: int = 1) -> Iterator[Visit]:
                     state=state if entry is not None else {}, steps=sorted(steps, key=lambda s: s.seq))
 
 
-def _activity_step(a: Activity) -> engine.Step:
-    return engine.Step(a.operation_id, a.node, "activity", a.name, a.status,
+def _activity_step(a: Activity) -> commands.Step:
+    return commands.Step(a.operation_id, a.node, "activity", a.name, a.status,
                        result=statestore.resolve(a.workflow_id, a.result), error=a.error, input=a.input)
 
 
-def _wait_step(w: Wait) -> engine.Step:
-    return engine.Step(w.operation_id, w.node, w.kind, w.event_name, w.status, result=w.payload,
+def _wait_step(w: Wait) -> commands.Step:
+    return commands.Step(w.operation_id, w.node, w.kind, w.event_name, w.status, result=w.payload,
                        decision=w.decision, decided_by=w.decided_by.username if w.decided_by else "",
                        comment=w.comment)
 
@@ -284,7 +284,7 @@ def _check_visit(definition: engine.WorkflowDefinition, history: History, visit:
     return None
 
 
-def _input_unfit(step: engine.Step) -> str:
+def _input_unfit(step: commands.Step) -> str:
     """Why the input stored for a step still to run no longer decodes into its activity's input type,
     or "": a worker would refuse it when an attempt starts (a renamed field calls for a data
     migration, docs/authoring.md)."""
@@ -297,7 +297,7 @@ def _input_unfit(step: engine.Step) -> str:
     return ""
 
 
-def _as_the_handler_saw_it(step: engine.Step) -> engine.Step:
+def _as_the_handler_saw_it(step: commands.Step) -> commands.Step:
     unanswered = UNANSWERED["activity" if step.kind == "activity" else "wait"].get(step.status)
     return step if unanswered is None else replace(step, status=unanswered, result=None, decision="")
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from workflows import codec, engine, registry
+from workflows import codec, commands, engine, registry
 from workflows.activity_context import ActivityContext
 from workflows.errors import NonDeterminismError
 from workflows.leases import Claim, LeaseLost
@@ -33,7 +33,7 @@ from workflows.testing.model import FakeLedger, FakeModel, Reply, Throttle, cut_
 if TYPE_CHECKING:
     from workflows.sql import RowWrite
 
-Step = engine.Step  # one recorded step of a run's history, as ``WorkflowRun.history`` lists them
+Step = commands.Step  # one recorded step of a run's history, as ``WorkflowRun.history`` lists them
 
 __all__ = [
     "ActivityEnvironment", "Divergence", "FakeLease", "FakeLedger", "FakeModel", "LeaseLost", "Reply", "Throttle",
