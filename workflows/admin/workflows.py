@@ -1,17 +1,12 @@
 """Workflows: the list with its filters, the inspection page and the operator actions."""
 from __future__ import annotations
 
-import re
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
-from decimal import Decimal
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count, Exists, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
@@ -20,9 +15,12 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from workflows import clock, registry, selectors, services, statestore
+from workflows.admin.actions import ACTIONS, PARAM_PREFIX, launch_form, perform_action
 from workflows.admin.common import ReadOnlyAdmin, add_outcome_message, forbidden, pretty_json, redirect_with_outcome
 from workflows.admin.display import usd, when
+from workflows.admin.filters import LABEL_PAIR, AttentionFilter, LabelFilter, QuietFilter, WaitingOnFilter
 from workflows.admin.inspection import EVENTS_PAGE_PARAM, inspect_workflow
+from workflows.admin.ratelimits import rate_limits_panel
 from workflows.admin.reasoning import is_budget_paused, reasoning_panel
 from workflows.api import streams
 from workflows.errors import InvalidInput, Refused
@@ -35,12 +33,9 @@ from workflows.models import (
     UsageEntry,
     Wait,
     Workflow,
-    WorkflowLabel,
 )
-from workflows.models.steering import MAX_STEER_CHARS
 from workflows.selectors import definition_of, fork_relation, spend_summary, spent_usd, steering_of
-from workflows.services.labels import LABEL_KEY, LABEL_VALUE, MAX_LABELS, label_pairs_parsed
-from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS
+from workflows.services.labels import label_pairs_parsed
 
 # The permission that lets an operator cancel, resume, re-goal or re-budget a workflow. Generic
 # change forms stay disabled whoever holds it: the services are the only writers.
@@ -49,192 +44,6 @@ LAUNCH_PERMISSION = "workflows.add_workflow"
 # The result and the durable state on the workflow page: their first 8,000 characters (a
 # 200-feature harness result is 48 KB of JSON; agent show --json and the checkpoints have them whole).
 JSON_FIELD_CHARS = 8_000
-
-
-class WaitingOnFilter(admin.SimpleListFilter):
-    title = "waiting on"
-    parameter_name = "waiting_on"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(kind.value, f"an open {kind.label.lower()} wait") for kind in Wait.Kind]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
-        if not self.value():
-            return queryset
-        open_wait = Wait.objects.filter(workflow=OuterRef("pk"), kind=self.value(), status=Wait.Status.OPEN)
-        return queryset.filter(Exists(open_wait))
-
-
-class QuietFilter(admin.SimpleListFilter):
-    """Unfinished workflows whose row has not changed for a while: stuck, or just waiting long."""
-
-    title = "unchanged for"
-    parameter_name = "quiet"
-    HOURS = {"1h": 1, "24h": 24, "7d": 24 * 7}
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("1h", "over an hour (unfinished)"), ("24h", "over a day (unfinished)"),
-                ("7d", "over a week (unfinished)")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
-        hours = self.HOURS.get(self.value() or "")
-        if hours is None:
-            return queryset
-        cutoff = clock.now() - timedelta(hours=hours)
-        return queryset.exclude(status__in=Workflow.TERMINAL).filter(updated_at__lt=cutoff)
-
-
-class AttentionFilter(admin.SimpleListFilter):
-    """Workflows that beat found stagnating, workflows paused because their budget ran out or by an
-    operator, and workflows whose advances raise (backing off, or paused for a person)."""
-
-    title = "needs attention"
-    parameter_name = "attention"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("stagnating", "stagnating (flagged within its window)"), ("budget", "paused for budget"),
-                ("handler_failed", "advancing fails (retrying, or paused)"), ("operator", "paused by an operator")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
-        if self.value() in ("budget", "operator"):
-            return queryset.filter(status=Workflow.Status.PAUSED, pause_cause=self.value())
-        if self.value() == "handler_failed":
-            return queryset.filter(
-                Q(status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.HANDLER_FAILED)
-                | Q(handler_failures__gt=0)
-            )
-        if self.value() != "stagnating":
-            return queryset
-        # Each workflow has its own window, so "recent" is decided here rather than in SQL
-        # (portable to SQLite); few unfinished workflows carry a flag at all.
-        now = clock.now()
-        flagged = (Workflow.objects.exclude(status__in=Workflow.TERMINAL).filter(stagnation_flagged_at__isnull=False)
-                   .values_list("pk", "stagnation_flagged_at", "stagnation_window_hours"))
-        recent = [pk for pk, at, hours in flagged if at > now - timedelta(hours=hours)]
-        paused = Q(status=Workflow.Status.PAUSED, pause_cause=Workflow.PauseCause.STAGNATION)
-        return queryset.filter(Q(pk__in=recent) | paused)
-
-
-LABEL_PAIR = re.compile(f"{LABEL_KEY}={LABEL_VALUE}")
-
-
-class LabelFilter(admin.SimpleListFilter):
-    """Workflows carrying one label (key=value); the choices are the most used labels. The
-    search box takes several (``team=infra env=prod``: all of them)."""
-
-    title = "label"
-    parameter_name = "label"
-    CHOICES = 30
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        common = (WorkflowLabel.objects.values("key", "value").annotate(n=Count("pk"))
-                  .order_by("-n", "key", "value")[: self.CHOICES])
-        return [(f"{row['key']}={row['value']}", f"{row['key']}={row['value']} ({row['n']})") for row in common]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Workflow]) -> QuerySet[Workflow]:
-        value = self.value() or ""
-        if not value:
-            return queryset
-        if not LABEL_PAIR.fullmatch(value):
-            return queryset.none()  # no workflow carries a label that could not be given
-        key, _, label = value.partition("=")
-        return selectors.labels_filtered(queryset, [(key, label)])
-
-
-def reason_field(help_text: str) -> forms.CharField:
-    """An optional reason, recorded on the workflow and in its history (cancel, pause)."""
-    return forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
-                           help_text=help_text)
-
-
-class CancelForm(forms.Form):
-    reason = reason_field("Recorded on the workflow and in its history; say why, for whoever reads it later.")
-
-
-class SupersedeForm(forms.Form):
-    goal = forms.CharField(
-        max_length=MAX_GOAL_CHARS, widget=forms.Textarea(attrs={"rows": 5, "cols": 80}),
-        help_text="The new goal, in the requester's words. It becomes the next intent version.",
-    )
-    # Made when the page is shown: the form sent twice (a double click, a resent POST) is one supersede.
-    request_key = forms.CharField(required=False, max_length=200, widget=forms.HiddenInput)
-
-
-class ResumeForm(forms.Form):
-    pass
-
-
-class PauseForm(forms.Form):
-    reason = reason_field("Recorded on the workflow and in its history with your name; say why, for whoever "
-                          "resumes it.")
-
-
-class SteerForm(forms.Form):
-    message = forms.CharField(
-        max_length=MAX_STEER_CHARS, widget=forms.Textarea(attrs={"rows": 4, "cols": 80}),
-        help_text="What to tell the agent. Its next model call receives it as a user turn; the goal stays.",
-    )
-    # Made when the page is shown: the form sent twice (a double click, a resent POST) is one message.
-    request_key = forms.CharField(required=False, max_length=200, widget=forms.HiddenInput)
-
-
-def _positive_usd(value: Decimal) -> None:
-    if value <= 0:
-        raise forms.ValidationError("A budget must be a positive amount of USD, such as 2.50.")
-
-
-class BudgetForm(forms.Form):
-    total_usd = forms.DecimalField(
-        label="Total budget (USD)", required=False, max_digits=12, decimal_places=4, validators=[_positive_usd],
-        max_value=MAX_BUDGET_USD - Decimal("0.0001"),
-        help_text="Model spend allowed over the whole run. Over it, the workflow pauses for a person. "
-                  "Empty keeps the current value.",
-    )
-    hourly_usd = forms.DecimalField(
-        label="Hourly budget (USD)", required=False, max_digits=12, decimal_places=4, validators=[_positive_usd],
-        max_value=MAX_BUDGET_USD - Decimal("0.0001"),
-        help_text="Model spend allowed in any hour. Over it, work waits until the last hour's spend falls under "
-                  "it. Empty keeps the current value.",
-    )
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        if not self.errors and data.get("total_usd") is None and data.get("hourly_usd") is None:
-            raise forms.ValidationError("Give a total budget, an hourly budget or both.")
-        return data
-
-
-@dataclass(frozen=True)
-class OperatorAction:
-    name: str
-    label: str
-    form: type[forms.Form]
-    statuses: tuple[str, ...]
-
-    def refusal(self, workflow: Workflow) -> str:
-        """Why this action does not apply to ``workflow`` now; empty when it does (the page offers it)."""
-        if workflow.status not in self.statuses:
-            return f"Workflow {workflow.pk} is {workflow.status}; “{self.label}” does not apply to it."
-        definition = definition_of(workflow) if self.name == "steer" else None
-        if self.name == "steer" and (definition is None or not definition.reads_steering):
-            return (f"Workflow {workflow.pk} is a {workflow.kind} workflow, whose model calls do not read steer "
-                    "messages.")
-        if self.name == "resume" and is_budget_paused(workflow):
-            return (f"Workflow {workflow.pk} is paused because its budget ran out; resuming would pause it again. "
-                    "Change its budget instead: that resumes it.")
-        return ""
-
-
-ACTIONS = {
-    "cancel": OperatorAction("cancel", "Cancel workflow", CancelForm,
-                             ("created", "running", "waiting", "paused")),
-    "pause": OperatorAction("pause", "Pause workflow", PauseForm, ("running", "waiting")),
-    "resume": OperatorAction("resume", "Resume workflow", ResumeForm, ("paused", "running", "cancelling")),
-    "supersede": OperatorAction("supersede", "Change the goal", SupersedeForm,
-                                ("created", "running", "waiting", "paused")),
-    "budget": OperatorAction("budget", "Change budget", BudgetForm, ("created", "running", "waiting", "paused")),
-    "steer": OperatorAction("steer", "Steer the agent", SteerForm, ("created", "running", "waiting", "paused")),
-}
 
 
 def _help(field: str) -> str:
@@ -553,111 +362,3 @@ class WorkflowAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "admin/workflows/workflow/rate_limits.html", context)
 
 
-def rate_limits_panel() -> dict[str, Any]:
-    """The rate-limits page's rows: per scope and dimension its limits and use; waiting calls by
-    tenant (the launcher's name for ``user:<id>``) and priority, highest first; slots and caps;
-    and the activities' concurrency keys (the database's, shown whatever the limiter's state)."""
-    from workflows import ratelimits
-    from workflows.ratelimits.limiter import DIMENSIONS
-    from workflows.services import slots
-
-    activity_keys = slots.overview()
-    now = ratelimits.overview()
-    tenants = {tenant for row in (activity_keys or {"keys": []})["keys"] for tenant, _ in row["waiting"]}
-    if now is not None and now["up"]:
-        tenants |= {tenant for state in now["scopes"] for tenant, _ in state["waiting"]}
-    who = tenant_names(tenants)
-
-    def waiting(rows: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
-        return [{"tenant": who(tenant), "priority": priority, "n": n}
-                for (tenant, priority), n in sorted(rows.items(), key=lambda i: (-i[0][1], i[0][0]))]
-
-    panel: dict[str, Any] = {"activity_keys": None if activity_keys is None else [
-        {"key": row["key"], "running": row["running"], "cap": row["cap"], "waiting": waiting(row["waiting"])}
-        for row in activity_keys["keys"]]}
-    if now is None or not now["up"]:
-        return {**panel, "limiter": "off" if now is None else "down"}
-    scopes = [{
-        "scope": state["scope"], "blocked_seconds": state["blocked_seconds"],
-        "dimensions": [{"name": d, "configured": state["configured"][d], "learned": state["learned"].get(d, 0),
-                        "effective": state["effective"][d], "available": state["available"][d],
-                        "used": state["effective"][d] - state["available"][d]} for d in DIMENSIONS],
-        "waiting": waiting(state["waiting"]),
-    } for state in now["scopes"]]
-    keys = sorted(set(now["slots"]) | set(now["caps"]))
-    return {**panel, "limiter": "up", "scopes": scopes,
-            "slots": [{"key": k, "held": now["slots"].get(k, 0), "cap": now["caps"].get(k)} for k in keys]}
-
-
-def tenant_names(tenants: set[str]) -> Callable[[str], str]:
-    """How a page shows a tenant: ``alice (user:3)`` for a launcher who exists, else as it is."""
-    from django.contrib.auth import get_user_model
-
-    user_ids = {int(t.removeprefix("user:")) for t in tenants if t.startswith("user:") and t[5:].isdigit()}
-    names = dict(get_user_model().objects.filter(pk__in=user_ids).values_list("pk", "username"))
-
-    def who(tenant: str) -> str:
-        suffix = tenant.removeprefix("user:")
-        return f"{names[int(suffix)]} ({tenant})" if suffix.isdigit() and int(suffix) in names else tenant
-
-    return who
-
-
-PARAM_PREFIX = "param_"
-
-
-def launch_form(kind: str) -> type[forms.Form]:
-    """The launch form of ``kind``: its goal, and a text field per declared launch parameter
-    (text, as `--param KEY=VALUE` gives it: the kind's declaration reads it), its description and
-    default as the help."""
-    fields: dict[str, forms.Field] = {
-        "kind": forms.CharField(widget=forms.HiddenInput),
-        "goal": forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=MAX_GOAL_CHARS,
-                                help_text="What the agent should achieve."),
-        "labels": forms.CharField(
-            required=False, max_length=MAX_LABELS * 193,
-            help_text=f"Labels to find it by: key=value, separated by spaces or commas, at most {MAX_LABELS} (e.g. "
-                      "team=infra env=prod). A key: lowercase letters, digits, _ and -, starting with a letter; a "
-                      "value: letters, digits and . _ - : / @ +."),
-    }
-    model = registry.definition(kind).launch_params if kind else None
-    for name, info in (model.model_fields.items() if model is not None else ()):
-        default = "" if info.is_required() else f" Default: {info.default}."
-        fields[f"{PARAM_PREFIX}{name}"] = forms.CharField(
-            label=name, required=info.is_required(), max_length=10_000,
-            help_text=f"{info.description or ''}{default}".strip())
-    return type("LaunchForm", (forms.Form,), fields)
-
-
-def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: Any) -> tuple[str, int]:
-    """Call the service for ``action``; return the message for the operator and its level."""
-    if action == "cancel":
-        result = services.workflow_cancel(workflow_id=workflow_id, reason=data["reason"], user=user)
-        already = result.outcome == services.Outcome.ALREADY_APPLIED
-        return result.message, messages.WARNING if already else messages.SUCCESS
-    if action == "budget":
-        was_paused = is_budget_paused(Workflow.objects.get(pk=workflow_id))
-        workflow = services.workflow_budget_set(
-            workflow_id=workflow_id, user=user, total_usd=data["total_usd"], hourly_usd=data["hourly_usd"])
-        total, hourly = workflow.budget_total_usd, workflow.budget_hourly_usd
-        text = (f"Budget of workflow {workflow_id}: total {usd(total) if total is not None else 'unlimited'}, "
-                f"hourly {usd(hourly) if hourly is not None else 'unlimited'}.")
-        if was_paused and workflow.status == Workflow.Status.RUNNING:
-            text += " It was paused for budget and goes on now."
-        return text, messages.SUCCESS
-    if action == "pause":
-        result = services.workflow_pause(workflow_id=workflow_id, reason=data["reason"], user=user)
-        return result.message, messages.WARNING if result.outcome == services.Outcome.ALREADY_APPLIED else \
-            messages.SUCCESS
-    if action == "steer":
-        steered = services.workflow_steer(workflow_id=workflow_id, message=data["message"], user=user,
-                                          dedupe_key=data.get("request_key", ""))
-        return steered.message, (messages.WARNING if steered.outcome == services.Outcome.ALREADY_APPLIED
-                                 else messages.SUCCESS)
-    if action == "resume":
-        result = services.workflow_resume(workflow_id=workflow_id, user=user)
-        level = {services.Outcome.APPLIED: messages.SUCCESS, services.Outcome.HANDLER_FAILED: messages.ERROR}
-        return result.message, level.get(result.outcome, messages.WARNING)
-    result = services.workflow_supersede(workflow_id=workflow_id, goal=data["goal"], user=user,
-                                         idempotency_key=data.get("request_key", ""))
-    return result.message, messages.WARNING if result.outcome == services.Outcome.ALREADY_APPLIED else messages.SUCCESS
