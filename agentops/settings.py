@@ -10,50 +10,29 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
 
 import dj_database_url
-from celery.schedules import schedule
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
+from agentops.config import (
+    agent_template_dirs,
+    beat_sweep,
+    env_bool,
+    env_choice,
+    env_concurrency_keys,
+    env_float,
+    env_int,
+    env_label_keys,
+    env_names,
+    env_rate_limits,
+    env_str,
+    webhook_rotation_checked,
+    webhook_secrets,
+)
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("AGENTOPS_VAR_DIR", BASE_DIR / "var"))
-
-
-def env_str(name: str, default: str) -> str:
-    return os.environ.get(name, default)
-
-
-def env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number; set it to e.g. {default}.") from None
-
-
-def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name}={raw!r} is not a number; set it to e.g. {default}.") from None
-
-
-def env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw.lower() in {"1", "true", "yes", "on"}:
-        return True
-    if raw.lower() in {"0", "false", "no", "off"}:
-        return False
-    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean; use true or false.")
 
 
 SECRET_KEY = env_str("DJANGO_SECRET_KEY", "agentops-demo-insecure-key-change-me")
@@ -166,10 +145,8 @@ if AGENTOPS_DB_POOL_SIZE:
 # prepared there (psycopg's prepare_threshold): planning was 40 % of the database's time per model
 # call, every statement planned anew (bench/README.md, "CPU per call"). 0: parameters bound in
 # the client and nothing prepared, for a PgBouncer older than 1.21 in transaction pooling mode.
-AGENTOPS_DB_PREPARE_THRESHOLD = env_int("AGENTOPS_DB_PREPARE_THRESHOLD", 2)
-if AGENTOPS_DB_PREPARE_THRESHOLD < 0:
-    raise ImproperlyConfigured(
-        f"AGENTOPS_DB_PREPARE_THRESHOLD={AGENTOPS_DB_PREPARE_THRESHOLD} must be 0 (off) or a count of runs.")
+AGENTOPS_DB_PREPARE_THRESHOLD = env_int("AGENTOPS_DB_PREPARE_THRESHOLD", 2, at_least=0,
+                                        what="0 (off) or a count of runs")
 if ON_POSTGRESQL and AGENTOPS_DB_PREPARE_THRESHOLD:
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         server_side_binding=True, prepare_threshold=AGENTOPS_DB_PREPARE_THRESHOLD)
@@ -193,9 +170,7 @@ WHITENOISE_AUTOREFRESH = DEBUG
 # Every line carries the request id of its request (workflows/logs.py); AGENTOPS_LOG_FORMAT=json writes
 # one JSON object a line, extras as keys. django.request is configured too: with DEBUG off Django logs a
 # 5xx of a page (the admin's) with its traceback there, and nowhere when no handler is set.
-AGENTOPS_LOG_FORMAT = env_str("AGENTOPS_LOG_FORMAT", "plain")
-if AGENTOPS_LOG_FORMAT not in ("plain", "json"):
-    raise ImproperlyConfigured(f"AGENTOPS_LOG_FORMAT={AGENTOPS_LOG_FORMAT!r} is not plain or json.")
+AGENTOPS_LOG_FORMAT = env_choice("AGENTOPS_LOG_FORMAT", "plain", ("plain", "json"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -288,17 +263,13 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # --- agentops: the durable plane's clocks and limits. ---
 # Whole seconds, at least 1: django-celery-beat's DatabaseScheduler stores the interval in an
 # integer column, where 0.5 became 0 and beat sent the sweeps in a busy loop (~36 a second).
-AGENTOPS_BEAT_INTERVAL_SECONDS = env_int("AGENTOPS_BEAT_INTERVAL_SECONDS", 2)
-if AGENTOPS_BEAT_INTERVAL_SECONDS < 1:
-    raise ImproperlyConfigured(f"AGENTOPS_BEAT_INTERVAL_SECONDS={AGENTOPS_BEAT_INTERVAL_SECONDS} must be at least 1.")
+AGENTOPS_BEAT_INTERVAL_SECONDS = env_int("AGENTOPS_BEAT_INTERVAL_SECONDS", 2, at_least=1)
 AGENTOPS_LEASE_SECONDS = env_int("AGENTOPS_LEASE_SECONDS", 60)
 # Where durable time (leases, timers, retry windows, deadlines) comes from: "database" is the
 # PostgreSQL server's clock, read every AGENTOPS_CLOCK_RESYNC_SECONDS and advanced in between on
 # the process's monotonic clock, so hosts' wall clocks may be off; "python" is each process's
 # clock. SQLite always uses the Python clock (one host). See workflows/clock.py.
-AGENTOPS_CLOCK = env_str("AGENTOPS_CLOCK", "database")
-if AGENTOPS_CLOCK not in {"database", "python"}:
-    raise ImproperlyConfigured(f"AGENTOPS_CLOCK={AGENTOPS_CLOCK!r} must be 'database' or 'python'.")
+AGENTOPS_CLOCK = env_choice("AGENTOPS_CLOCK", "database", ("database", "python"))
 AGENTOPS_CLOCK_RESYNC_SECONDS = env_float("AGENTOPS_CLOCK_RESYNC_SECONDS", 60.0)
 AGENTOPS_REDISPATCH_AFTER_SECONDS = env_int("AGENTOPS_REDISPATCH_AFTER_SECONDS", 30)
 # How long one activity task may go on running its workflow's next activities itself, each
@@ -321,18 +292,14 @@ if AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS < 0 or AGENTOPS_IO_ACTIVITY_CHAIN_SECONDS 
 # line instead of handing Python's interpreter lock around at every statement. 0: no limit.
 # The activity functions, the models' answers and every other wait run outside it
 # (workflows/lane.py; bench/HISTORY.md, "CPU per call: the engine lane").
-AGENTOPS_IO_ENGINE_THREADS = env_int("AGENTOPS_IO_ENGINE_THREADS", 4)
-if AGENTOPS_IO_ENGINE_THREADS < 0:
-    raise ImproperlyConfigured(f"AGENTOPS_IO_ENGINE_THREADS={AGENTOPS_IO_ENGINE_THREADS} must be 0 (no limit) or more.")
+AGENTOPS_IO_ENGINE_THREADS = env_int("AGENTOPS_IO_ENGINE_THREADS", 4, at_least=0, what="0 (no limit) or more")
 # A worker's cyclic garbage collector: at start, what the worker imported and built is frozen
 # out of its passes (``gc.freeze``: it lives as long as the process), and the youngest objects
 # are collected every this many allocations instead of Python's 700. A threads worker with
 # hundreds of calls in flight spent a tenth of its CPU in the collector, mostly walking the same
 # long-lived objects again (bench/HISTORY.md, "CPU per call: the garbage collector"). 0: Python's defaults.
-AGENTOPS_WORKER_GC_THRESHOLD = env_int("AGENTOPS_WORKER_GC_THRESHOLD", 10_000)
-if AGENTOPS_WORKER_GC_THRESHOLD < 0:
-    raise ImproperlyConfigured(f"AGENTOPS_WORKER_GC_THRESHOLD={AGENTOPS_WORKER_GC_THRESHOLD} must be 0 (Python's "
-                               "defaults) or more.")
+AGENTOPS_WORKER_GC_THRESHOLD = env_int("AGENTOPS_WORKER_GC_THRESHOLD", 10_000, at_least=0,
+                                       what="0 (Python's defaults) or more")
 # How often a long activity that checkpoints (the autonomous agent's tasks) saves its working
 # state; a retried attempt resumes from the last save instead of starting over. 0: after every
 # step (every turn of a task), so no tool call is redone after a crash; a turn's model call takes
@@ -351,11 +318,8 @@ if AGENTOPS_STATE_BLOB_MIN_CHARS < 64 or AGENTOPS_STATE_ITEM_LIST_MIN_BYTES < 10
 # The lease of model-calling activities. A background thread heartbeats every third of it while
 # the activity waits for the provider's answer (or runs a tool), so a slow answer keeps it; a
 # dead worker's attempt is taken over this many seconds (plus a beat tick) after its last beat.
-AGENTOPS_MODEL_CALL_LEASE_SECONDS = env_int("AGENTOPS_MODEL_CALL_LEASE_SECONDS", 20)
-if AGENTOPS_MODEL_CALL_LEASE_SECONDS < 3:
-    raise ImproperlyConfigured(
-        f"AGENTOPS_MODEL_CALL_LEASE_SECONDS={AGENTOPS_MODEL_CALL_LEASE_SECONDS} must be at least 3 (it is "
-        "heartbeated every third of it).")
+AGENTOPS_MODEL_CALL_LEASE_SECONDS = env_int("AGENTOPS_MODEL_CALL_LEASE_SECONDS", 20, at_least=3,
+                                            what="at least 3 (it is heartbeated every third of it)")
 AGENTOPS_ALLOW_SELF_APPROVAL = env_bool("AGENTOPS_ALLOW_SELF_APPROVAL", False)
 AGENTOPS_SWEEP_BATCH_SIZE = env_int("AGENTOPS_SWEEP_BATCH_SIZE", 200)
 AGENTOPS_DEPLOY_TARGET_URL = env_str("AGENTOPS_DEPLOY_TARGET_URL", "http://127.0.0.1:8765")
@@ -395,18 +359,6 @@ AGENTOPS_PROMPT_VERSION = env_str("AGENTOPS_PROMPT_VERSION", "prompts-2")  # 2: 
 # (workspace-tools 2: the harness's ranged reads, edits, services and proposals).
 AGENTOPS_TOOL_VERSIONS = {"git": "1", "test-runner": "1", "deploy-target": "1", "workspace-tools": "2"}
 
-def env_json_object(name: str, default: dict[str, Any]) -> dict[str, Any]:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ImproperlyConfigured(f"{name} is not JSON ({exc.msg}); set it to a JSON object.") from None
-    if not isinstance(value, dict):
-        raise ImproperlyConfigured(f"{name} must be a JSON object, not {type(value).__name__}.")
-    return value
-
 
 # Shared rate limits, fair shares and priorities for model calls (docs/operators.md, "Rate limits").
 # The limiter's Redis: every worker of every host must use the same one; by default the broker's
@@ -416,14 +368,7 @@ AGENTOPS_RATE_LIMIT_REDIS_URL = env_str("AGENTOPS_RATE_LIMIT_REDIS_URL", CELERY_
 # Per-minute limits by "<provider>:<model>" (or "<provider>:*"): requests_per_minute,
 # input_tokens_per_minute, output_tokens_per_minute. The limits the API's answers report
 # (anthropic-ratelimit-* headers) are learned too, times the headroom; the lower of the two holds.
-AGENTOPS_RATE_LIMITS = env_json_object("AGENTOPS_RATE_LIMITS", {})
-for _scope, _limits in AGENTOPS_RATE_LIMITS.items():
-    if not isinstance(_limits, dict) or set(_limits) - {"requests_per_minute", "input_tokens_per_minute",
-                                                         "output_tokens_per_minute"} or not all(
-            isinstance(v, int | float) and v > 0 for v in _limits.values()):
-        raise ImproperlyConfigured(
-            f"AGENTOPS_RATE_LIMITS[{_scope!r}] must be an object of requests_per_minute, input_tokens_per_minute "
-            "and output_tokens_per_minute, each a number above 0.")
+AGENTOPS_RATE_LIMITS = env_rate_limits("AGENTOPS_RATE_LIMITS")
 AGENTOPS_RATE_LIMIT_HEADROOM = env_float("AGENTOPS_RATE_LIMIT_HEADROOM", 0.95)
 if not 0 < AGENTOPS_RATE_LIMIT_HEADROOM <= 1:
     raise ImproperlyConfigured(f"AGENTOPS_RATE_LIMIT_HEADROOM={AGENTOPS_RATE_LIMIT_HEADROOM} must be in (0, 1].")
@@ -434,20 +379,10 @@ AGENTOPS_TENANT_LABEL = env_str("AGENTOPS_TENANT_LABEL", "")
 if AGENTOPS_TENANT_LABEL and not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", AGENTOPS_TENANT_LABEL):
     raise ImproperlyConfigured(f"AGENTOPS_TENANT_LABEL={AGENTOPS_TENANT_LABEL!r} is not a label key: 1-63 "
                                "lowercase letters, digits, _ and -, starting with a letter.")
+
+
 # Concurrent model requests by key: "tenant:<tenant>" and "kind:<kind>", "tenant:*" and "kind:*"
 # for every tenant or kind without a key of its own. A tenant as AGENTOPS_TENANT_LABEL says.
-def env_concurrency_keys(name: str) -> dict[str, int]:
-    """A JSON object of concurrency keys ("tenant:<tenant>", "kind:<kind>", "tenant:*", "kind:*")
-    and their caps (whole numbers of at least 1)."""
-    table = env_json_object(name, {})
-    for key, cap in table.items():
-        if (not re.fullmatch(r"(tenant|kind):\S.*", str(key)) or not isinstance(cap, int) or isinstance(cap, bool)
-                or cap < 1):
-            raise ImproperlyConfigured(f"{name}[{key!r}]: keys are tenant:<tenant> or kind:<kind> (or tenant:*, "
-                                       "kind:*), values whole numbers of at least 1.")
-    return table
-
-
 AGENTOPS_MODEL_CALL_CONCURRENCY = env_concurrency_keys("AGENTOPS_MODEL_CALL_CONCURRENCY")
 # Activity attempts running at once by the same keys (every activity: model calls, tools,
 # commands, deploys; compensations are never held back). An attempt over a cap waits, stored,
@@ -455,10 +390,7 @@ AGENTOPS_MODEL_CALL_CONCURRENCY = env_concurrency_keys("AGENTOPS_MODEL_CALL_CONC
 AGENTOPS_ACTIVITY_CONCURRENCY = env_concurrency_keys("AGENTOPS_ACTIVITY_CONCURRENCY")
 # When the limiter's Redis cannot be reached: "open" sends the call unlimited (429s back off as
 # before), "closed" does not send it (a throttled attempt: retried later, its attempt given back).
-AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN = env_str("AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN", "open")
-if AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN not in ("open", "closed"):
-    raise ImproperlyConfigured(f"AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN={AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN!r} must be "
-                               "open or closed.")
+AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN = env_choice("AGENTOPS_RATE_LIMIT_ON_REDIS_DOWN", "open", ("open", "closed"))
 # The longest a call waits for its turn in a worker; past it the attempt is throttled (a stored
 # retry window, its attempt given back) and frees its thread.
 AGENTOPS_RATE_LIMIT_MAX_WAIT_SECONDS = env_float("AGENTOPS_RATE_LIMIT_MAX_WAIT_SECONDS", 300.0)
@@ -473,9 +405,7 @@ AGENTOPS_WORKSPACE_DIR = Path(env_str("AGENTOPS_WORKSPACE_DIR", str(VAR_DIR / "w
 # sandboxed (agentops/sandbox/): scrubbed environment, own process group, redacted output, and
 # bubblewrap (read-only system, no network, own PID namespace): "auto" uses it where it works,
 # "bwrap" refuses to run a command without it, "none" never uses it.
-AGENTOPS_SANDBOX = env_str("AGENTOPS_SANDBOX", "auto")
-if AGENTOPS_SANDBOX not in {"auto", "bwrap", "none"}:
-    raise ImproperlyConfigured(f"AGENTOPS_SANDBOX={AGENTOPS_SANDBOX!r} must be auto, bwrap or none.")
+AGENTOPS_SANDBOX = env_choice("AGENTOPS_SANDBOX", "auto", ("auto", "bwrap", "none"))
 # After a command's timeout its process group gets SIGTERM, then SIGKILL this much later.
 AGENTOPS_SANDBOX_GRACE_SECONDS = env_float("AGENTOPS_SANDBOX_GRACE_SECONDS", 5.0)
 # What one sandboxed command (and everything it starts) may use (docs/security.md, "Limits"):
@@ -490,9 +420,7 @@ AGENTOPS_SANDBOX_TMP_MB = env_int("AGENTOPS_SANDBOX_TMP_MB", 512)
 AGENTOPS_SANDBOX_CGROUP = env_str("AGENTOPS_SANDBOX_CGROUP", "auto")
 # A workspace's whole disk use (its .git included): a command that takes it past this is stopped,
 # an engine write tool that would is refused (docs/security.md, "Limits").
-AGENTOPS_SANDBOX_WORKSPACE_MB = env_int("AGENTOPS_SANDBOX_WORKSPACE_MB", 4096)
-if AGENTOPS_SANDBOX_WORKSPACE_MB < 1:
-    raise ImproperlyConfigured(f"AGENTOPS_SANDBOX_WORKSPACE_MB={AGENTOPS_SANDBOX_WORKSPACE_MB} must be at least 1.")
+AGENTOPS_SANDBOX_WORKSPACE_MB = env_int("AGENTOPS_SANDBOX_WORKSPACE_MB", 4096, at_least=1)
 # The harness kind (docs/harness.md): how many of a feature list's checks run at once on a worker,
 # and the ceiling of the hard timeout of one run_command on this worker (a workflow's
 # command_timeout_seconds applies under it; the command and its children are killed).
@@ -517,23 +445,7 @@ AGENTOPS_AGENT_MODULES = list(dict.fromkeys([
 ]))
 
 
-def _agent_template_dirs(modules: list[str]) -> list[Path]:
-    """The ``templates`` folder of each kind's package, found without importing the package."""
-    dirs = []
-    for module in modules:
-        try:
-            spec = importlib.util.find_spec(module)
-        except ModuleNotFoundError:
-            spec = None
-        if spec is None:
-            raise ImproperlyConfigured(f"AGENTOPS_AGENT_MODULES lists {module!r}, which is not an importable "
-                                       "module on this host; fix the name or install its package.")
-        dirs += [Path(loc) / "templates" for loc in spec.submodule_search_locations or []
-                 if (Path(loc) / "templates").is_dir()]
-    return dirs
-
-
-TEMPLATES[0]["DIRS"] = _agent_template_dirs(AGENTOPS_AGENT_MODULES)
+TEMPLATES[0]["DIRS"] = agent_template_dirs(AGENTOPS_AGENT_MODULES)
 # USD per million tokens; cache reads and writes have their own prices. Override the whole
 # table with AGENTOPS_MODEL_PRICES_JSON (same shape). "default" prices unknown models.
 _DEFAULT_PRICES = {
@@ -559,20 +471,12 @@ AGENTOPS_FLOWER_URL = env_str("AGENTOPS_FLOWER_URL", "")
 
 CELERY_BEAT_SCHEDULE = {
     # A sweep message that waited longer than a few intervals is stale; the next tick replaces it.
-    name: {
-        "task": f"agentops.beat.{name}",
-        "schedule": schedule(AGENTOPS_BEAT_INTERVAL_SECONDS),
-        "options": {"expires": max(10.0, 5 * AGENTOPS_BEAT_INTERVAL_SECONDS)},
-    }
+    name: beat_sweep(name, AGENTOPS_BEAT_INTERVAL_SECONDS, expires=max(10.0, 5 * AGENTOPS_BEAT_INTERVAL_SECONDS))
     for name in ("fire_timers", "redrive_activities", "reap_leases", "redrive_workflows", "enforce_deadlines",
                  "fire_schedules", "collect_children")
 }
 AGENTOPS_STAGNATION_CHECK_SECONDS = env_int("AGENTOPS_STAGNATION_CHECK_SECONDS", 60)
-CELERY_BEAT_SCHEDULE["check_stagnation"] = {
-    "task": "agentops.beat.check_stagnation",
-    "schedule": schedule(AGENTOPS_STAGNATION_CHECK_SECONDS),
-    "options": {"expires": float(AGENTOPS_STAGNATION_CHECK_SECONDS)},
-}
+CELERY_BEAT_SCHEDULE["check_stagnation"] = beat_sweep("check_stagnation", AGENTOPS_STAGNATION_CHECK_SECONDS)
 
 # Telling approvers that a decision waits (docs/operators.md, "Notifications"): email through
 # Django's mail framework (console by default; EMAIL_* are Django's own settings) and, when set,
@@ -595,25 +499,17 @@ AGENTOPS_ADMIN_BASE_URL = env_str("AGENTOPS_ADMIN_BASE_URL", "http://127.0.0.1:8
 # Remind the approvers of an approval wait this long before it expires (once); 0: no reminders.
 AGENTOPS_APPROVAL_REMINDER_HOURS = env_float("AGENTOPS_APPROVAL_REMINDER_HOURS", 1.0)
 AGENTOPS_APPROVAL_REMINDER_CHECK_SECONDS = env_int("AGENTOPS_APPROVAL_REMINDER_CHECK_SECONDS", 60)
-CELERY_BEAT_SCHEDULE["remind_approvals"] = {
-    "task": "agentops.beat.remind_approvals",
-    "schedule": schedule(AGENTOPS_APPROVAL_REMINDER_CHECK_SECONDS),
-    "options": {"expires": float(AGENTOPS_APPROVAL_REMINDER_CHECK_SECONDS)},
-}
+CELERY_BEAT_SCHEDULE["remind_approvals"] = beat_sweep("remind_approvals", AGENTOPS_APPROVAL_REMINDER_CHECK_SECONDS)
 
 # Retention (docs/operators.md, "Retention"): the checkpoints and events of workflows that
 # completed, failed or were cancelled this many days ago are written to an archive file (JSON
 # Lines, `agent export-history`'s format) in AGENTOPS_ARCHIVE_DIR, then deleted; the workflow row
 # stays and says where its history went. 0 (the default) keeps every history in the database
 # forever: deleting history is for an operator to decide. Fractions of a day are allowed.
-AGENTOPS_RETENTION_DAYS = env_float("AGENTOPS_RETENTION_DAYS", 0.0)
-if AGENTOPS_RETENTION_DAYS < 0:
-    raise ImproperlyConfigured(f"AGENTOPS_RETENTION_DAYS={AGENTOPS_RETENTION_DAYS:g} must be 0 (keep forever) or more.")
+AGENTOPS_RETENTION_DAYS = env_float("AGENTOPS_RETENTION_DAYS", 0.0, at_least=0, what="0 (keep forever) or more")
 AGENTOPS_ARCHIVE_DIR = Path(env_str("AGENTOPS_ARCHIVE_DIR", "") or VAR_DIR / "archive")
 # Workflows archived per run of the job, at most; the next run takes the rest.
-AGENTOPS_RETENTION_BATCH_SIZE = env_int("AGENTOPS_RETENTION_BATCH_SIZE", 20)
-if AGENTOPS_RETENTION_BATCH_SIZE < 1:
-    raise ImproperlyConfigured(f"AGENTOPS_RETENTION_BATCH_SIZE={AGENTOPS_RETENTION_BATCH_SIZE} must be at least 1.")
+AGENTOPS_RETENTION_BATCH_SIZE = env_int("AGENTOPS_RETENTION_BATCH_SIZE", 20, at_least=1)
 # A run that claimed a workflow and died is taken over after this long; longer than writing the
 # largest archive takes.
 AGENTOPS_RETENTION_CLAIM_SECONDS = env_int("AGENTOPS_RETENTION_CLAIM_SECONDS", 3600)
@@ -621,59 +517,26 @@ AGENTOPS_RETENTION_CHECK_SECONDS = env_int("AGENTOPS_RETENTION_CHECK_SECONDS", 3
 if AGENTOPS_RETENTION_CHECK_SECONDS < 1 or AGENTOPS_RETENTION_CLAIM_SECONDS < 1:
     raise ImproperlyConfigured("AGENTOPS_RETENTION_CHECK_SECONDS and AGENTOPS_RETENTION_CLAIM_SECONDS must be at "
                                "least 1.")
-CELERY_BEAT_SCHEDULE["archive_histories"] = {
-    "task": "agentops.beat.archive_histories",
-    "schedule": schedule(AGENTOPS_RETENTION_CHECK_SECONDS),
-    "options": {"expires": float(AGENTOPS_RETENTION_CHECK_SECONDS)},
-}
+CELERY_BEAT_SCHEDULE["archive_histories"] = beat_sweep("archive_histories", AGENTOPS_RETENTION_CHECK_SECONDS)
 
 # The failure boundary around definition code: an advance that raises is recorded and retried
 # with backoff (30 s, 60 s, 120 s …); after this many failures in a row the workflow pauses
 # for a person (`manage.py agent resume ID` after a fix, or cancel).
 AGENTOPS_HANDLER_MAX_FAILURES = env_int("AGENTOPS_HANDLER_MAX_FAILURES", 5)
 
+
 # Inbound webhooks (README, "Webhooks"): "source=secret,source2=secret2", secrets of at least 32
 # characters. Each source signs its deliveries with scheme v2: HMAC-SHA256 of
 # "v2\n<timestamp>\n<delivery id>\n<method>\n<path>\n<body>" (workflows/features/webhooks/inbound.py).
 # During a rotation a source has a second, previous secret in AGENTOPS_WEBHOOK_PREVIOUS_SECRETS (same
 # format): deliveries signed with either verify, until the previous one is removed.
-webhook_source_name = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
-
-
-def webhook_secrets(name: str) -> dict[str, str]:
-    """One source=secret list; a source named twice is refused (a second secret is a previous one)."""
-    secrets: dict[str, str] = {}
-    for pair in filter(None, (p.strip() for p in env_str(name, "").split(","))):
-        source, _, secret = pair.partition("=")
-        if not webhook_source_name.fullmatch(source) or len(secret) < 32:
-            raise ImproperlyConfigured(
-                f"{name} must be source=secret pairs separated by commas: a source of 1-40 lowercase "
-                "letters, digits or dashes, and a secret of at least 32 characters.")
-        if source in secrets:
-            raise ImproperlyConfigured(
-                f"{name} names the source {source!r} twice; give each source one secret there, and put the "
-                "secret being rotated out in AGENTOPS_WEBHOOK_PREVIOUS_SECRETS.")
-        secrets[source] = secret
-    return secrets
-
-
 AGENTOPS_WEBHOOK_SECRETS = webhook_secrets("AGENTOPS_WEBHOOK_SECRETS")
 AGENTOPS_WEBHOOK_PREVIOUS_SECRETS = webhook_secrets("AGENTOPS_WEBHOOK_PREVIOUS_SECRETS")
-for _source, _secret in AGENTOPS_WEBHOOK_PREVIOUS_SECRETS.items():
-    if AGENTOPS_WEBHOOK_SECRETS.get(_source) in (None, _secret):
-        raise ImproperlyConfigured(
-            f"AGENTOPS_WEBHOOK_PREVIOUS_SECRETS gives the source {_source!r} a previous secret, but "
-            + ("AGENTOPS_WEBHOOK_SECRETS has no current one for it; add it there."
-               if _source not in AGENTOPS_WEBHOOK_SECRETS else
-               "it is the same as its current secret; remove it from AGENTOPS_WEBHOOK_PREVIOUS_SECRETS."))
 # Sources whose senders still sign the retired unversioned scheme (sha256= over "<timestamp>.<body>",
 # which covers neither the delivery id nor the path): refused unless listed here, while they upgrade.
-AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES = frozenset(
-    filter(None, (s.strip() for s in env_str("AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES", "").split(","))))
-if not AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES <= AGENTOPS_WEBHOOK_SECRETS.keys():
-    raise ImproperlyConfigured(
-        "AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES names sources without a secret in AGENTOPS_WEBHOOK_SECRETS: "
-        + ", ".join(sorted(AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES - AGENTOPS_WEBHOOK_SECRETS.keys())) + ".")
+AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES = frozenset(env_names("AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES"))
+webhook_rotation_checked(AGENTOPS_WEBHOOK_SECRETS, AGENTOPS_WEBHOOK_PREVIOUS_SECRETS,
+                         AGENTOPS_WEBHOOK_UNVERSIONED_SOURCES)
 # How far a delivery's timestamp may be from the server's clock (replays of old deliveries are refused).
 AGENTOPS_WEBHOOK_TOLERANCE_SECONDS = env_int("AGENTOPS_WEBHOOK_TOLERANCE_SECONDS", 300)
 AGENTOPS_WEBHOOK_MAX_BODY_BYTES = 256 * 1024
@@ -684,14 +547,7 @@ AGENTOPS_METRICS_TOKEN = env_str("AGENTOPS_METRICS_TOKEN", "")
 # Launch label keys that become Prometheus labels (label_<key>) of agentops_workflows, e.g. "team,env";
 # empty: none. Each key keeps its AGENTOPS_METRICS_LABEL_VALUES_MAX most used values, the rest counted
 # as "_other", so a label with a value per workflow cannot grow the series without bound.
-AGENTOPS_METRICS_LABELS = [key.strip() for key in env_str("AGENTOPS_METRICS_LABELS", "").split(",") if key.strip()]
-if any(not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", key) for key in AGENTOPS_METRICS_LABELS) \
-        or len(AGENTOPS_METRICS_LABELS) > 5 \
-        or len({key.replace("-", "_") for key in AGENTOPS_METRICS_LABELS}) < len(AGENTOPS_METRICS_LABELS):
-    raise ImproperlyConfigured(
-        f"AGENTOPS_METRICS_LABELS={os.environ.get('AGENTOPS_METRICS_LABELS', '')!r} must name at most 5 label keys "
-        "separated by commas, each of lowercase letters, digits, _ and -, starting with a letter (e.g. team,env), "
-        "no two alike once - is read as _.")
+AGENTOPS_METRICS_LABELS = env_label_keys("AGENTOPS_METRICS_LABELS", most=5)
 AGENTOPS_METRICS_LABEL_VALUES_MAX = env_int("AGENTOPS_METRICS_LABEL_VALUES_MAX", 20)
 
 # Live event streams (docs/live.md): how often a stream looks for new events (holding no database
@@ -727,11 +583,8 @@ AGENTOPS_OUTBOUND_WEBHOOK_TIMEOUT_SECONDS = env_float("AGENTOPS_OUTBOUND_WEBHOOK
 AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_SECONDS = env_float("AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_SECONDS", 10.0)
 AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_MAX_SECONDS = env_float("AGENTOPS_OUTBOUND_WEBHOOK_BACKOFF_MAX_SECONDS", 3600.0)
 AGENTOPS_OUTBOUND_WEBHOOK_MAX_ATTEMPTS = env_int("AGENTOPS_OUTBOUND_WEBHOOK_MAX_ATTEMPTS", 20)
-CELERY_BEAT_SCHEDULE["deliver_webhooks"] = {
-    "task": "agentops.beat.deliver_webhooks",
-    "schedule": schedule(AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS),
-    "options": {"expires": max(10.0, 5 * AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS)},
-}
+CELERY_BEAT_SCHEDULE["deliver_webhooks"] = beat_sweep("deliver_webhooks", AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS,
+                                                      expires=max(10.0, 5 * AGENTOPS_OUTBOUND_WEBHOOK_TICK_SECONDS))
 
 # The model call in flight, live (docs/live.md): a Redis URL turns on streamed model calls whose
 # partial output is published there (never stored) for the event streams; empty: off. At most one
