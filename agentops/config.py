@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,31 +24,27 @@ def env_str(name: str, default: str) -> str:
 
 def env_int(name: str, default: int, *, at_least: int | None = None, what: str = "") -> int:
     """A whole number; with ``at_least``, refused below it (``what`` says what it must be then)."""
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        value = default
-    else:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number; set it to e.g. {default}.") from None
-    if at_least is not None and value < at_least:
-        raise ImproperlyConfigured(f"{name}={value} must be {what or f'at least {at_least}'}.")
-    return value
+    return int(_env_number(name, default, int, "a whole number", at_least, what))
 
 
 def env_float(name: str, default: float, *, at_least: float | None = None, what: str = "") -> float:
     """A number; with ``at_least``, refused below it (``what`` says what it must be then)."""
+    return _env_number(name, default, float, "a number", at_least, what)
+
+
+def _env_number(name: str, default: float, parse: Callable[[str], float], noun: str, at_least: float | None,
+                what: str) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         value = default
     else:
         try:
-            value = float(raw)
+            value = parse(raw)
         except ValueError:
-            raise ImproperlyConfigured(f"{name}={raw!r} is not a number; set it to e.g. {default}.") from None
+            raise ImproperlyConfigured(f"{name}={raw!r} is not {noun}; set it to e.g. {default}.") from None
     if at_least is not None and value < at_least:
-        raise ImproperlyConfigured(f"{name}={value:g} must be {what or f'at least {at_least:g}'}.")
+        shown, bound = (value, at_least) if parse is int else (f"{value:g}", f"{at_least:g}")
+        raise ImproperlyConfigured(f"{name}={shown} must be {what or f'at least {bound}'}.")
     return value
 
 
