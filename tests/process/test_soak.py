@@ -12,6 +12,8 @@ failure message).
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +36,9 @@ ARGS = ["--seconds", "120", "--seed", str(SEED), "--release", "12", "--autonomou
         "--trees", "5", "--fault-gap", "2", "4",
         "--converge-timeout", "240"]
 
+# Within the test's own timeout: the soak's run, then its tear-down after an interrupt.
+SOAK_SECONDS, TEARDOWN_SECONDS = 420, 45
+
 
 @pytest.mark.timeout(480)
 def test_a_short_soak_under_every_fault_kind_has_no_violations(tmp_path: Path, figures: Any) -> None:
@@ -47,13 +52,23 @@ def test_a_short_soak_under_every_fault_kind_has_no_violations(tmp_path: Path, f
     command = [sys.executable, "-m", "bench.soak", *ARGS, "--postgres-url", server, "--run-dir", str(tmp_path),
                "--out", str(out)]
     replay = f"make soak SOAK_ARGS=\"{' '.join(ARGS)}\""
+    # Its own session: a soak past its time is interrupted as a whole, so that its tear-down stops
+    # the workers, beat, Redis and deploy target it started instead of leaving them running.
+    soak = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=450, check=False)
-    except subprocess.TimeoutExpired as exc:  # what it printed says where it was
-        printed = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        pytest.fail(f"the soak ran past 450 s (replay: {replay}); logs under {tmp_path}\n{printed[-12000:]}")
-    assert done.returncode == 0 and out.exists(), (
-        f"the soak failed (replay: {replay}); logs under {tmp_path}\n{done.stdout[-12000:]}\n{done.stderr[-4000:]}")
+        stdout, stderr = soak.communicate(timeout=SOAK_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(soak.pid, signal.SIGINT)
+        try:
+            stdout, stderr = soak.communicate(timeout=TEARDOWN_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(soak.pid, signal.SIGKILL)
+            stdout, stderr = soak.communicate()
+        pytest.fail(f"the soak ran past {SOAK_SECONDS} s (replay: {replay}); logs under {tmp_path}\n"
+                    f"{stdout[-12000:]}\n{stderr[-4000:]}")
+    assert soak.returncode == 0 and out.exists(), (
+        f"the soak failed (replay: {replay}); logs under {tmp_path}\n{stdout[-12000:]}\n{stderr[-4000:]}")
     result = json.loads(out.read_text())
     assert result["violations"] == [] and result["duplicates"] == 0 and result["lost"] == 0, result
     assert all(result["faults"].get(kind, 0) >= 1 for kind in FAULT_KINDS), result["faults"]
