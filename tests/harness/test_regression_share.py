@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from agentops.agents.harness.definition import Harness, regression_share
+from agentops.agents.harness.board import regression_share
+from agentops.agents.harness.definition import Harness
 from workflows.errors import InvalidInput
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agentops.agents.harness.activities import briefing, harness_session
+from agentops.agents.harness.session import briefing, harness_session
 from agentops.agents.reviewer.activities import ReviewInput, offline_review, review_prompt
 from tests.harness.conftest import APP_BOTH, APP_GREET, approve_feature_list, drive_all, events, solve
 from workflows import services

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from agentops.agents.harness import gitops, tools
-from agentops.agents.harness.activities import Limits, SessionInput, briefing
+from agentops.agents.harness.session import Limits, SessionInput, briefing
 
 SOURCE = "".join(f"line {n}\n" for n in range(1, 11))
 

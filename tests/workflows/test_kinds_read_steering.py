@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentops.agents.autonomous.activities import PlanInput, TaskInput, execute_task, plan_tasks
-from agentops.agents.harness import activities as harness
+from agentops.agents.harness import session as harness
 from agentops.agents.harness.tools import Session
 from agentops.agents.release.activities import ProposalInput, propose_change
 from workflows import registry

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from agentops.agents.harness.definition import Ctx as HarnessCtx
 from agentops.agents.harness.definition import Harness
+from agentops.agents.harness.state import Ctx as HarnessCtx
 from agentops.agents.release.activities import RepoInput, inspect_repository
 from agentops.agents.release.definition import Ctx, Release
 from tests.conftest import drive, release_params
