@@ -372,6 +372,13 @@ AGENTOPS_RATE_LIMITS = env_rate_limits("AGENTOPS_RATE_LIMITS")
 AGENTOPS_RATE_LIMIT_HEADROOM = env_float("AGENTOPS_RATE_LIMIT_HEADROOM", 0.95)
 if not 0 < AGENTOPS_RATE_LIMIT_HEADROOM <= 1:
     raise ImproperlyConfigured(f"AGENTOPS_RATE_LIMIT_HEADROOM={AGENTOPS_RATE_LIMIT_HEADROOM} must be in (0, 1].")
+# The most a fleet sends at once: each limit's bucket holds this many seconds of its rate (less
+# when the provider's own bucket, learned from its answers' reset headers, holds less), so sends
+# follow the provider's refill whatever interval it enforces its limit over.
+AGENTOPS_RATE_LIMIT_BURST_SECONDS = env_float("AGENTOPS_RATE_LIMIT_BURST_SECONDS", 3.0, at_least=0.1)
+if AGENTOPS_RATE_LIMIT_BURST_SECONDS > 60:
+    raise ImproperlyConfigured(f"AGENTOPS_RATE_LIMIT_BURST_SECONDS={AGENTOPS_RATE_LIMIT_BURST_SECONDS:g} must be at "
+                               "most 60 (a minute's limit).")
 # The launch label that names a workflow's tenant for fair shares and concurrency keys (e.g.
 # "team": --label team=infra is the tenant "team=infra"). Empty: the launcher ("user:<id>", or
 # "system"); see workflows/tenancy.py.

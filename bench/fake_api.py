@@ -7,9 +7,13 @@ then obeys lines on stdin, answering each with one JSON line:
 
 - ``play LATENCY TOOL_TURNS``: answer from now on with this latency and this many tool calls per task;
 - ``answer LATENCY``: answer every call with a short text after this latency (the rate-limits benchmark);
-- ``limit RPM ITPM OTPM``: enforce an organisation limit like the API's from now on (token buckets of
-  requests, input and output tokens per minute, full at first; 429 with ``retry-after`` past them;
-  ``anthropic-ratelimit-*`` headers on every answer); 0 for a dimension without a limit, ``limit off``;
+- ``limit RPM ITPM OTPM [BUCKET_S]``: enforce an organisation limit like the API's from now on (token
+  buckets of requests, input and output tokens per minute, holding BUCKET_S seconds of their rate,
+  60 by default, full at first; 429 with ``retry-after`` past them; ``anthropic-ratelimit-*``
+  headers on every answer); 0 for a dimension without a limit, ``limit off``;
+- ``other SHARE SECONDS``: another client of the organisation takes SHARE of the limit's requests
+  and input tokens for SECONDS from now (requests of a minute's tokens over its requests, sent
+  at an even rate straight into the buckets; a refused one is not sent again);
 - ``reset``: forget the requests so far and restart the peak of calls in flight;
 - ``report``: every request so far (when it came, when its answer left, its usage key, its status,
   the input tokens it was counted for), the peak of calls in flight, when the limit's buckets
@@ -96,6 +100,20 @@ class BenchClaude(ClaudeForAutonomous):
         return fake.tool_use("read_file", {"path": "notes/task.md"}, say="Checking what I wrote.")
 
 
+def other_client(limit: OrganisationLimit, *, share: float, seconds: float) -> None:
+    """Take ``share`` of the limit's requests (and of its input tokens) for ``seconds``, evenly."""
+    rpm, itpm = limit.limits["requests"], limit.limits["input-tokens"]
+    per_second = share * rpm / 60
+    tokens = itpm // rpm if rpm else 0
+    start = time.time()
+    sent = 0
+    while time.time() - start < seconds:
+        due = start + sent / per_second
+        time.sleep(max(0.0, due - time.time()))
+        limit.take(input_tokens=tokens, max_tokens=0)
+        sent += 1
+
+
 class ShortAnswers:
     """Every call answered with a short text after ``latency`` seconds."""
 
@@ -121,8 +139,15 @@ def main() -> int:
         elif command == "limit":
             api.limit = None if args == ["off"] else OrganisationLimit(
                 requests_per_minute=int(args[0]), input_tokens_per_minute=int(args[1]),
-                output_tokens_per_minute=int(args[2]))
+                output_tokens_per_minute=int(args[2]), bucket_seconds=float(args[3]) if len(args) > 3 else 60.0)
             answer = {"ok": True}
+        elif command == "other":
+            if api.limit is None:
+                answer = {"error": "no limit to share"}
+            else:
+                threading.Thread(target=other_client, args=(api.limit,), daemon=True,
+                                 kwargs={"share": float(args[0]), "seconds": float(args[1])}).start()
+                answer = {"ok": True, "at": time.time()}
         elif command == "reset":
             api.reset()
             answer = {"ok": True}

@@ -1,16 +1,20 @@
 """Shared rate limits (9): agents on two worker processes against a fake API that enforces an organisation limit.
 
 The fake Messages API (``bench/fake_api.py``, its own process) enforces a limit like the API's:
-token buckets of requests and input tokens per minute (capacity one minute's limit, refilled
-continuously), a 429 with ``retry-after`` past them, ``anthropic-ratelimit-*`` headers on every
-answer. The agents are ``bench_model_calls`` workflows (``bench/workload.py``): a few model calls
-in a row, each through the real SDK and the whole model-call path (lease, heartbeats, fence,
-budget reservation, charge, ``model.called``) and the shared limiter in the bench's Redis.
-Nothing is configured: the limiter learns the limits from a warm-up's answers, as a fleet would.
+token buckets of requests and input tokens per minute (refilled continuously, holding a minute's
+limit, or 5 s of it as the API may enforce a limit over shorter intervals), a 429 with
+``retry-after`` past them, ``anthropic-ratelimit-*`` headers on every answer. The agents are
+``bench_model_calls`` workflows (``bench/workload.py``): a few model calls in a row, each through
+the real SDK and the whole model-call path (lease, heartbeats, fence, budget reservation, charge,
+``model.called``) and the shared limiter in the bench's Redis. Nothing is configured: the limiter
+learns the limits from a warm-up's answers, as a fleet would.
 
 - **limit**: N agents launched at once; 429s against all requests, and the rate of successful
   requests and input tokens once the buckets are drained (from 5 s after the fake API's buckets
-  first fell below a tenth to the last request), against the organisation's limit;
+  first fell below a tenth to the last request), against the organisation's limit; with buckets
+  of 60 s and of 5 s;
+- **another client**: the same with buckets of 5 s while another client takes 30 % of the limit:
+  429s from 10 s after it started;
 - **fairness**: a large and a small tenant (two launchers) at 90 : 1 agents, launched at once
   into the drained limit: each tenant's median wait for its share (``rate_wait_ms`` of its
   ``model.called`` events, 0 when it did not wait);
@@ -118,12 +122,19 @@ def _sent_by_worker(ids: list[int]) -> dict[str, int]:
     return {str(r["worker"]).split("@")[0]: r["n"] for r in rows}
 
 
-def run_limit(bench: Bench, api: FakeAPI, *, agents: int, calls: int, rpm: int, itpm: int) -> dict[str, Any]:
+def run_limit(bench: Bench, api: FakeAPI, *, agents: int, calls: int, rpm: int, itpm: int,
+              bucket_seconds: float = 60, other_share: float = 0.0) -> dict[str, Any]:
+    """The agents into the limit, its buckets holding ``bucket_seconds`` of their rate; with
+    ``other_share``, another client takes that share of the limit from the launch on."""
+    api.ask(f"limit {rpm} {itpm} 0 {bucket_seconds:g}")
     api.ask("reset")
     # Prompts of 100 to 600 tokens (mean about 350: the input-token limit binds near the request limit).
     specs = [{"params": {"calls": calls, "prompt_chars": 400 + (i * 37) % 2000, "max_tokens": MAX_TOKENS}}
              for i in range(agents)]
     started = time.time()
+    other_at = None
+    if other_share:
+        other_at = float(api.ask(f"other {other_share:g} {2 * agents * calls * 60 / rpm:g}")["at"])
     ids = _launch(specs, paused=bench)
     _wait_done(bench, ids, timeout=120 + 3 * agents * calls * 60 / rpm)
     report = api.ask("report")
@@ -137,7 +148,16 @@ def run_limit(bench: Bench, api: FakeAPI, *, agents: int, calls: int, rpm: int, 
     seconds = max(1e-6, window[-1][0] - since) if window else 1e-6
     req_per_min = 60 * (len(window) - 1) / seconds if len(window) > 1 else 0.0
     tok_per_min = 60 * sum(tokens for _, tokens in window[1:]) / seconds
+    adapted: dict[str, Any] = {}
+    if other_at is not None:
+        # From 10 s after the other client started: the fleet has adapted to the share left.
+        later = [c for c in requests if c["at"] >= other_at + 10]
+        refused = sum(1 for c in later if c["status"] == 429)
+        adapted = {"other_share": other_share, "requests_after_10_s": len(later),
+                   "rate_limited_after_10_s": refused,
+                   "rate_limited_share_after_10_s": round(refused / max(1, len(later)), 4)}
     return {"agents": agents, "calls_per_agent": calls, "latency_s": LATENCY_S, "limit_rpm": rpm, "limit_itpm": itpm,
+            "bucket_seconds": bucket_seconds, **adapted,
             "requests": len(requests), "ok": len(ok), "rate_limited": limited,
             "rate_limited_share": round(limited / max(1, len(requests)), 4),
             "saturated_window_s": round(seconds, 1), "saturated_after_s": round(since - started, 1),
@@ -182,9 +202,17 @@ def run_fairness(bench: Bench, api: FakeAPI, *, large: int, small: int, calls: i
             "priority9_max_over_gap": round(max(urgent_waits) / gap, 2)}
 
 
+def _said(bench: Bench, run: dict[str, Any]) -> None:
+    bench.log(f"  429s {run['rate_limited']} of {run['requests']} ({100 * run['rate_limited_share']:.1f} %), "
+              f"{run['ok_requests_per_min']} requests and {run['input_tokens_per_min']:,} input tokens a "
+              f"minute once saturated ({run['use_of_binding_limit']:.2f}x the binding limit; targets: at most 2 % "
+              f"429s, at least 0.85x), {run['seconds']} s")
+
+
 def bench_ratelimits(bench: Bench) -> dict[str, Any]:
     sizes = bench.sizes
     rpm, itpm = sizes.ratelimit_rpm, sizes.ratelimit_itpm
+    agents, calls = sizes.ratelimit_agents, sizes.ratelimit_calls
     api = FakeAPI(bench.out_dir)
     try:
         api.ask(f"answer {LATENCY_S}")
@@ -193,13 +221,20 @@ def bench_ratelimits(bench: Bench) -> dict[str, Any]:
         bench.log("rate limits: warm-up (the limiter learns the limits from the answers' headers)")
         warm = _launch([{"params": {"calls": 1, "prompt_chars": 400, "max_tokens": MAX_TOKENS}}] * 2, paused=None)
         _wait_done(bench, warm, timeout=120)
-        bench.log(f"rate limits: {sizes.ratelimit_agents} agents x {sizes.ratelimit_calls} calls against "
-                  f"{rpm} requests and {itpm:,} input tokens a minute, 2 worker processes")
-        limit = run_limit(bench, api, agents=sizes.ratelimit_agents, calls=sizes.ratelimit_calls, rpm=rpm,
-                          itpm=itpm)
-        bench.log(f"  429s {limit['rate_limited']} of {limit['requests']} ({100 * limit['rate_limited_share']:.1f} %), "
-                  f"{limit['ok_requests_per_min']} requests and {limit['input_tokens_per_min']:,} input tokens a "
-                  f"minute once saturated ({limit['use_of_binding_limit']:.2f}x the binding limit)")
+        buckets = {}
+        for bucket in (60, 5):
+            bench.log(f"rate limits: {agents} agents x {calls} calls against {rpm} requests and {itpm:,} input "
+                      f"tokens a minute, enforced in buckets of {bucket} s of the rate, 2 worker processes")
+            buckets[bucket] = run_limit(bench, api, agents=agents, calls=calls, rpm=rpm, itpm=itpm,
+                                        bucket_seconds=bucket)
+            _said(bench, buckets[bucket])
+        limit = buckets[60]
+        bench.log("rate limits: the same, buckets of 5 s, another client taking 30 % of the limit meanwhile")
+        shared = run_limit(bench, api, agents=agents, calls=calls, rpm=rpm, itpm=itpm, bucket_seconds=5,
+                           other_share=0.3)
+        bench.log(f"  from 10 s after the other client started: 429s {shared['rate_limited_after_10_s']} of "
+                  f"{shared['requests_after_10_s']} ({100 * shared['rate_limited_share_after_10_s']:.1f} %; target: "
+                  f"at most 2 %); {shared['use_of_binding_limit']:.2f}x the binding limit, 0.7x left to share")
         bench.log(f"rate limits: two tenants, {sizes.fairness_large} and {sizes.fairness_small} agents, "
                   "then a priority-9 workflow")
         fairness = run_fairness(bench, api, large=sizes.fairness_large, small=sizes.fairness_small,
@@ -212,15 +247,14 @@ def bench_ratelimits(bench: Bench) -> dict[str, Any]:
         bench.log("rate limits: the same agents without the shared limiter (the baseline)")
         _start_workers(bench, api, limiter=False)
         ensure_beat(bench)  # the throttled attempts' retry windows are rung by its sweep
-        api.ask(f"limit {rpm} {itpm} 0")
-        without = run_limit(bench, api, agents=sizes.ratelimit_agents, calls=sizes.ratelimit_calls, rpm=rpm,
-                            itpm=itpm)
+        without = run_limit(bench, api, agents=agents, calls=calls, rpm=rpm, itpm=itpm)
         bench.log(f"  429s {without['rate_limited']} of {without['requests']} "
                   f"({100 * without['rate_limited_share']:.1f} %), {without['use_of_binding_limit']:.2f}x the binding "
                   f"limit once saturated, {without['seconds']} s in all (with the limiter: {limit['seconds']} s)")
     finally:
         bench.cluster.stop(bench.cluster.workers())
         api.stop()
-    targets = {"rate_limited_share": 0.02, "use_of_binding_limit": 0.85, "small_over_large_median": 2.0,
-               "priority9_max_over_gap": 2.0}
-    return {"limit": limit, "fairness": fairness, "without_limiter": without, "targets": targets}
+    targets = {"rate_limited_share": 0.02, "use_of_binding_limit": 0.85, "rate_limited_share_after_10_s": 0.02,
+               "small_over_large_median": 2.0, "priority9_max_over_gap": 2.0}
+    return {"limit": limit, "limit_5s_buckets": buckets[5], "other_client": shared, "fairness": fairness,
+            "without_limiter": without, "targets": targets}

@@ -25,6 +25,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import anthropic
@@ -451,19 +452,36 @@ RATE_LIMIT_HEADERS = {"requests": "anthropic-ratelimit-requests", "input_tokens"
 
 
 def rate_limit_info(headers: Any, *, status: int) -> RateLimitInfo | None:
-    """What an answer's ``anthropic-ratelimit-*-limit`` and ``-remaining`` headers say (per
-    minute), and a 429's retry-after; None when it carries none of them."""
+    """What an answer's ``anthropic-ratelimit-*-limit``, ``-remaining`` and ``-reset`` headers
+    say (per minute; the reset an RFC 3339 time), and a 429's retry-after; None when it carries
+    none of them (a 429 always says it was one)."""
     limits: dict[str, int] = {}
     remaining: dict[str, int] = {}
+    reset_at: dict[str, float] = {}
     for dimension, prefix in RATE_LIMIT_HEADERS.items():
         for suffix, into in (("limit", limits), ("remaining", remaining)):
             raw = headers.get(f"{prefix}-{suffix}")
             if raw and raw.isdigit():
                 into[dimension] = int(raw)
+        when = _rfc3339(headers.get(f"{prefix}-reset"))
+        if when is not None:
+            reset_at[dimension] = when
     wait = retry_after_seconds(headers) if status == 429 else None
-    if not limits and not remaining and wait is None:
+    if not limits and not remaining and status != 429:
         return None
-    return RateLimitInfo(limits=limits, remaining=remaining, retry_after_seconds=wait)
+    return RateLimitInfo(limits=limits, remaining=remaining, retry_after_seconds=wait, reset_at=reset_at,
+                         rate_limited=status == 429)
+
+
+def _rfc3339(raw: str | None) -> float | None:
+    """An RFC 3339 time (``2026-12-07T06:00:05Z``, fractions and offsets allowed) in seconds since the epoch."""
+    if not raw:
+        return None
+    try:
+        when = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
 
 
 def _is_count(value: object) -> TypeGuard[int]:

@@ -157,19 +157,23 @@ RATE_DIMENSIONS = ("requests", "input-tokens", "output-tokens")
 
 class OrganisationLimit:
     """Rate limits like the API's (https://docs.claude.com/en/api/rate-limits): a token bucket per
-    dimension whose capacity is one minute's limit, refilled continuously. A request takes one
-    request, its input tokens as the API counts them (uncached input and cache writes; cache reads
-    are free) and its ``max_tokens`` of output, given back down to what it wrote when it is
-    answered. One that does not fit is refused with a 429, ``retry-after`` (whole seconds until it
-    would fit) and the ``anthropic-ratelimit-*`` headers, which every answer carries. A limit of 0
-    is none."""
+    dimension, refilled continuously at the minute's limit, that holds ``bucket_seconds`` of it
+    (60: a minute's worth; the API may enforce a limit over shorter intervals, 5 holds five
+    seconds' worth). A request takes one request, its input tokens as the API counts them
+    (uncached input and cache writes; cache reads are free) and its ``max_tokens`` of output,
+    given back down to what it wrote when it is answered; it goes when the bucket holds its cost
+    (or is full, for one larger than the bucket) and takes all of it. One that does not fit is
+    refused with a 429, ``retry-after`` (whole seconds until it would fit) and the
+    ``anthropic-ratelimit-*`` headers, which every answer carries (``-reset``: when the bucket is
+    full again). A limit of 0 is none."""
 
     def __init__(self, *, requests_per_minute: int, input_tokens_per_minute: int, output_tokens_per_minute: int = 0,
-                 clock: Callable[[], float] = time.time, full: float = 1.0) -> None:
+                 clock: Callable[[], float] = time.time, full: float = 1.0, bucket_seconds: float = 60.0) -> None:
         self.limits = dict(zip(RATE_DIMENSIONS, (requests_per_minute, input_tokens_per_minute,
                                                  output_tokens_per_minute), strict=True))
+        self.capacity = {d: v * bucket_seconds / 60 for d, v in self.limits.items()}
         self.clock = clock
-        self.levels = {d: full * v for d, v in self.limits.items()}  # ``full``: the share each bucket starts with
+        self.levels = {d: full * v for d, v in self.capacity.items()}  # ``full``: the share each bucket starts with
         self.at = clock()
         self.lowest = dict(self.levels)  # the lowest level each bucket reached
         self.low_since: float | None = None  # when a bucket first fell below a tenth of its capacity
@@ -179,7 +183,7 @@ class OrganisationLimit:
         now = self.clock()
         for d, limit in self.limits.items():
             if limit:
-                self.levels[d] = min(float(limit), self.levels[d] + limit / 60 * max(0.0, now - self.at))
+                self.levels[d] = min(self.capacity[d], self.levels[d] + limit / 60 * max(0.0, now - self.at))
         self.at = now
         return now
 
@@ -188,15 +192,15 @@ class OrganisationLimit:
         with self._lock:
             now = self._refill()
             cost = {"requests": 1, "input-tokens": input_tokens, "output-tokens": max_tokens}
-            short = [(cost[d] - self.levels[d]) / (limit / 60) for d, limit in self.limits.items()
-                     if limit and self.levels[d] < min(cost[d], limit)]
+            short = [(min(cost[d], self.capacity[d]) - self.levels[d]) / (limit / 60)
+                     for d, limit in self.limits.items() if limit and self.levels[d] < min(cost[d], self.capacity[d])]
             if short:
                 return False, max(short), self._headers(now)
             for d, limit in self.limits.items():
                 if limit:
-                    self.levels[d] -= min(cost[d], limit)
+                    self.levels[d] -= cost[d]
                     self.lowest[d] = min(self.lowest[d], self.levels[d])
-                    if self.levels[d] < limit / 10 and self.low_since is None:
+                    if self.levels[d] < self.capacity[d] / 10 and self.low_since is None:
                         self.low_since = now
             return True, 0.0, self._headers(now)
 
@@ -205,7 +209,8 @@ class OrganisationLimit:
             self._refill()
             limit = self.limits["output-tokens"]
             if limit:
-                self.levels["output-tokens"] = min(float(limit), self.levels["output-tokens"] + output_tokens)
+                self.levels["output-tokens"] = min(self.capacity["output-tokens"],
+                                                   self.levels["output-tokens"] + output_tokens)
 
     def _headers(self, now: float) -> dict[str, str]:
         headers = {}
@@ -213,7 +218,7 @@ class OrganisationLimit:
             if not limit:
                 continue
             level = max(0.0, self.levels[d])
-            reset = now + (limit - level) / (limit / 60)
+            reset = now + (self.capacity[d] - self.levels[d]) / (limit / 60)
             headers |= {f"anthropic-ratelimit-{d}-limit": str(limit),
                         f"anthropic-ratelimit-{d}-remaining": str(int(level)),
                         f"anthropic-ratelimit-{d}-reset": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(reset))}

@@ -212,6 +212,7 @@ def test_metrics_show_each_limit_its_use_the_waiting_calls_and_the_429s(client: 
 
     settings.AGENTOPS_METRICS_TOKEN = TOKEN
     settings.AGENTOPS_RATE_LIMITS = {SCOPE: {"requests_per_minute": 2}}
+    settings.AGENTOPS_RATE_LIMIT_BURST_SECONDS = 60  # the bucket holds the minute's 2
     settings.AGENTOPS_MODEL_CALL_CONCURRENCY = {"tenant:*": 5}
     limiter = ratelimits.limiter()
     assert limiter is not None
@@ -236,7 +237,9 @@ def test_metrics_show_each_limit_its_use_the_waiting_calls_and_the_429s(client: 
     assert value("agentops_rate_limit_per_minute", **where, dimension="requests", source="configured") == 2
     assert value("agentops_rate_limit_per_minute", **where, dimension="requests", source="learned") == 600
     assert value("agentops_rate_limit_per_minute", **where, dimension="requests", source="effective") == 2
+    assert value("agentops_rate_limit_burst", **where, dimension="requests") == 2
     assert 1 <= value("agentops_rate_limit_used", **where, dimension="requests") <= 2, "2 taken, refilling"
+    assert value("agentops_rate_limit_pace", **where) == 1, "no 429 yet"
     assert value("agentops_rate_limit_waiting", **where, tenant="user:7", priority="9") == 1
     assert value("agentops_model_call_slots", key="tenant:user:7") == 2
     assert value("agentops_model_call_slots_limit", key="tenant:*") == 5
@@ -253,10 +256,14 @@ def test_the_admin_rate_limits_page_shows_limits_waiting_calls_by_launcher_and_s
     batch = ratelimits.Ask(scope=SCOPE, tenant=f"user:{launcher.pk}", kind="harness", priority=2, input_tokens=10,
                            output_tokens=10, configured=(1, 0, 0), kind_cap=3)
     assert [limiter.try_acquire(batch, t).admitted for t in ("a", "b")] == [True, False]
+    refused = ratelimits.RateLimitInfo(limits={}, remaining={"requests": 0}, retry_after_seconds=2, rate_limited=True)
+    limiter.settle(ratelimits.Admission(ask=batch, ticket="a", waited_seconds=0, tracked=True), info=refused)
 
     page = admin_client.get("/admin/workflows/workflow/rate-limits/").content.decode()
 
     assert SCOPE in page and "requests / minute" in page
+    assert "Pace 70 % of what holds; 1 429, the last 0 s ago: 429 from the provider (requests at 0, retry-after 2 s)" \
+        in " ".join(page.split())
     assert f"night-batch (user:{launcher.pk})" in page, "a waiting call is shown by its launcher's name"
     assert "kind:harness" in page
     listing = admin_client.get("/admin/workflows/workflow/").content.decode()

@@ -51,7 +51,16 @@ def clock() -> Clock:
 
 @pytest.fixture
 def limiter(redis_client: Any, prefix: str, clock: Clock) -> RedisLimiter:
-    return RedisLimiter(redis_client, prefix=prefix, clock=clock, headroom=0.95, alive_seconds=20, slot_seconds=300)
+    """A limiter whose buckets hold a minute of each limit (no pacing): the order and share tests
+    count admissions against whole minutes. ``paced`` is the default's burst."""
+    return RedisLimiter(redis_client, prefix=prefix, clock=clock, headroom=0.95, burst_seconds=60, alive_seconds=20,
+                        slot_seconds=300)
+
+
+@pytest.fixture
+def paced(redis_client: Any, prefix: str, clock: Clock) -> RedisLimiter:
+    return RedisLimiter(redis_client, prefix=prefix, clock=clock, headroom=0.95, burst_seconds=3, alive_seconds=20,
+                        slot_seconds=300)
 
 
 def ask(tenant: str = "user:1", *, priority: int = 5, rpm: float = 60, itpm: float = 0, input_tokens: int = 10,

@@ -200,7 +200,8 @@ def test_a_request_admitted_but_not_sent_gives_its_share_back(limiter: RedisLimi
 
 @pytest.fixture
 def realtime(redis_client: Any, prefix: str) -> RedisLimiter:
-    return RedisLimiter(redis_client, prefix=prefix, headroom=0.95, alive_seconds=20, slot_seconds=300)
+    return RedisLimiter(redis_client, prefix=prefix, headroom=0.95, burst_seconds=60, alive_seconds=20,
+                        slot_seconds=300)
 
 
 def test_waiters_are_woken_in_turn_at_the_limits_pace(realtime: RedisLimiter) -> None:

@@ -32,9 +32,12 @@ def rate_limits_panel() -> dict[str, Any]:
         return {**panel, "limiter": "off" if now is None else "down"}
     scopes = [{
         "scope": state["scope"], "blocked_seconds": state["blocked_seconds"],
+        "pace_percent": round(100 * state["pace"]), "rate_limited": state["rate_limited"],
+        "last_429": state["last_429"],
         "dimensions": [{"name": d, "configured": state["configured"][d], "learned": state["learned"].get(d, 0),
                         "effective": state["effective"][d], "available": state["available"][d],
-                        "used": state["effective"][d] - state["available"][d]} for d in DIMENSIONS],
+                        "burst": state["burst"][d], "provider_bucket": state["provider_bucket"].get(d),
+                        "used": state["burst"][d] - state["available"][d]} for d in DIMENSIONS],
         "waiting": waiting(state["waiting"]),
     } for state in now["scopes"]]
     keys = sorted(set(now["slots"]) | set(now["caps"]))

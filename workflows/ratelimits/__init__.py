@@ -42,7 +42,8 @@ def limiter() -> RedisLimiter | None:
     url = settings.AGENTOPS_RATE_LIMIT_REDIS_URL
     if not url:
         return None
-    key = (url, settings.AGENTOPS_RATE_LIMIT_HEADROOM, settings.AGENTOPS_RATE_LIMIT_POLL_SECONDS,
+    key = (url, settings.AGENTOPS_RATE_LIMIT_HEADROOM, settings.AGENTOPS_RATE_LIMIT_BURST_SECONDS,
+           settings.AGENTOPS_RATE_LIMIT_POLL_SECONDS,
            settings.AGENTOPS_RATE_LIMIT_SLOT_SECONDS, settings.AGENTOPS_RATE_LIMIT_LEARN_TTL_SECONDS)
     with _lock:
         if key not in _limiters:
@@ -53,7 +54,8 @@ def limiter() -> RedisLimiter | None:
             client = redis.Redis.from_url(url, socket_timeout=poll + 5, socket_connect_timeout=1.0,
                                           max_connections=MAX_CONNECTIONS)
             _limiters[key] = RedisLimiter(
-                client, headroom=settings.AGENTOPS_RATE_LIMIT_HEADROOM, alive_seconds=4 * poll,
+                client, headroom=settings.AGENTOPS_RATE_LIMIT_HEADROOM,
+                burst_seconds=settings.AGENTOPS_RATE_LIMIT_BURST_SECONDS, alive_seconds=4 * poll,
                 slot_seconds=settings.AGENTOPS_RATE_LIMIT_SLOT_SECONDS,
                 learn_ttl_seconds=settings.AGENTOPS_RATE_LIMIT_LEARN_TTL_SECONDS)
         return _limiters[key]
@@ -139,9 +141,11 @@ class RateGate:
         self.waited_seconds = 0.0
         self._open: dict[int, Admission] = {}
         self._answered: dict[int, RateLimitInfo | None] = {}
+        self._sent_at: dict[int, float] = {}  # each request's admission, which its answer's headers are dated by
 
     def admit(self, n: int) -> None:
         """Wait until request ``n`` may be sent."""
+        self._sent_at[n] = time.time()
         if time.monotonic() < _down_until:
             return self._without_redis(None)
         try:
@@ -162,6 +166,7 @@ class RateGate:
             _redis_down(exc, "acquire")
             return self._without_redis(exc)
         self.waited_seconds += admission.waited_seconds
+        self._sent_at[n] = admission.sent_at
         self._open[n] = admission
         return None
 
@@ -193,7 +198,7 @@ class RateGate:
         if admission is not None:
             self._safely(self.limiter.settle, admission, input_tokens=0, output_tokens=0, info=rate)
         elif rate is not None:
-            self._learn_untracked(rate)
+            self._learn_untracked(n, rate)
 
     def lost(self, n: int) -> None:
         """Request ``n`` got no answer: its slots come back, its estimate stays spent."""
@@ -209,7 +214,7 @@ class RateGate:
                 self._safely(self.limiter.settle, admission, input_tokens=input_tokens, output_tokens=output_tokens,
                              info=rate)
             elif rate is not None:
-                self._learn_untracked(rate)
+                self._learn_untracked(n, rate)
         self._answered.clear()
 
     def close(self) -> None:
@@ -222,10 +227,11 @@ class RateGate:
         for n in list(self._open):
             self._safely(self.limiter.settle, self._open.pop(n))
 
-    def _learn_untracked(self, rate: RateLimitInfo) -> None:
+    def _learn_untracked(self, n: int, rate: RateLimitInfo) -> None:
         if time.monotonic() < _down_until:
             return
-        admission = Admission(ask=self.ask, ticket=RedisLimiter.new_ticket(), waited_seconds=0.0, tracked=False)
+        admission = Admission(ask=self.ask, ticket=RedisLimiter.new_ticket(), waited_seconds=0.0, tracked=False,
+                              sent_at=self._sent_at.get(n, time.time()))
         self._safely(self.limiter.settle, admission, info=rate)
 
     @staticmethod

@@ -2,17 +2,18 @@
 
 Every worker of every host runs the same script on the same Redis, so the limits hold for the
 fleet, not per process. Each scope (``<provider>:<model>``) has three token buckets (requests,
-input tokens, output tokens per minute; capacity one minute's worth, refilled continuously, as
-the Anthropic API's own buckets are), a queue per tenant of the requests waiting for them, and
-a start-time fair queueing order between tenants (docs/architecture.md, "Shared rate limits").
+input tokens, output tokens per minute; refilled continuously, holding ``burst_seconds`` of the
+rate or the provider's own bucket if smaller, at a pace a 429 lowers), a queue per tenant of
+the requests waiting for them, and a start-time fair queueing order between tenants
+(docs/architecture.md, "Shared rate limits").
 Time is Redis's ``TIME``: one clock for every host, whatever theirs say.
 
 A waiting request holds a *ticket*: ``acquire`` either admits it (the buckets are charged its
 estimate and its concurrency slots taken) or tells it how long to wait; it then blocks on its
 own wake list (``BLPOP``) until a pass of the script, run by whichever request comes next,
 admits it or names it the next to go. Keys (prefix ``agentops:rl:``): per scope ``b`` (bucket
-levels, refill time, blocked-until), ``lim`` (limits learned from answers, expiring), ``f``
-(tenants waiting, by priority band then fair tag), ``q:<tenant>`` (a tenant's tickets by
+levels, refill time, blocked-until, pace, 429s), ``lim`` (limits and buckets learned from
+answers, expiring), ``f`` (tenants waiting, by priority band then fair tag), ``q:<tenant>`` (a tenant's tickets by
 priority band then arrival), ``t`` (each waiting ticket's costs and caps), ``ok`` (admitted,
 not yet picked up), ``alive`` (each ticket's expiry: a dead waiter's ticket is dropped), ``st``,
 ``ft``, ``vt`` (fair-queueing tags), ``seq``, ``next``, ``w:<ticket>`` (wake lists); global
@@ -24,7 +25,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 PREFIX = "agentops:rl:"
@@ -39,40 +40,57 @@ local now = tonumber(ARGV[4])
 if now <= 0 then local t = redis.call('TIME'); now = tonumber(t[1]) + tonumber(t[2]) / 1000000 end
 local conf = {tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])}
 local headroom, alive_s, slot_s = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-local me, max_admit = ARGV[11], tonumber(ARGV[12])
+local me, max_admit, burst_s = ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13])
 local BAND = 1e12
+-- The pace: the share of the effective rate (and burst) sent; a 429 multiplies it by DECREASE
+-- (once a second at most), and it recovers by RECOVER a second, to 1.
+local RECOVER, DECREASE, PACE_MIN = 0.02, 0.7, 0.1
 
 local function f6(x) return string.format('%.6f', x) end
 local function f0(x) return string.format('%.0f', x) end
 
+-- Per dimension: the effective limit a minute (configured, or learned less the headroom; the
+-- lower), and the bucket's capacity at full pace: burst_s of that rate, or less when the
+-- provider's own bucket (learned) holds less.
 local function limits()
-  local learned = redis.call('HMGET', P .. 'lim', 'r', 'i', 'o')
-  local eff = {}
+  local learned = redis.call('HMGET', P .. 'lim', 'r', 'i', 'o', 'cr', 'ci', 'co')
+  local eff, cap = {}, {}
   for k = 1, 3 do
     local e = conf[k]
     local l = tonumber(learned[k])
     if l and l > 0 then l = l * headroom; if e <= 0 or l < e then e = l end end
     eff[k] = e
+    local c = e * burst_s / 60
+    local lc = tonumber(learned[k + 3])
+    if lc and lc > 0 and lc * headroom < c then c = lc * headroom end
+    cap[k] = c
   end
-  return eff, learned
+  return eff, cap, learned
 end
 
-local eff, learned = limits()
-local b = redis.call('HMGET', P .. 'b', 'r', 'i', 'o', 'ts', 'blk')
+local eff, cap, learned = limits()
+local b = redis.call('HMGET', P .. 'b', 'r', 'i', 'o', 'ts', 'blk', 'pace', 'at429')
 local ts = tonumber(b[4]) or now
-local lv = {}
+local pace = math.min(1, (tonumber(b[6]) or 1) + RECOVER * math.max(0, now - ts))
+local at429 = tonumber(b[7]) or 0
+local lv, rate, full = {}, {}, {}
+local function paced()
+  for k = 1, 3 do rate[k] = eff[k] * pace / 60; full[k] = cap[k] * pace end
+end
+paced()
 for k = 1, 3 do
   local x = tonumber(b[k])
   if eff[k] > 0 then
-    if x == nil then x = eff[k] end
-    x = math.min(eff[k], x + eff[k] / 60 * math.max(0, now - ts))
+    if x == nil then x = full[k] end
+    x = math.min(full[k], x + rate[k] * math.max(0, now - ts))
   else x = 0 end
   lv[k] = x
 end
 local blk = tonumber(b[5]) or 0
 
 local function save()
-  redis.call('HSET', P .. 'b', 'r', f6(lv[1]), 'i', f6(lv[2]), 'o', f6(lv[3]), 'ts', f6(now), 'blk', f6(blk))
+  redis.call('HSET', P .. 'b', 'r', f6(lv[1]), 'i', f6(lv[2]), 'o', f6(lv[3]), 'ts', f6(now), 'blk', f6(blk),
+             'pace', f6(pace), 'at429', f6(at429))
   redis.call('EXPIRE', P .. 'b', 86400)
 end
 
@@ -150,13 +168,15 @@ local function pass()
     local cost = {1, rec.ci, rec.co}
     local wait = 0
     for k = 1, 3 do
+      -- A request goes when the bucket holds its cost (or is full, for one larger than the
+      -- bucket) and takes its whole cost: the level may go below 0, so the rate holds.
       if eff[k] > 0 then
-        local c = math.min(cost[k], eff[k])
-        if lv[k] < c then wait = math.max(wait, (c - lv[k]) / (eff[k] / 60)) end
+        local c = math.min(cost[k], full[k])
+        if lv[k] < c then wait = math.max(wait, (c - lv[k]) / rate[k]) end
       end
     end
     if wait > 0 then return chosen, wait end
-    for k = 1, 3 do if eff[k] > 0 then lv[k] = lv[k] - math.min(cost[k], eff[k]) end end
+    for k = 1, 3 do if eff[k] > 0 then lv[k] = lv[k] - cost[k] end end
     take_slot('tenant:' .. rec.t, rec.tc, chosen)
     take_slot('kind:' .. rec.k, rec.kc, chosen)
     redis.call('ZREM', P .. 'q:' .. tenant, chosen)
@@ -184,10 +204,10 @@ local function run_pass()
 end
 
 if op == 'acquire' then
-  -- ARGV[13..]: tenant, kind, priority, input cost, output cost, tenant cap, kind cap
-  local tenant, kind, prio = ARGV[13], ARGV[14], tonumber(ARGV[15])
-  local ci, co, tc, kc = tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18]), tonumber(ARGV[19])
-  redis.call('SADD', G .. 'scopes', ARGV[20])
+  -- ARGV[14..]: tenant, kind, priority, input cost, output cost, tenant cap, kind cap, scope
+  local tenant, kind, prio = ARGV[14], ARGV[15], tonumber(ARGV[16])
+  local ci, co, tc, kc = tonumber(ARGV[17]), tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20])
+  redis.call('SADD', G .. 'scopes', ARGV[21])
   if redis.call('HDEL', P .. 'ok', me) == 1 then
     redis.call('ZREM', P .. 'alive', me); save(); return {1, '0', 1}
   end
@@ -211,10 +231,11 @@ if op == 'acquire' then
 end
 
 if op == 'settle' or op == 'leave' then
-  -- ARGV[13..]: tenant, kind, requests, input and output tokens to give back (negative: to take),
-  -- learned limits r i o (0: none), remaining r i o (-1: none), retry-after (-1: none), learn TTL
-  local tenant, kind = ARGV[13], ARGV[14]
-  local give = {tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])}
+  -- ARGV[14..]: tenant, kind, requests, input and output tokens to give back (negative: to take),
+  -- learned limits r i o (0: none), remaining r i o (-1: none), the provider's bucket capacity
+  -- r i o (-1: not known), retry-after (-1: none), 1 for a 429, learn TTL, the 429's reason
+  local tenant, kind = ARGV[14], ARGV[15]
+  local give = {tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])}
   if op == 'leave' then
     -- Admitted meanwhile but never sent: its request and tokens come back; still queued: nothing was taken.
     if redis.call('HEXISTS', P .. 'ok', me) == 0 then give = {0, 0, 0} end
@@ -222,31 +243,55 @@ if op == 'settle' or op == 'leave' then
   end
   redis.call('ZREM', G .. 'c:tenant:' .. tenant, me)
   redis.call('ZREM', G .. 'c:kind:' .. kind, me)
-  local lr = {tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20])}
-  local rem = {tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[23])}
-  local retry_after, ttl = tonumber(ARGV[24]), tonumber(ARGV[25])
-  if lr[1] > 0 or lr[2] > 0 or lr[3] > 0 then
-    local fields = {}
-    local names = {'r', 'i', 'o'}
-    for k = 1, 3 do if lr[k] > 0 then table.insert(fields, names[k]); table.insert(fields, f0(lr[k])) end end
+  local lr = {tonumber(ARGV[19]), tonumber(ARGV[20]), tonumber(ARGV[21])}
+  local rem = {tonumber(ARGV[22]), tonumber(ARGV[23]), tonumber(ARGV[24])}
+  local lc = {tonumber(ARGV[25]), tonumber(ARGV[26]), tonumber(ARGV[27])}
+  local retry_after, limited, ttl = tonumber(ARGV[28]), tonumber(ARGV[29]), tonumber(ARGV[30])
+  local fields = {}
+  local names = {'r', 'i', 'o'}
+  for k = 1, 3 do
+    if lr[k] > 0 then table.insert(fields, names[k]); table.insert(fields, f0(lr[k])) end
+    if lc[k] >= 0 then
+      -- The provider's bucket: estimates fall short of it by up to the headers' rounding, so a
+      -- larger one is taken at once and a smaller one moves the learned capacity a tenth of the way.
+      local known = tonumber(learned[k + 3])
+      local c = lc[k]
+      if known and c < known then c = known + 0.1 * (c - known) end
+      table.insert(fields, 'c' .. names[k]); table.insert(fields, f6(math.max(1, c)))
+    end
+  end
+  if #fields > 0 then
     redis.call('HSET', P .. 'lim', unpack(fields))
     redis.call('EXPIRE', P .. 'lim', ttl)
     local before = eff
-    eff, learned = limits()
+    eff, cap, learned = limits()
+    paced()
     for k = 1, 3 do
-      if eff[k] > 0 and before[k] <= 0 then lv[k] = eff[k] end  -- a newly known limit starts full
-      if eff[k] > 0 then lv[k] = math.min(lv[k], eff[k]) end
+      if eff[k] > 0 and before[k] <= 0 then lv[k] = full[k] end  -- a newly known limit starts full
+      if eff[k] > 0 then lv[k] = math.min(lv[k], full[k]) end
     end
   end
-  for k = 1, 3 do if eff[k] > 0 then lv[k] = math.min(eff[k], lv[k] + give[k]) end end
+  for k = 1, 3 do if eff[k] > 0 then lv[k] = math.min(full[k], lv[k] + give[k]) end end
   for k = 1, 3 do
     local l = tonumber(learned[k])
     if rem[k] >= 0 and eff[k] > 0 and l and l > 0 then
-      -- The server's own count (at the request's arrival), less our headroom: never above it.
-      lv[k] = math.min(lv[k], rem[k] - (1 - headroom) * l)
+      -- The server's own count (at the request's arrival), less our headroom of its bucket:
+      -- never above it. Another client of the organisation shows here first.
+      local size = tonumber(learned[k + 3]) or l
+      lv[k] = math.min(lv[k], rem[k] - (1 - headroom) * size)
     end
   end
   if retry_after >= 0 then blk = math.max(blk, now + retry_after) end
+  if limited == 1 then
+    if now - at429 >= 1 then
+      pace = math.max(PACE_MIN, pace * DECREASE)
+      paced()
+      for k = 1, 3 do lv[k] = math.min(lv[k], full[k]) end
+    end
+    at429 = now
+    redis.call('HINCRBY', P .. 'b', 'n429', 1)
+    redis.call('HSET', P .. 'b', 'why429', ARGV[31])
+  end
   run_pass()
   return {1, '0', 1}
 end
@@ -255,8 +300,13 @@ if op == 'peek' then
   save()
   local blocked = 0
   if blk > now then blocked = blk - now end
+  local more = redis.call('HMGET', P .. 'b', 'n429', 'why429')
+  local since429 = -1
+  if at429 > 0 then since429 = now - at429 end
   return {f6(eff[1]), f6(eff[2]), f6(eff[3]), f6(lv[1]), f6(lv[2]), f6(lv[3]), f6(blocked),
-          tostring(learned[1] or ''), tostring(learned[2] or ''), tostring(learned[3] or '')}
+          tostring(learned[1] or ''), tostring(learned[2] or ''), tostring(learned[3] or ''),
+          f6(full[1]), f6(full[2]), f6(full[3]), tostring(learned[4] or ''), tostring(learned[5] or ''),
+          tostring(learned[6] or ''), f6(pace), tostring(more[1] or '0'), f6(since429), tostring(more[2] or '')}
 end
 return redis.error_reply('unknown op ' .. tostring(op))
 """
@@ -281,13 +331,15 @@ class Ask:
 @dataclass
 class Admission:
     """An admitted request: its ticket, how long it waited, and whether the limiter tracks it
-    (False when nothing was enforced: no limit known, no cap, or the limiter failed open)."""
+    (False when nothing was enforced: no limit known, no cap, or the limiter failed open);
+    ``sent_at`` (this host's clock) dates what its answer's headers say."""
 
     ask: Ask
     ticket: str
     waited_seconds: float
     tracked: bool
     settled: bool = False
+    sent_at: float = field(default_factory=time.time)
 
 
 @dataclass(frozen=True)
@@ -301,12 +353,32 @@ class Verdict:
 
 @dataclass(frozen=True)
 class RateLimitInfo:
-    """What one answer said about the limits: per-minute limits and what remains, by dimension
-    (``requests``, ``input_tokens``, ``output_tokens``), and a 429's retry-after."""
+    """What one answer said about the limits, by dimension (``requests``, ``input_tokens``,
+    ``output_tokens``): per-minute limits, what remains, when the provider's bucket is full again
+    (``reset_at``, seconds since the epoch); whether it was a 429, and its retry-after."""
 
     limits: dict[str, int]
     remaining: dict[str, int]
     retry_after_seconds: float | None = None
+    reset_at: dict[str, float] = field(default_factory=dict)
+    rate_limited: bool = False
+
+    def capacity(self, sent_at: float) -> dict[str, float]:
+        """The provider's bucket per dimension, from a request sent at ``sent_at``: what remained
+        at its arrival and what the refill adds until the bucket is full (``reset_at``), at most a
+        minute's limit. A provider that enforces its limit over seconds shows a bucket of seconds."""
+        found = {}
+        for dimension, limit in self.limits.items():
+            remaining, reset_at = self.remaining.get(dimension), self.reset_at.get(dimension)
+            if limit > 0 and remaining is not None and reset_at is not None:
+                found[dimension] = min(float(limit), remaining + limit / 60 * max(0.0, reset_at - sent_at))
+        return found
+
+    def reason(self) -> str:
+        """A 429 as the Rate limits page shows it."""
+        empty = [d for d, n in self.remaining.items() if n <= 0]
+        wait = "" if self.retry_after_seconds is None else f", retry-after {self.retry_after_seconds:g} s"
+        return f"429 from the provider ({', '.join(empty) or 'no dimension'} at 0{wait})"
 
 
 class WaitAbandoned(Exception):  # noqa: N818 - an outcome, raised to unwind the wait
@@ -321,10 +393,10 @@ class RedisLimiter:
     """The limiter's operations on one Redis client. ``clock`` (tests only) replaces Redis's
     ``TIME`` with a given time in seconds."""
 
-    def __init__(self, client: Any, *, headroom: float = 0.95, alive_seconds: float = 20.0,
+    def __init__(self, client: Any, *, headroom: float = 0.95, burst_seconds: float = 3.0, alive_seconds: float = 20.0,
                  slot_seconds: float = 300.0, learn_ttl_seconds: int = 3600,
                  clock: Callable[[], float] | None = None, prefix: str = PREFIX) -> None:
-        self.client, self.headroom, self.prefix = client, headroom, prefix
+        self.client, self.headroom, self.burst_seconds, self.prefix = client, headroom, burst_seconds, prefix
         self.alive_seconds, self.slot_seconds, self.learn_ttl_seconds = alive_seconds, slot_seconds, learn_ttl_seconds
         self.clock = clock
         self._script = client.register_script(SCRIPT)
@@ -334,7 +406,7 @@ class RedisLimiter:
         return self._script(args=[op, f"{self.prefix}{scope}:", self.prefix, repr(float(now)),
                                   *(repr(float(c)) for c in configured), repr(self.headroom),
                                   repr(self.alive_seconds), repr(self.slot_seconds), ticket, MAX_ADMIT_PER_PASS,
-                                  *extra])
+                                  repr(float(self.burst_seconds)), *extra])
 
     @staticmethod
     def new_ticket() -> str:
@@ -409,10 +481,14 @@ class RedisLimiter:
                 info: RateLimitInfo | None = None) -> None:
         limits = [int((info.limits if info else {}).get(d, 0)) for d in DIMENSIONS]
         remaining = [int((info.remaining if info else {}).get(d, -1)) for d in DIMENSIONS]
+        capacity = info.capacity(admission.sent_at) if info else {}
+        sizes = [repr(float(capacity.get(d, -1))) for d in DIMENSIONS]
         retry = info.retry_after_seconds if info and info.retry_after_seconds is not None else -1
+        limited = info is not None and info.rate_limited
         ask = admission.ask
         self._run(op, ask.scope, admission.ticket, ask.configured, ask.tenant, ask.kind, *give,
-                  *limits, *remaining, repr(float(retry)), self.learn_ttl_seconds)
+                  *limits, *remaining, *sizes, repr(float(retry)), int(limited), self.learn_ttl_seconds,
+                  info.reason() if limited and info else "")
 
     # --- reads, for /metrics and the admin -------------------------------------------------
 
@@ -420,12 +496,16 @@ class RedisLimiter:
         return sorted(s.decode() if isinstance(s, bytes) else s for s in self.client.smembers(f"{self.prefix}scopes"))
 
     def state(self, scope: str, configured: tuple[float, float, float] = (0, 0, 0)) -> dict[str, Any]:
-        """A scope's effective limits, bucket levels, learned limits, block, and waiting tickets
-        by tenant and priority."""
+        """A scope's effective limits, bucket levels and capacities (``burst``, at the pace now),
+        learned limits and provider buckets, block, pace, 429s (how many, the last one's reason
+        and age in seconds, None for none), and waiting tickets by tenant and priority."""
         row = [v.decode() if isinstance(v, bytes) else str(v) for v in self._run("peek", scope, "", configured)]
         effective = dict(zip(DIMENSIONS, map(float, row[0:3]), strict=True))
         available = dict(zip(DIMENSIONS, map(float, row[3:6]), strict=True))
         learned = {d: int(v) for d, v in zip(DIMENSIONS, row[7:10], strict=True) if v not in ("", "false")}
+        burst = dict(zip(DIMENSIONS, map(float, row[10:13]), strict=True))
+        provider_bucket = {d: float(v) for d, v in zip(DIMENSIONS, row[13:16], strict=True) if v not in ("", "false")}
+        since_429 = float(row[18])
         waiting: dict[tuple[str, int], int] = {}
         base = f"{self.prefix}{scope}:"
         for raw in self.client.zrange(f"{base}f", 0, -1):
@@ -434,7 +514,9 @@ class RedisLimiter:
                 n = self.client.zcount(f"{base}q:{tenant}", band * 1e12, (band + 1) * 1e12 - 1)
                 if n:
                     waiting[(tenant, 10 - band)] = int(n)
-        return {"effective": effective, "available": available, "learned": learned,
+        return {"effective": effective, "available": available, "learned": learned, "burst": burst,
+                "provider_bucket": provider_bucket, "pace": float(row[16]), "rate_limited": int(row[17] or 0),
+                "last_429": {"seconds_ago": since_429, "reason": row[19]} if since_429 >= 0 else None,
                 "blocked_seconds": float(row[6]), "waiting": waiting}
 
     def slots(self) -> dict[str, int]:

@@ -273,11 +273,19 @@ def rate_limit_metrics() -> Iterator[Metric]:
                                    "and dimension; source configured (AGENTOPS_RATE_LIMITS), learned (the answers' "
                                    "headers) or effective (what the limiter holds: the lower, learned times the "
                                    "headroom); 0 for none.", labels=["provider", "model", "dimension", "source"])
-    available = GaugeMetricFamily("agentops_rate_limit_available", "What is left of each effective limit now (its "
-                                  "token bucket; below 0 after a 429 or a correction).",
+    available = GaugeMetricFamily("agentops_rate_limit_available", "What is left of each effective limit's bucket "
+                                  "now (below 0 after a request larger than the bucket, a 429 or a correction).",
                                   labels=["provider", "model", "dimension"])
-    used = GaugeMetricFamily("agentops_rate_limit_used", "How much of each effective limit's minute is taken "
-                             "(effective minus available).", labels=["provider", "model", "dimension"])
+    burst = GaugeMetricFamily("agentops_rate_limit_burst", "What each limit's bucket holds when full at the pace "
+                              "now: AGENTOPS_RATE_LIMIT_BURST_SECONDS of the effective rate, or less when the "
+                              "provider's own bucket holds less.", labels=["provider", "model", "dimension"])
+    used = GaugeMetricFamily("agentops_rate_limit_used", "How much of each limit's bucket is taken (burst minus "
+                             "available).", labels=["provider", "model", "dimension"])
+    provider_bucket = GaugeMetricFamily("agentops_rate_limit_provider_bucket", "The provider's bucket per "
+                                        "dimension as its answers' remaining and reset headers show it.",
+                                        labels=["provider", "model", "dimension"])
+    pace = GaugeMetricFamily("agentops_rate_limit_pace", "The share of the effective rate the limiter sends at: "
+                             "1, lowered by each 429 and recovering.", labels=["provider", "model"])
     blocked = GaugeMetricFamily("agentops_rate_limit_blocked_seconds", "Seconds every call of the scope still "
                                 "waits after a 429's retry-after.", labels=["provider", "model"])
     waiting = GaugeMetricFamily("agentops_rate_limit_waiting", "Model requests waiting for their share, by tenant "
@@ -291,12 +299,15 @@ def rate_limit_metrics() -> Iterator[Metric]:
                 per_minute.add_metric([provider, model, dimension, source], value)
             if state["effective"][dimension]:
                 available.add_metric([provider, model, dimension], state["available"][dimension])
-                used.add_metric([provider, model, dimension],
-                                state["effective"][dimension] - state["available"][dimension])
+                burst.add_metric([provider, model, dimension], state["burst"][dimension])
+                used.add_metric([provider, model, dimension], state["burst"][dimension] - state["available"][dimension])
+            if dimension in state["provider_bucket"]:
+                provider_bucket.add_metric([provider, model, dimension], state["provider_bucket"][dimension])
         blocked.add_metric([provider, model], state["blocked_seconds"])
+        pace.add_metric([provider, model], state["pace"])
         for (tenant, priority), n in sorted(state["waiting"].items()):
             waiting.add_metric([provider, model, tenant, str(priority)], n)
-    yield from (per_minute, available, used, blocked, waiting)
+    yield from (per_minute, available, burst, used, provider_bucket, pace, blocked, waiting)
     held = GaugeMetricFamily("agentops_model_call_slots", "Concurrent model requests by concurrency key "
                              "(tenant:<tenant>, kind:<kind>) with a cap.", labels=["key"])
     caps = GaugeMetricFamily("agentops_model_call_slots_limit", "Each concurrency key's cap "
