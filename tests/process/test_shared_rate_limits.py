@@ -1,7 +1,7 @@
 """Two threads workers share one organisation limit through the limiter in Redis.
 
 Real workers (the product's defaults: the limiter on the broker's Redis), the real SDK, the fake
-Messages API enforcing 120 requests a minute, its buckets a tenth full at first. One agent
+Messages API enforcing 60 requests a minute, its buckets a tenth full at first. One agent
 teaches the limiter the limits (the answers' headers), then 24 agents go at once: no 429, the
 requests go at the limit's pace, both workers send them, and a priority-9 agent launched into
 the saturated limit waits for about one gap per call.
@@ -69,17 +69,18 @@ def test_two_workers_share_one_limit_without_429s_and_priority_nine_goes_first(
     wait_until_status(cluster, launch(1), "completed", timeout=60)  # the limiter learns the limits
     taught = len(claude_api.requests)
 
+    started = time.time()
     ids = launch(AGENTS)
-    time.sleep(8)  # the limit is saturated: 24 agents ask faster than 2 requests a second
+    time.sleep(8)  # the limit is saturated: 24 agents ask faster than one request a second
     urgent = launch(1, priority=9)
     wait_until_status(cluster, ids + urgent, "completed", timeout=180)
 
     later = claude_api.requests[taught:]
     statuses = [r.status for r in later]
     assert statuses.count(429) == 0, f"{statuses.count(429)} of {len(later)} requests were refused"
-    assert claude_api.limit.low_since is not None, "the limit was saturated"
-    # The rate once the burst a bucket allows is spent: from 2 s after it first fell below a tenth.
-    sent = sorted(r.at for r in later if r.at >= claude_api.limit.low_since + 2)
+    # The rate once the limiter's burst (a few seconds of the rate) is spent: from 2 s after the launch.
+    # The limiter paces below the provider's rate, so the provider's bucket need never run low.
+    sent = sorted(r.at for r in later if r.at >= started + 2)
     rate = 60 * (len(sent) - 1) / (sent[-1] - sent[0])
     # Never over the limit. Under it by half at most: on CI's loaded lane the workers' CPU, not the
     # limiter, set the pace once (73 a minute); the limit's use on a host that keeps up is bench
