@@ -137,10 +137,16 @@ def check(plan: Any, wf: Any, v: list[str], tally: Counter[str]) -> None:
     tally["proposals"] += len(state.get("proposals") or [])
     if wf.status in ("failed", "waiting") and not state.get("sessions"):
         return  # rejected or parked at the feature list: no session ran
-    # The engine counted each session once: one activity each, one count each.
+    # The engine counted each session once, over every visit: one activity each, one count each.
     if state.get("sessions", 0) != len(sessions):
         v.append(f"{label}: the engine counted {state.get('sessions')} sessions, {len(sessions)} ran")
-    per_feature = Counter(str((i.get("feature") or {}).get("id", "REPAIR")) for i, _ in sessions)
+    # Each feature's attempts count from the latest visit of INITIALIZE (a release change revalidates
+    # there and the scaffold, its feature list included, is built again).
+    inits = list(Activity.objects.filter(workflow_id=wf.pk, name="harness_initialize").values_list("pk", flat=True))
+    tally["initialized_again"] += max(0, len(inits) - 1)
+    current = list(Activity.objects.filter(workflow_id=wf.pk, name="harness_session",
+                                           pk__gt=max(inits, default=0)).values_list("input", flat=True))
+    per_feature = Counter(str((i.get("feature") or {}).get("id", "REPAIR")) for i in current)
     for feature in state.get("features", []):
         if feature.get("attempts", 0) != per_feature.get(feature["id"], 0):
             v.append(f"{label}: feature {feature['id']} counts {feature.get('attempts')} attempts, "

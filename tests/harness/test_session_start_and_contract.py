@@ -251,3 +251,27 @@ def test_a_release_change_at_the_feature_list_approval_builds_the_scaffold_again
     assert gitops.git(workspace, "rev-parse", "refs/heads/wip/initializer/1") == first_scaffold
     approve_feature_list(wf.pk, harness_approver)
     assert drive_all(wf.pk).status == "completed"
+
+
+def test_a_release_change_after_sessions_ran_keeps_the_workflows_count_of_sessions(
+        harness_approver, mini_schedule, settings, tmp_path):
+    """max_sessions bounds the workflow, not each visit of INITIALIZE: a release change after a
+    session ran builds the scaffold again, and the session already spent still counts."""
+    mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
+    wf = services.workflow_launch(kind="harness", goal="Build app.py",
+                                  params={"workspace": str(tmp_path / "project"), "max_sessions": 1})
+    drive_all(wf.pk)
+    approve_feature_list(wf.pk, harness_approver)
+    workflow = drive_all(wf.pk)
+    assert (workflow.status, workflow.state["paused_for"]["kind"]) == ("paused", "max_sessions"), workflow.reason
+
+    settings.AGENTOPS_PROMPT_VERSION = "harness-prompt-2"  # a worker restarted on a new release
+    services.workflow_resume(workflow_id=wf.pk, by="hana")
+    workflow = drive_all(wf.pk)
+    assert events(wf.pk, "release.changed")
+    assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL"), workflow.reason
+    approve_feature_list(wf.pk, harness_approver)
+    workflow = drive_all(wf.pk)
+    ran = Activity.objects.filter(workflow=wf, name="harness_session").count()
+    assert workflow.state["sessions"] == ran, (workflow.state["sessions"], ran)
+    assert workflow.state["sessions"] <= workflow.state["session_limit"]

@@ -118,7 +118,11 @@ class Harness(WorkflowDefinition):
         return Goto("VALIDATE_FEATURE_LIST", {
             "isolation": probe, "paused_for": None, "workspace": init["workspace"],
             "scaffold_sha": init["scaffold_sha"], "contract_sha": init["scaffold_sha"], "head": init["scaffold_sha"],
-            "sessions": 0, "session_limit": ctx.params["max_sessions"], "sessions_since_pass": 0, "progress": [],
+            # The count of sessions and its limit carry over a later visit (a release change revalidates
+            # here), so max_sessions bounds the workflow, not each visit.
+            "sessions": ctx.state.get("sessions", 0),
+            "session_limit": ctx.state.get("session_limit", ctx.params["max_sessions"]),
+            "sessions_since_pass": 0, "progress": [],
             "memory": [], "repair_attempts": 0, "smoke_seen_green": False})
 
     @node("VALIDATE_FEATURE_LIST")
