@@ -27,8 +27,9 @@ SURFACE = {
         "time_chart", "usd", "when",
     ],
     "agentops.kind.testing": [
-        "ActivityEnvironment", "Divergence", "FakeLease", "FakeLedger", "FakeModel", "LeaseLost", "Reply", "Throttle",
-        "WorkflowRun", "cut_off", "deployed", "registered", "replay",
+        "ActivityEnvironment", "Clock", "Crashed", "Divergence", "Doorbell", "Doorbells", "FAULT_POINTS", "FakeLease",
+        "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle", "WorkflowRun", "cut_off", "deployed",
+        "drive", "launch", "registered", "replay",
     ],
 }
 # Where kinds live: the shipped ones and the worked example of docs/authoring.md.
