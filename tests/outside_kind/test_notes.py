@@ -66,3 +66,29 @@ def test_a_crash_before_the_pin_pins_it_on_the_next_attempt(drive, clock, faults
     workflow = drive(workflow)
 
     assert (workflow.status, [text for _, text in BOARD.pins]) == ("completed", ["Call Ada"])
+
+
+@pytest.mark.parametrize("point", ["activity.after_claim", "activity.before_writeback", "transition.before_commit"])
+def test_a_crash_at_a_point_of_every_attempt_pins_the_note_once(drive, clock, faults, point):
+    workflow = launch("outside_reminder", params={"text": "Call Ada", "delay_seconds": 0})
+    with faults.crash_at(point, activity="pin_note"):
+        drive(workflow)
+    assert drive(workflow).status == "running"
+
+    clock.advance(seconds=31)
+    workflow = drive(workflow)
+
+    ((key, _),) = BOARD.pins
+    assert (workflow.status, workflow.result) == ("completed", {"pin": key})
+    assert Activity.objects.get(workflow=workflow, name="pin_note").attempt == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_a_transactional_test_too_a_crash_after_the_pin_does_not_pin_it_again(drive, clock, faults):
+    workflow = launch("outside_reminder", params={"text": "Call Ada", "delay_seconds": 0})
+    with faults.crash_at("activity.after_external_call", activity="pin_note"):
+        drive(workflow)
+    clock.advance(seconds=31)
+
+    assert drive(workflow).status == "completed"
+    assert len(BOARD.pins) == 1
