@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentops.kind.testing import FAULT_POINTS, Clock, Faults, drive, launch, registered
+from agentops.kind.testing import FAULT_POINTS, Clock, Faults, WorkflowRun, drive, launch, registered
 from tests.conftest import one_event_kind
 from workflows.errors import NotFound
 from workflows.testing.database import doorbells_recorded
@@ -20,6 +20,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_drive_names_a_workflow_that_does_not_exist() -> None:
     with pytest.raises(NotFound, match="Workflow 999999 does not exist in this test's database"):
         drive(999999)
+
+
+def test_drive_refuses_an_in_memory_run() -> None:
+    with registered(one_event_kind("kit_db_in_memory")):
+        run = WorkflowRun(one_event_kind("kit_db_in_memory"))
+        with pytest.raises(TypeError, match="drive takes a workflow row or its id .*, not WorkflowRun"):
+            drive(run)
 
 
 def test_an_unknown_fault_point_is_refused_with_the_known_ones(tmp_path: Path) -> None:

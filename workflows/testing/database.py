@@ -59,9 +59,12 @@ def drive(workflow: Workflow | int, *, max_rounds: int = 100) -> Workflow:
     Each round advances every unfinished workflow of the tree, runs its due activities, fires its
     due timers, reaps its attempts whose lease ran out (``clock.now()`` past it: a crashed attempt's)
     and delivers each ended child's end to its parent, as workers and beat would after the
-    doorbells. Raises NotFound for an id of no workflow, AssertionError when the tree still changes
-    after ``max_rounds`` rounds (a definition that never waits).
+    doorbells. Raises TypeError for anything but a row or an id, NotFound for an id of no workflow,
+    AssertionError when the tree still changes after ``max_rounds`` rounds (a definition that never waits).
     """
+    if not isinstance(workflow, Workflow | int) or isinstance(workflow, bool):
+        raise TypeError(f"drive takes a workflow row or its id (what launch returns), not {type(workflow).__name__}; "
+                        "a WorkflowRun runs in memory and is answered step by step instead.")
     root = workflow if isinstance(workflow, int) else workflow.pk
     if not Workflow.objects.filter(pk=root).exists():
         raise NotFound(f"Workflow {root} does not exist in this test's database: drive the workflow (or the id) "
