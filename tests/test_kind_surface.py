@@ -33,7 +33,7 @@ SURFACE = {
     ],
 }
 # The fixtures a package's conftest gets from ``pytest_plugins = ["agentops.kind.pytest_plugin"]``.
-PLUGIN_FIXTURES = ["clock", "doorbells", "drive", "faults"]
+PLUGIN_FIXTURES = ["clock", "doorbells", "drive", "faults", "workers", "workers_broker_url"]
 # Where kinds live: the shipped ones and the worked example of docs/authoring.md.
 KIND_SOURCES = [*sorted((ROOT / "agentops" / "agents").rglob("*.py")), *sorted((ROOT / "examples").rglob("*.py"))]
 

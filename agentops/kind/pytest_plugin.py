@@ -7,17 +7,23 @@ take the fixtures ``doorbells`` (a ``Doorbells``: what would have been published
 ``drive`` (``drive(workflow)``: run it and its children in process to its next wait), ``clock``
 (a ``Clock`` the test moves) and ``faults`` (a ``Faults``: crash at a named point). The names they
 give are in ``agentops.kind.testing``; docs/authoring.md, "Against the database", shows them used.
+``workers`` gives real Celery workers and beat instead (``workflows.testing.cluster``), on a Redis
+DB the package names by overriding ``workers_broker_url``.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from agentops.kind.presentation import Workflow
 from agentops.kind.testing import Clock, Doorbells, Faults
 from workflows.testing import database
+
+if TYPE_CHECKING:
+    from workflows.testing.cluster import Cluster
 
 
 @pytest.fixture
@@ -45,3 +51,25 @@ def clock() -> Iterator[Clock]:
 def faults(tmp_path: Path) -> Faults:
     """``with faults.crash_at(point, **when): drive(workflow)`` crashes there; ``faults.fired`` lists the crashes."""
     return Faults(log=tmp_path / "faults.log")
+
+
+@pytest.fixture
+def workers_broker_url() -> str:
+    """The Redis DB of the ``workers`` fixture, flushed before each test: a package overrides this
+    fixture with a DB its tests alone use."""
+    raise pytest.UsageError("The workers fixture needs a Redis DB of these tests alone (it is flushed): override "
+                            "the workers_broker_url fixture to return its URL, e.g. redis://127.0.0.1:6379/15.")
+
+
+@pytest.fixture
+def workers(transactional_db: None, tmp_path: Path, workers_broker_url: str) -> Iterator[Cluster]:
+    """A ``Cluster`` on the test's database, its broker ``workers_broker_url`` (flushed), this process's
+    doorbells published there; ``workers.start(workers=("w1",), beats=("beat",))`` starts the processes
+    in the current directory, and every one is stopped after the test. Needs psutil (agentops's
+    ``test`` extra) and a PostgreSQL test database."""
+    from workflows.testing.cluster import Broker, Cluster, publishing_to, subprocess_database_url
+
+    Broker(workers_broker_url).flushdb()
+    with publishing_to(workers_broker_url), Cluster(run_dir=tmp_path, database_url=subprocess_database_url(),
+                                                    broker_url=workers_broker_url) as cluster:
+        yield cluster
