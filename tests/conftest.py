@@ -24,6 +24,9 @@ from workflows.registry import ActivityType
 from workflows.services.activities import DatabaseLease
 from workflows.testing.inprocess import drive  # noqa: F401 - the tests import it from here
 
+# A package outside agentops, tested in a session of its own (tests/test_outside_kind.py).
+collect_ignore = ["outside_kind"]
+
 
 def worker_context(claim: Claim) -> ActivityContext:
     """The context a worker gives a claimed attempt: heartbeats and notes go to the database."""

@@ -27,10 +27,13 @@ SURFACE = {
         "time_chart", "usd", "when",
     ],
     "agentops.kind.testing": [
-        "ActivityEnvironment", "Divergence", "FakeLease", "FakeLedger", "FakeModel", "LeaseLost", "Reply", "Throttle",
-        "WorkflowRun", "cut_off", "deployed", "registered", "replay",
+        "ActivityEnvironment", "Clock", "Crashed", "Divergence", "Doorbell", "Doorbells", "FAULT_POINTS", "FakeLease",
+        "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle", "WorkflowRun", "cut_off", "deployed",
+        "drive", "launch", "registered", "replay",
     ],
 }
+# The fixtures a package's conftest gets from ``pytest_plugins = ["agentops.kind.pytest_plugin"]``.
+PLUGIN_FIXTURES = ["clock", "doorbells", "drive", "faults", "workers", "workers_broker_url"]
 # Where kinds live: the shipped ones and the worked example of docs/authoring.md.
 KIND_SOURCES = [*sorted((ROOT / "agentops" / "agents").rglob("*.py")), *sorted((ROOT / "examples").rglob("*.py"))]
 
@@ -42,6 +45,13 @@ def test_the_surface_exports_exactly_its_locked_names(module: str) -> None:
         f"{module}.__all__ changed: a kind author's import may break. Lock the new list here on purpose.")
     missing = [name for name in imported.__all__ if not hasattr(imported, name)]
     assert not missing, f"{module} lists names it does not define: {missing}"
+
+
+def test_the_test_kit_s_plugin_gives_exactly_its_locked_fixtures() -> None:
+    plugin = ROOT / "agentops" / "kind" / "pytest_plugin.py"
+    fixtures = [node.name for node in ast.parse(plugin.read_text()).body if isinstance(node, ast.FunctionDef)
+                and any(ast.unparse(d) == "pytest.fixture" for d in node.decorator_list)]
+    assert sorted(fixtures) == PLUGIN_FIXTURES, "the plugin's fixtures changed: a package's tests may break"
 
 
 def kernel_imports(path: Path) -> list[str]:

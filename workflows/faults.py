@@ -3,7 +3,8 @@
 AGENTOPS_TESTING_FAULTS is a JSON list of rules such as
 ``{"point": "activity.after_external_call", "when": {"activity": "deploy", "attempt": 1},
 "action": "sigkill_self"}``. Each firing is appended to AGENTOPS_FAULT_LOG first, so a
-test can prove that its fault really happened.
+test can prove that its fault really happened. The ``crash`` action stops an in-process test at
+the point (``Crashed``); the others kill, stop, slow or disconnect the process they fire in.
 """
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ import time
 from typing import Any
 
 from django.conf import settings
+
+
+class Crashed(BaseException):
+    """Raised by the ``crash`` action: the process stops at the fault point as far as the code around
+    it can tell. A BaseException, so no ``except Exception`` records it as an attempt's failure:
+    what was committed before the point stays, what was not is rolled back, and a claimed attempt
+    keeps its lease until it runs out, as when the process dies there."""
 
 
 def faultpoint(point: str, **context: Any) -> None:
@@ -48,9 +56,12 @@ def _fire(point: str, rule: dict[str, Any], context: dict[str, Any]) -> None:
         # a connection drops; the statement itself raises OperationalError.
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    elif action == "crash":
+        raise Crashed(f"crashed at {point}")
     elif action == "raise":
         raise RuntimeError(f"fault injected at {point}")
     else:
         raise ValueError(
-            f"unknown fault action {action!r} at {point}; use sigkill_self, exit, sleep, pg_terminate_self or raise"
+            f"unknown fault action {action!r} at {point}; "
+            "use sigkill_self, exit, sleep, pg_terminate_self, crash or raise"
         )

@@ -2,10 +2,14 @@
 ``WorkflowRun`` drives a definition through its nodes in memory, ``ActivityEnvironment`` runs an
 activity with a fake lease and, with ``FakeModel``, fake model calls metered in a ``FakeLedger``;
 ``replay`` names where a changed definition no longer replays a recorded history; ``registered``
-registers a kind for one test. Real workers and beat: ``workflows.testing.cluster``.
+registers a kind for one test. Against the database (pytest-django's), in process: ``launch`` and
+``drive`` a workflow, with ``Doorbells`` recorded, a ``Clock`` the test moves and ``Faults`` that crash
+at a named point of ``FAULT_POINTS`` (the fixtures of ``agentops.kind.pytest_plugin``). Real workers
+and beat: ``workflows.testing.cluster``.
 """
 from __future__ import annotations
 
+from workflows.faults import Crashed
 from workflows.testing import (
     ActivityEnvironment,
     Divergence,
@@ -21,8 +25,10 @@ from workflows.testing import (
     registered,
     replay,
 )
+from workflows.testing.database import FAULT_POINTS, Clock, Doorbell, Doorbells, Faults, drive, launch
 
 __all__ = [
-    "ActivityEnvironment", "Divergence", "FakeLease", "FakeLedger", "FakeModel", "LeaseLost", "Reply", "Throttle",
-    "WorkflowRun", "cut_off", "deployed", "registered", "replay",
+    "ActivityEnvironment", "Clock", "Crashed", "Divergence", "Doorbell", "Doorbells", "FAULT_POINTS", "FakeLease",
+    "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle", "WorkflowRun", "cut_off",
+    "deployed", "drive", "launch", "registered", "replay",
 ]

@@ -260,7 +260,8 @@ def _result_record(*, claim: Claim, result: Any, reconciled: bool, chain: ChainS
                      attempt=claim.attempt, reconciled=reconciled)
         commitment_compensated_by(workflow, operation_id=claim.operation_id, input=claim.input, now=now)
         advance_locked(workflow, chain=chain, savepoint=savepoint, recorded=visit)
-    faults.faultpoint("transition.before_commit", workflow_id=workflow.pk, operation_id=claim.operation_id)
+    faults.faultpoint("transition.before_commit", workflow_id=workflow.pk, operation_id=claim.operation_id,
+                      activity=claim.name, attempt=claim.attempt)
     return RunOutcome.RECORDED
 
 

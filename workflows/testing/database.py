@@ -1,0 +1,235 @@
+"""The test kit's database tier: a kind's workflows run in the test's process against the test's
+database (pytest-django's), as workers and beat would run them, without a broker.
+
+- ``launch(kind, goal=, params=)``: start a workflow as ``manage.py agent launch`` does.
+- ``drive(workflow)``: run it and its child workflows to their next wait: due activities run,
+  due timers fire, expired leases are reaped and each child's end is delivered to its parent,
+  until nothing changes.
+- ``doorbells_recorded()``: the doorbells the services ring (what would be published to the
+  broker after commit) are kept in a ``Doorbells`` instead of sent.
+- ``Clock``: the durable clock (``workflows.clock.now``), moved by the test (time-machine).
+- ``Faults``: crash the process, as far as the services can tell, at a named fault point
+  (``FAULT_POINTS``), then drive again to see what the next attempt does.
+
+``agentops.kind.pytest_plugin`` gives these as pytest fixtures.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.test import override_settings
+
+from workflows import clock, doorbells, services
+from workflows.errors import NotFound
+from workflows.faults import Crashed
+from workflows.models import Activity, Timer, Wait, Workflow
+from workflows.services.children import children_collect_if_finished
+
+# Every named fault point, with when it fires and what a crash there tests (docs/authoring.md,
+# "Fault points"; tests/authoring/test_kit_database.py keeps this, the code and the page in step).
+FAULT_POINTS: dict[str, str] = {
+    "activity.after_claim": "an attempt is claimed (committed), before its function runs",
+    "activity.before_external_call": "the activity marks it (ctx.faultpoint) right before its effect",
+    "activity.after_external_call": "the activity marks it (ctx.faultpoint) right after its effect",
+    "activity.before_writeback": "the function returned, before its result is written",
+    "transition.before_commit": "the result and the workflow's next step are written, before they commit",
+    "notify.before_send": "a notification is about to go to a channel",
+    "retention.archive_written": "a finished workflow's history archive is written, before its rows are removed",
+    "harness.after_tool": "the harness kind ran one tool call of a session",
+}
+
+
+def launch(kind: str, *, goal: str = "", params: dict[str, Any] | None = None) -> Workflow:
+    """Launch a workflow of ``kind`` (its definition registered) with ``goal`` and ``params``, as
+    ``manage.py agent launch`` does; it has advanced to its first step when this returns."""
+    return services.workflow_launch(kind=kind, goal=goal or f"A test of {kind}", params=params)
+
+
+def drive(workflow: Workflow | int, *, max_rounds: int = 100) -> Workflow:
+    """Run ``workflow`` (a row or its id) and its child workflows in this process until nothing
+    changes, and return its row as it is then: waiting (for a signal, an approval, a timer not yet
+    due, a retry window not yet open), completed, failed, paused or cancelled.
+
+    Each round advances every unfinished workflow of the tree, runs its due activities, fires its
+    due timers, reaps its attempts whose lease ran out (``clock.now()`` past it: a crashed attempt's)
+    and delivers each ended child's end to its parent, as workers and beat would after the
+    doorbells. Raises TypeError for anything but a row or an id, NotFound for an id of no workflow,
+    AssertionError when the tree still changes after ``max_rounds`` rounds (a definition that never waits).
+    """
+    if not isinstance(workflow, Workflow | int) or isinstance(workflow, bool):
+        raise TypeError(f"drive takes a workflow row or its id (what launch returns), not {type(workflow).__name__}; "
+                        "a WorkflowRun runs in memory and is answered step by step instead.")
+    root = workflow if isinstance(workflow, int) else workflow.pk
+    if not Workflow.objects.filter(pk=root).exists():
+        raise NotFound(f"Workflow {root} does not exist in this test's database: drive the workflow (or the id) "
+                       "that launch returned, in the same test.")
+    seen: tuple[Any, ...] = ()
+    for _ in range(max_rounds):
+        tree = _tree(root)
+        _round(tree)
+        now_seen = _fingerprint(_tree(root))
+        if now_seen == seen:
+            return Workflow.objects.get(pk=root)
+        seen = now_seen
+    raise AssertionError(f"Workflow {root} still changes after {max_rounds} rounds of drive: its definition (or a "
+                         "child's) never waits.")
+
+
+def _tree(root: int) -> list[int]:
+    """The workflow and its descendants, parents first."""
+    found, frontier = [root], [root]
+    while frontier:
+        frontier = list(Workflow.objects.filter(parent_id__in=frontier).order_by("pk").values_list("pk", flat=True))
+        found += frontier
+    return found
+
+
+def _round(tree: list[int]) -> None:
+    now = clock.now()
+    for pk in Timer.objects.filter(workflow_id__in=tree, status=Timer.Status.PENDING,
+                                   fire_at__lte=now).values_list("pk", flat=True):
+        services.timer_fire_if_due(timer_id=pk)
+    for pk in Activity.objects.filter(workflow_id__in=tree, status=Activity.Status.RUNNING,
+                                      lease_expires_at__lt=now).values_list("pk", flat=True):
+        services.activity_lease_expire_if_due(activity_id=pk)
+    for workflow_id in reversed(tree):  # children first: a child that ends this round reaches its parent
+        services.workflow_advance_if_runnable(workflow_id=workflow_id)
+        due = Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED,
+                                      next_attempt_at__lte=clock.now()).order_by("pk")
+        for pk in due.values_list("pk", flat=True):
+            services.activity_run_if_runnable(activity_id=pk, worker="in-process")
+        children_collect_if_finished(workflow_id=workflow_id)
+
+
+def _fingerprint(tree: list[int]) -> tuple[Any, ...]:
+    return (
+        tuple(Workflow.objects.filter(pk__in=tree).order_by("pk").values_list(
+            "pk", "status", "current_node", "node_visit", "event_seq")),
+        tuple(Activity.objects.filter(workflow_id__in=tree).order_by("pk").values_list("pk", "status", "attempt")),
+        tuple(Timer.objects.filter(workflow_id__in=tree).order_by("pk").values_list("pk", "status")),
+        tuple(Wait.objects.filter(workflow_id__in=tree).order_by("pk").values_list("pk", "status")),
+    )
+
+
+@dataclass(frozen=True)
+class Doorbell:
+    """One message a service rang: the Celery task it would publish after commit, its keyword
+    arguments (ids, e.g. ``{"workflow_id": 7}``) and its queue (None: the default queue)."""
+
+    task: str
+    kwargs: dict[str, Any]
+    queue: str | None = None
+
+
+@dataclass
+class Doorbells:
+    """The doorbells rung while recording, oldest first (``rung``)."""
+
+    rung: list[Doorbell] = field(default_factory=list)
+
+    def of(self, task: str) -> list[dict[str, Any]]:
+        """The keyword arguments of each doorbell of ``task`` (``"agentops.workflow.advance"``,
+        ``"agentops.activity.run"``, ``"agentops.workflow.children_collect"``, ...)."""
+        return [bell.kwargs for bell in self.rung if bell.task == task]
+
+    def clear(self) -> None:
+        self.rung.clear()
+
+
+@contextmanager
+def doorbells_recorded() -> Iterator[Doorbells]:
+    """Keep every doorbell rung in the block instead of publishing it: no broker is needed, and
+    the test sees what workers would have been asked to do. A doorbell is kept when it is rung,
+    in the transaction that would publish it once committed."""
+    recorded = Doorbells()
+    publish = doorbells._publish_on_commit
+
+    def record(task_name: str, queue: str | None = None, **kwargs: Any) -> None:
+        recorded.rung.append(Doorbell(task=task_name, kwargs=kwargs, queue=queue))
+
+    doorbells._publish_on_commit = record
+    try:
+        yield recorded
+    finally:
+        doorbells._publish_on_commit = publish
+
+
+class Clock:
+    """The durable clock while a test moves it: it starts at the real time and goes on ticking;
+    ``advance`` moves it forward (to a timer's wake time, past a lease or a retry window).
+    Needs time-machine (in agentops's ``test`` extra)."""
+
+    def __init__(self) -> None:
+        self._coordinates: Any = None
+
+    @contextmanager
+    def running(self) -> Iterator[Clock]:
+        """Move the clock only within the block; afterwards time is real again."""
+        try:
+            import time_machine
+        except ImportError:
+            raise ImportError("The test kit's clock needs time-machine: pip install time-machine "
+                              "(agentops's test extra has it).") from None
+        with time_machine.travel(datetime.now(UTC), tick=True) as coordinates:
+            self._coordinates = coordinates
+            try:
+                yield self
+            finally:
+                self._coordinates = None
+
+    def now(self) -> datetime:
+        """What ``agentops.kind.now()`` (and every service) reads now."""
+        return clock.now()
+
+    def advance(self, *, days: float = 0, hours: float = 0, minutes: float = 0, seconds: float = 0) -> datetime:
+        """Move the clock forward by the given time; returns the new ``now()``. Raises ValueError
+        for a step back (durable times are compared across hosts: they never go back)."""
+        step = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+        if step < timedelta(0):
+            raise ValueError(f"The clock only moves forward; {step} is a step back.")
+        if self._coordinates is None:
+            raise RuntimeError("The clock is not running: use it inside Clock().running() (the clock fixture does).")
+        self._coordinates.shift(step)
+        return self.now()
+
+
+class Faults:
+    """Crash at named fault points (``FAULT_POINTS``); each firing is logged in ``log``."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    @contextmanager
+    def crash_at(self, point: str, **when: Any) -> Iterator[None]:
+        """Within the block, crash at ``point`` where its context matches ``when`` (``activity=``
+        the activity's name, ``attempt=``, ``operation_id=``; a point an activity fires itself adds
+        what it passes to ``ctx.faultpoint``). The crash (``Crashed``) ends what the block runs, as if
+        the process died there, and the block then ends quietly; an attempt it stopped keeps its
+        lease until it runs out, then ``drive`` runs the next attempt (its ``reconcile`` first).
+
+        Raises ValueError for an unknown point, AssertionError when the block never reached it."""
+        if point not in FAULT_POINTS:
+            raise ValueError(f"Unknown fault point {point!r}; the points are: {', '.join(FAULT_POINTS)}.")
+        before = len(self.fired)
+        rule = {"point": point, "when": when, "action": "crash"}
+        with override_settings(AGENTOPS_TESTING_FAULTS=json.dumps([rule]), AGENTOPS_FAULT_LOG=str(self.log)):
+            try:
+                yield
+            except Crashed:
+                pass
+        if len(self.fired) == before:
+            where = ", ".join(f"{key}={value!r}" for key, value in when.items()) or "anywhere"
+            raise AssertionError(f"No crash at {point} ({where}): the block never reached that point.")
+
+    @property
+    def fired(self) -> list[dict[str, Any]]:
+        """Each crash so far: its point and the context it fired with (activity, attempt, ...)."""
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text(encoding="utf-8").splitlines() if line]
