@@ -24,11 +24,11 @@ class Schedule:
     cron: str = ""
     every: str = ""
     kind: str = ""
-    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    params: Mapping[str, Any] | None = None
     overlap: str = "skip"
     catch_up: str = "0"
     jitter: str = "0"
-    labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    labels: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         # Here, not at the top: agentops.kind (which imports this module) imports before Django's
@@ -40,7 +40,7 @@ class Schedule:
             services.name_checked(self.name)
             services.timing_checked(cron=self.cron, every=self.every, overlap=self.overlap,
                                     catch_up=self.catch_up, jitter=self.jitter)
-            labels_checked(dict(self.labels))
+            labels_checked(self.labels)
         except InvalidInput as exc:
             raise InvalidInput(f"Schedule {self.name!r} declared in code: {exc}", schedule=self.name) from None
 

@@ -64,9 +64,9 @@ def schedules_sync(*, dry_run: bool = False) -> list[Change]:
 def _checked(schedule: Schedule) -> ScheduleRow:
     try:
         row = services.schedule_checked(
-            name=schedule.name, kind=schedule.kind, goal=schedule.goal, params=dict(schedule.params),
+            name=schedule.name, kind=schedule.kind, goal=schedule.goal, params=dict(schedule.params or {}),
             cron=schedule.cron, every=schedule.every, overlap=schedule.overlap, catch_up=schedule.catch_up,
-            jitter=schedule.jitter, labels=dict(schedule.labels))
+            jitter=schedule.jitter, labels=dict(schedule.labels or {}))
     except InvalidInput as exc:
         raise InvalidInput(f"Schedule {schedule.name!r} declared in code: {exc} Nothing was changed.",
                            schedule=schedule.name) from None
