@@ -15,7 +15,7 @@ from django.db import connection
 from django_celery_beat.models import PeriodicTask
 
 from agentops.kind import Schedule, declare_schedules
-from workflows import engine
+from workflows import engine, registry
 from workflows.errors import InvalidInput
 from workflows.features.schedules import declared, sync
 from workflows.features.schedules import services as schedules
@@ -126,6 +126,24 @@ def test_a_declared_schedule_paused_by_hand_stays_paused_through_syncs_and_chang
                                                               "removed nightly-digest"]
     assert rows()["hourly-check"][2:] == ("every 30m", "skip", 0, 300, {}, True, True)
     assert beat("hourly-check").enabled is False
+
+
+def test_a_process_without_the_kind_leaves_its_declared_schedules_alone():
+    sync.schedules_sync()
+    with registered():  # a process started with other AGENTOPS_AGENT_MODULES: no Digest
+        del registry._definitions[KIND]
+        assert sync.schedules_sync() == []
+    assert set(rows()) == {"hourly-check", "nightly-digest"}
+
+
+def test_the_admin_tells_declared_schedules_from_hand_made_ones(admin_client):
+    sync.schedules_sync()
+    schedules.schedule_add(name="by-hand", kind=KIND, goal="Made at the command line", every="2h")
+    declared_page = admin_client.get("/admin/workflows/schedule/?declared__exact=1").content.decode()
+    by_hand_page = admin_client.get("/admin/workflows/schedule/?declared__exact=0").content.decode()
+    assert "nightly-digest" in declared_page and "by-hand" not in declared_page
+    assert "column-declared" in declared_page and "field-declared" in declared_page
+    assert "by-hand" in by_hand_page and "nightly-digest" not in by_hand_page
 
 
 def test_a_beat_entry_deleted_by_hand_is_made_again():

@@ -15,6 +15,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.db.models import Q
 
+from workflows import registry
 from workflows.errors import AgentOpsError, InvalidInput
 from workflows.features.schedules import services
 from workflows.features.schedules.declared import Schedule, declared
@@ -112,7 +113,10 @@ def _update(row: ScheduleRow, new: ScheduleRow) -> None:
 
 
 def _removed(wanted: dict[str, ScheduleRow], rows: dict[str, ScheduleRow], *, dry_run: bool) -> list[Change]:
-    gone = [row for name, row in rows.items() if name not in wanted]
+    """The declared schedules no longer declared, of the kinds this process has: one of a kind it
+    does not have (a process started with other AGENTOPS_AGENT_MODULES) is another's to keep."""
+    kinds = set(registry.definition_kinds())
+    gone = [row for name, row in rows.items() if name not in wanted and row.kind in kinds]
     if not dry_run:
         for row in gone:
             services.schedule_remove(name=row.name)
