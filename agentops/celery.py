@@ -108,6 +108,16 @@ def announce_release(**_: Any) -> None:
 
 
 @signals.worker_ready.connect
+@signals.beat_init.connect
+def sync_declared_schedules(**_: Any) -> None:
+    """Bring the schedules declared in code in step with the database and the beat entries
+    (docs/authoring.md, "Schedules"); several processes starting at once sync one after another."""
+    from workflows.features.schedules.sync import sync_at_start
+
+    sync_at_start()
+
+
+@signals.worker_ready.connect
 def report_isolation(**_: Any) -> None:
     """Say what a model's commands get on this worker: bubblewrap, or why they are refused or not
     isolated (the start-up check agentops.W010-W012, in the worker's log)."""

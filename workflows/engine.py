@@ -355,6 +355,9 @@ class WorkflowDefinition:
     # whose state names something outside the database that a fork would share with the original
     # (a workspace on disk) says so here.
     fork_refusal: ClassVar[str] = ""
+    # The schedules that launch this kind, declared in code (``agentops.kind.Schedule`` values, kept
+    # in step with the database by the schedules feature; docs/authoring.md, "Schedules").
+    schedules: ClassVar[tuple[Any, ...]] = ()
 
     _handlers: ClassVar[dict[str, str]] = {}
 

@@ -7,7 +7,8 @@ from release to release (tests/test_kind_surface.py locks them), while the modul
 move. Model calls go through ``metered_complete`` (fenced, reserved and charged) to the provider of
 the workflow's release (``provider_for``); the offline answers, the structured-answer helpers, the
 sandbox and the engine's git are features a kind may use besides (``agentops.providers``,
-``agentops.sandbox``, ``agentops.git``).
+``agentops.sandbox``, ``agentops.git``). A kind's recurring launches are ``Schedule`` values on its
+definition (or ``declare_schedules`` from an app's ``ready()``).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from workflows.engine import (
     node,
 )
 from workflows.errors import BudgetExhausted, InvalidInput, Permanent, Retryable, Throttled
+from workflows.features.schedules.declared import Schedule, declare_schedules
 from workflows.heartbeats import keep_alive
 from workflows.metering import MODEL_CALL_LEASE, metered_complete
 from workflows.params import ROLE_MAX_LENGTH, LaunchParams
@@ -45,8 +47,8 @@ __all__ = [
     "ActivityContext", "ActivityFailed", "AdminPanel", "BudgetExhausted", "CandidateView", "ChildHandle",
     "ChildOutcome", "CompensationInput", "Complete", "Decision", "EMPTY_QUERY", "Fail", "FirstOutcome", "Goto",
     "InvalidInput", "LaunchParams", "MODEL_CALL_LEASE", "ModelResponse", "NodeContext", "Permanent",
-    "ROLE_MAX_LENGTH", "RetryPolicy", "Retryable", "Throttled", "Usage", "WaitOutcome", "WorkflowDefinition",
-    "activity", "annotate", "candidate_as_json", "cost_usd", "hash_of_candidate", "keep_alive", "metered_complete",
-    "node", "now", "progress_validate", "provider_for", "register_definition", "resolve", "state_at", "state_of",
-    "tool_span",
+    "ROLE_MAX_LENGTH", "RetryPolicy", "Retryable", "Schedule", "Throttled", "Usage", "WaitOutcome",
+    "WorkflowDefinition", "activity", "annotate", "candidate_as_json", "cost_usd", "declare_schedules",
+    "hash_of_candidate", "keep_alive", "metered_complete", "node", "now", "progress_validate", "provider_for",
+    "register_definition", "resolve", "state_at", "state_of", "tool_span",
 ]

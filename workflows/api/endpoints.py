@@ -355,7 +355,8 @@ def schedule_list(request: HttpRequest) -> Json:
 @api.post("/schedules", response={201: ScheduleOut, **ERRORS}, summary="Add a schedule", tags=["schedules"])
 def schedule_add(request: HttpRequest, payload: ScheduleIn) -> Status[Json]:
     """`agent schedule add`: each occurrence launches as the token's user (docs/operators.md, "Schedules").
-    Needs `workflows.add_schedule`; 400 for a bad value or a name in use, with nothing written."""
+    Needs `workflows.add_schedule`; 400 for a bad value or a name in use with other values, with nothing
+    written (the same name and values again answer with that schedule, nothing written)."""
     require(caller(request), "workflows.add_schedule", to="add schedules")
     added = schedules.schedule_add(name=payload.name, kind=payload.kind, goal=payload.goal, params=payload.params,
                                    cron=payload.cron, every=payload.every, overlap=payload.overlap,

@@ -47,6 +47,9 @@ class Schedule(models.Model):
     next_due_at = models.DateTimeField(db_index=True, help_text="When the next occurrence launches (jitter included).")
     buffered_at = models.DateTimeField(null=True, blank=True,
                                        help_text="buffer_one: the occurrence waiting for the live run to end.")
+    declared = models.BooleanField(
+        default=False, help_text="Declared in code (agentops.kind.Schedule): `agent schedule sync` and each worker's "
+                                 "and beat's start keep it in step with the code; made by hand when false.")
     periodic_task = models.OneToOneField("django_celery_beat.PeriodicTask", null=True, blank=True,
                                          on_delete=models.SET_NULL, related_name="+",
                                          help_text="The beat entry that rings at each occurrence.")

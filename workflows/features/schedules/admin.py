@@ -68,14 +68,14 @@ class ScheduleForm(forms.ModelForm):
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
     form = ScheduleForm
-    list_display = ("name", "kind", "when", "overlap", "paused", "next_due_at", "created_by")
-    list_filter = ("paused", "kind", "overlap")
+    list_display = ("name", "kind", "when", "overlap", "paused", "declared", "next_due_at", "created_by")
+    list_filter = ("paused", "declared", "kind", "overlap")
     search_fields = ("name", "kind", "goal")
     ordering = ("name",)
     actions = ("pause", "resume", "trigger")
     inlines = (OccurrenceInline,)
     shown = ("name", "kind", "goal", "params", "when", "overlap", "catch_up_seconds", "jitter_seconds", "paused",
-             "next_due_at", "buffered_at", "created_by", "created_at", "periodic_task")
+             "declared", "next_due_at", "buffered_at", "created_by", "created_at", "periodic_task")
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:

@@ -98,7 +98,7 @@ def jitter(schedule: Schedule, at: datetime) -> timedelta:
     return timedelta(seconds=int.from_bytes(digest[:8], "big") % schedule.jitter_seconds)
 
 
-def _next_due(schedule: Schedule) -> datetime:
+def next_due(schedule: Schedule) -> datetime:
     at = next(occurrences(schedule, after=schedule.handled_until))
     return at + jitter(schedule, at)
 
@@ -107,14 +107,39 @@ def schedule_add(*, name: str, kind: str, goal: str, params: dict[str, Any] | No
                  every: str = "", overlap: str = Schedule.Overlap.SKIP, catch_up: str = "0", jitter: str = "0",
                  user: Any = None, labels: dict[str, str] | None = None) -> Schedule:
     """Add a schedule and its beat entry (``schedule_checked`` first: a bad value raises
-    InvalidInput with nothing written)."""
+    InvalidInput with nothing written).
+
+    Idempotent by name: when a schedule of this name exists with the same values, it is returned
+    and nothing is written; with other values, InvalidInput names them and nothing is written.
+    Two calls at once add one schedule (the name is unique): the second compares as above."""
     schedule = schedule_checked(name=name, kind=kind, goal=goal, params=params, cron=cron, every=every,
                                 overlap=overlap, catch_up=catch_up, jitter=jitter, user=user, labels=labels)
-    with transaction.atomic():
-        schedule.save()
-        schedule.periodic_task = _beat_entry(schedule)
-        schedule.save(update_fields=["periodic_task"])
-    return schedule
+    existing = Schedule.objects.filter(name=name).first()
+    if existing is None:
+        try:
+            with transaction.atomic():
+                schedule.save()
+                schedule.periodic_task = _beat_entry(schedule)
+                schedule.save(update_fields=["periodic_task"])
+            return schedule
+        except IntegrityError:
+            existing = Schedule.objects.get(name=name)  # added meanwhile by another call
+    differing = schedule_differences(existing, schedule)
+    if differing:
+        raise InvalidInput(f"A schedule named {name!r} exists with another {', '.join(differing)}; remove it first "
+                           "or choose another name.")
+    return existing
+
+
+# What makes two schedules of one name the same (the values schedule_add takes), as people name them.
+COMPARED = {"kind": "kind", "goal": "goal", "params": "params", "labels": "labels", "cron": "cron",
+            "every_seconds": "every", "overlap": "overlap", "catch_up_seconds": "catch-up",
+            "jitter_seconds": "jitter", "created_by_id": "user"}
+
+
+def schedule_differences(existing: Schedule, wanted: Schedule) -> list[str]:
+    """What differs between a saved schedule and the one these values make (COMPARED's names)."""
+    return [said for field, said in COMPARED.items() if getattr(existing, field) != getattr(wanted, field)]
 
 
 def schedule_checked(*, name: str, kind: str, goal: str, params: dict[str, Any] | None = None, cron: str = "",
@@ -122,13 +147,26 @@ def schedule_checked(*, name: str, kind: str, goal: str, params: dict[str, Any] 
                      user: Any = None, labels: dict[str, str] | None = None) -> Schedule:
     """The schedule these values make, unsaved; every value checked as a launch checks it
     (InvalidInput names the first that is wrong)."""
-    if not re.fullmatch(r"[A-Za-z0-9_-]{1,80}", str(name)):
-        raise InvalidInput(f"The schedule name must be 1–80 letters, digits, - or _; got {str(name)[:90]!r}.")
-    if Schedule.objects.filter(name=name).exists():
-        raise InvalidInput(f"A schedule named {name!r} exists; remove it first or choose another name.")
+    name = name_checked(name)
     definition = registry.definition(kind)
     goal = text_checked(goal, what="The goal", max_length=MAX_GOAL_CHARS)
     params = json_checked(definition.validate_params(dict(params or {})), what="The parameters")
+    timing = timing_checked(cron=cron, every=every, overlap=overlap, catch_up=catch_up, jitter=jitter)
+    now = clock.now().replace(microsecond=0)
+    schedule = Schedule(name=name, kind=kind, goal=goal, params=params, labels=labels_checked(labels), **timing,
+                        anchor_at=now, created_by=user, created_at=now, handled_until=now, next_due_at=now)
+    schedule.next_due_at = next_due(schedule)
+    return schedule
+
+
+def name_checked(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,80}", str(name)):
+        raise InvalidInput(f"The schedule name must be 1–80 letters, digits, - or _; got {str(name)[:90]!r}.")
+    return name
+
+
+def timing_checked(*, cron: str, every: str, overlap: str, catch_up: str, jitter: str) -> dict[str, Any]:
+    """When a schedule recurs and what its occurrences do, checked: the Schedule fields they make."""
     if bool(cron) == bool(every):
         raise InvalidInput("Give the schedule either --cron \"M H DOM MON DOW\" or --every DURATION (e.g. 6h).")
     if overlap not in Schedule.Overlap.values:
@@ -138,32 +176,45 @@ def schedule_checked(*, name: str, kind: str, goal: str, params: dict[str, Any] 
     jitter_seconds = duration_checked(jitter, what="--jitter")
     if every_seconds is not None and jitter_seconds >= every_seconds:
         raise InvalidInput(f"--jitter ({jitter_seconds} s) must be shorter than --every ({every_seconds} s).")
-    now = clock.now().replace(microsecond=0)
-    schedule = Schedule(name=name, kind=kind, goal=goal, params=params, labels=labels_checked(labels),
-                        cron=cron_checked(cron) if cron else "",
-                        every_seconds=every_seconds, anchor_at=now, overlap=overlap,
-                        catch_up_seconds=duration_checked(catch_up, what="--catch-up"),
-                        jitter_seconds=jitter_seconds, created_by=user, created_at=now, handled_until=now,
-                        next_due_at=now)
-    schedule.next_due_at = _next_due(schedule)
-    return schedule
+    return {"cron": cron_checked(cron) if cron else "", "every_seconds": every_seconds, "overlap": overlap,
+            "catch_up_seconds": duration_checked(catch_up, what="--catch-up"), "jitter_seconds": jitter_seconds}
 
 
 def _beat_entry(schedule: Schedule) -> PeriodicTask:
+    return PeriodicTask.objects.create(
+        name=f"agentops schedule {schedule.name}", task=FIRE_TASK, kwargs=json.dumps({"schedule_id": schedule.pk}),
+        enabled=not schedule.paused, description=_beat_description(schedule), **beat_when(schedule))
+
+
+def _beat_description(schedule: Schedule) -> str:
+    return f"Launches {schedule.kind} for schedule {schedule.name} (manage.py agent schedule)."
+
+
+def beat_when(schedule: Schedule) -> dict[str, Any]:
+    """The beat entry's fields that say when it rings (a crontab, or an interval from the anchor)."""
     if schedule.cron:
         minute, hour, day_of_month, month_of_year, day_of_week = schedule.cron.split()
         crontab, _ = CrontabSchedule.objects.get_or_create(
             minute=minute, hour=hour, day_of_month=day_of_month, month_of_year=month_of_year,
             day_of_week=day_of_week, timezone="UTC")
-        when: dict[str, Any] = {"crontab": crontab}
-    else:
-        interval, _ = IntervalSchedule.objects.get_or_create(every=schedule.every_seconds,
-                                                             period=IntervalSchedule.SECONDS)
-        when = {"interval": interval, "start_time": schedule.anchor_at}
-    return PeriodicTask.objects.create(
-        name=f"agentops schedule {schedule.name}", task=FIRE_TASK, kwargs=json.dumps({"schedule_id": schedule.pk}),
-        enabled=not schedule.paused, description=f"Launches {schedule.kind} for schedule {schedule.name} "
-                                                 "(manage.py agent schedule).", **when)
+        return {"crontab": crontab, "interval": None, "start_time": None}
+    interval, _ = IntervalSchedule.objects.get_or_create(every=schedule.every_seconds,
+                                                         period=IntervalSchedule.SECONDS)
+    return {"interval": interval, "crontab": None, "start_time": schedule.anchor_at}
+
+
+def beat_entry_updated(schedule: Schedule) -> bool:
+    """Bring the schedule's beat entry in step with its fields (made again when it went missing);
+    whether it had to be made again."""
+    task = PeriodicTask.objects.filter(pk=schedule.periodic_task_id).first()
+    if task is None:
+        schedule.periodic_task = _beat_entry(schedule)
+        schedule.save(update_fields=["periodic_task"])
+        return True
+    for field, value in {**beat_when(schedule), "description": _beat_description(schedule)}.items():
+        setattr(task, field, value)
+    task.save()  # its post-save signal tells the database scheduler
+    return False
 
 
 def schedule_named(name: str, *, lock: bool = False) -> Schedule:
@@ -192,7 +243,7 @@ def schedule_resume(*, name: str) -> Schedule:
         if schedule.paused:
             schedule.paused = False
             schedule.handled_until = max(schedule.handled_until, clock.now())
-            schedule.next_due_at = _next_due(schedule)
+            schedule.next_due_at = next_due(schedule)
             schedule.save(update_fields=["paused", "handled_until", "next_due_at"])
             PeriodicTask.objects.filter(pk=schedule.periodic_task_id).update(enabled=True)
             _beat_changed()
@@ -257,7 +308,7 @@ def schedule_fire(*, schedule_id: int) -> int:
                 break
             launched += _handle(schedule, at, now=now).outcome == ScheduleOccurrence.Outcome.LAUNCHED
             schedule.handled_until = at
-        schedule.next_due_at = _next_due(schedule)
+        schedule.next_due_at = next_due(schedule)
         schedule.save(update_fields=["handled_until", "next_due_at", "buffered_at"])
     return launched
 

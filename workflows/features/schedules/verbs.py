@@ -1,6 +1,7 @@
 """`manage.py agent schedule …`: recurring launches (docs/operators.md, 'Schedules')."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rich.table import Table
@@ -8,6 +9,7 @@ from rich.table import Table
 from workflows import selectors
 from workflows.errors import InvalidInput
 from workflows.features.schedules import services as schedules
+from workflows.features.schedules import sync
 from workflows.management.verbs.common import (
     Output,
     Verb,
@@ -21,9 +23,9 @@ from workflows.services.labels import label_pairs_parsed
 def add_parsers(verb: Verb) -> None:
     sched = verb("schedule", "Recurring launches (docs/operators.md, \"Schedules\"): `schedule add NAME --kind K "
                              "--goal G (--cron \"0 3 * * *\" | --every 6h)`; `list`; `pause`, `resume`, `remove`, "
-                             "`trigger NAME`.")
-    sched.add_argument("action", choices=("add", "list", "pause", "resume", "remove", "trigger"))
-    sched.add_argument("name", nargs="?", help="the schedule's name (all but list)")
+                             "`trigger NAME`; `sync [--dry-run]` (the schedules declared in code).")
+    sched.add_argument("action", choices=("add", "list", "pause", "resume", "remove", "trigger", "sync"))
+    sched.add_argument("name", nargs="?", help="the schedule's name (all but list and sync)")
     sched.add_argument("--kind", help="add: the workflow kind each occurrence launches")
     sched.add_argument("--goal", help="add: the goal of each launch")
     sched.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="add: launch parameter")
@@ -40,12 +42,14 @@ def add_parsers(verb: Verb) -> None:
     sched.add_argument("--jitter", default="0", metavar="DURATION",
                        help="add: launch each occurrence up to this long after its time (default 0)")
     sched.add_argument("--user", help="add: whose launches they are; trigger: who asked")
+    sched.add_argument("--dry-run", action="store_true",
+                       help="sync: print what would change and change nothing")
 
 
 def schedule(command: Output, options: dict[str, Any]) -> None:
     action, name = options["action"], options["name"]
-    if (action == "list") != (name is None):
-        raise InvalidInput(f"`schedule {action}` " + ("takes no name." if action == "list" else "needs the "
+    if (action in ("list", "sync")) != (name is None):
+        raise InvalidInput(f"`schedule {action}` " + ("takes no name." if action in ("list", "sync") else "needs the "
                            "schedule's NAME (see `schedule list`)."))
     if action == "add":
         if not options["kind"] or options["goal"] is None:
@@ -71,6 +75,14 @@ def schedule(command: Output, options: dict[str, Any]) -> None:
                           str(row["launched"]))
         command.console.print(table if rows else "No schedules yet; add one: `agent schedule add NAME --kind K "
                                               "--goal G --every 6h`.")
+    elif action == "sync":
+        dry = options["dry_run"]
+        changes = sync.schedules_sync(dry_run=dry)
+        lines = [f"  {'would be ' if dry else ''}{change}" for change in changes]
+        command.emit(options, {"dry_run": dry, "changes": [dataclasses.asdict(c) for c in changes]},
+                     "\n".join([f"Schedules declared in code: {len(changes) or 'none'} "
+                                 f"{'would change' if dry else 'changed'}" + (":" if changes else " (in step)."),
+                                 *lines]))
     elif action == "trigger":
         occurrence = schedules.schedule_trigger(name=name, user=user_or_none(options["user"]))
         command.emit(options, selectors.occurrence_summary(occurrence),
