@@ -193,7 +193,8 @@ def _check_proposal(wf: Any, root: Path, head: str, label: str, v: list[str], ta
     The contract hash is recomputed here from the proposal's commit (features.json and checks/ by
     blob id, as ``agentops.agents.harness.checks.contract_hash`` defines it); it must be the hash the
     workflow completed under, the one its second approval was bound to (the first was bound to the
-    scaffold's), and the contract at the final head: the sessions after the adoption left it alone.
+    scaffold's; both of the latest visit of INITIALIZE), and the contract at the final head: the
+    sessions after the adoption left it alone.
     """
     from workflows.models import Wait
 
@@ -206,8 +207,13 @@ def _check_proposal(wf: Any, root: Path, head: str, label: str, v: list[str], ta
     tally["proposals_approved"] += 1
     commit = str(proposal.get("commit", ""))
     recomputed = _contract_hash(root, commit)
-    waits = list(Wait.objects.filter(workflow_id=wf.pk, kind=Wait.Kind.APPROVAL, decision=Wait.Decision.APPROVED)
-                 .order_by("pk").values_list("candidate_hash", flat=True))
+    approved_waits = list(Wait.objects.filter(workflow_id=wf.pk, kind=Wait.Kind.APPROVAL,
+                                              decision=Wait.Decision.APPROVED).order_by("pk").values_list(
+        "node", "candidate_hash"))
+    # From the latest approval of the feature list on: a release change revalidates at INITIALIZE,
+    # and the feature list and the proposal are approved again on the new visit.
+    lists = [i for i, (node, _) in enumerate(approved_waits) if node == "WAIT_FOR_APPROVAL"]
+    waits = [candidate for _, candidate in approved_waits[lists[-1] if lists else 0:]]
     if not recomputed == proposal.get("contract_hash") == state.get("contract_hash"):
         v.append(f"{label}: the proposal's commit {commit[:12]} has contract {recomputed[:12]}; the workflow "
                  f"recorded {str(proposal.get('contract_hash'))[:12]} and completed under "
