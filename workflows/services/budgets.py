@@ -34,6 +34,7 @@ from workflows.services.visits import wake_locked
 from workflows.sql import (
     RowWrite,
     WhereShape,
+    advisory_xact_lock,
     concrete_field,
     db_value,
     insert_params,
@@ -224,9 +225,7 @@ def _tree_lock(workflow_id: int) -> None:
     """Serialize the reservations counted against one workflow's tree (its own, its descendants'):
     a lock of its own, taken after the reserving workflow's row lock, nearest ancestor first, so it
     never waits on a writer that locks parent then child (PostgreSQL; SQLite has one writer)."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [TREE_LOCK_SPACE, workflow_id])
+    advisory_xact_lock(TREE_LOCK_SPACE, workflow_id)
 
 
 def _tree(workflow_id: int) -> list[int]:

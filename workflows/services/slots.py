@@ -44,7 +44,7 @@ from workflows import clock, doorbells
 from workflows.models import Activity, Workflow
 from workflows.ratelimits import concurrency_caps
 from workflows.services.common import event_record
-from workflows.sql import concrete_field, db_value, quoted_column, quoted_table
+from workflows.sql import advisory_xact_lock, concrete_field, db_value, quoted_column, quoted_table
 
 logger = logging.getLogger("agentops.slots")
 
@@ -118,7 +118,7 @@ def admit(workflow: Workflow, activity: Activity, *, tenant: str, now: datetime)
     if activity.slot_granted_at is not None and activity.slot_granted_at > now - timedelta(
             seconds=grant_hold_seconds()):
         return Admission(admitted=True, waited_ms=_waited_ms(since, now))  # the slot kept for it
-    _lock()
+    advisory_xact_lock(LOCK_KEY)
     marked = Activity.objects.filter(pk=activity.pk, status=Activity.Status.SCHEDULED, attempt=activity.attempt).update(
         slot_waiting_since=since or now, slot_priority=workflow.priority, tenant=tenant)
     if not marked:
@@ -144,7 +144,7 @@ def freed(tenant: str, kind: str, *, now: datetime) -> None:
     keys = caps_for(tenant, kind)
     if not keys:
         return
-    _lock()
+    advisory_xact_lock(LOCK_KEY)
     granted, _ = _fill(keys, now=now)
     _grant(granted, now=now)
 
@@ -164,12 +164,6 @@ def priority_changed(workflow_id: int, priority: int) -> None:
 
 def _waited_ms(since: datetime | None, now: datetime) -> int | None:
     return None if since is None else max(0, round((now - since).total_seconds() * 1000))
-
-
-def _lock() -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from workflows.errors import AgentOpsError, InvalidInput
 from workflows.features.schedules import services
 from workflows.features.schedules.declared import Schedule, declared
 from workflows.models import Schedule as ScheduleRow
+from workflows.sql import advisory_xact_lock
 
 logger = logging.getLogger("agentops.schedules")
 
@@ -47,7 +48,7 @@ def schedules_sync(*, dry_run: bool = False) -> list[Change]:
     each finding what the one before did."""
     wanted = {name: _checked(schedule) for name, schedule in sorted(declared().items())}
     with transaction.atomic():
-        _lock()
+        advisory_xact_lock(LOCK_KEY)
         rows = {row.name: row for row in ScheduleRow.objects.select_for_update()
                 .filter(Q(declared=True) | Q(name__in=wanted))}
         by_hand = sorted(name for name, row in rows.items() if not row.declared)
@@ -73,12 +74,6 @@ def _checked(schedule: Schedule) -> ScheduleRow:
                            schedule=schedule.name) from None
     row.declared = True
     return row
-
-
-def _lock() -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [LOCK_KEY])
 
 
 def _added_or_changed(wanted: dict[str, ScheduleRow], rows: dict[str, ScheduleRow], *,
