@@ -36,7 +36,8 @@ def make_template(*, wait: str, seconds: int, max_hours: float | None = None) ->
 
     with doorbells_silenced():
         wf = services.workflow_launch(kind="bench_park", goal="parked for the bench",
-                                      params={"wait": wait, "seconds": seconds}, max_hours=max_hours)
+                                      params={"wait": wait, "seconds": seconds},
+                                      options=services.LaunchOptions(max_hours=max_hours))
         services.workflow_advance_if_runnable(workflow_id=wf.pk)
         activity = Activity.objects.get(workflow=wf)
         services.activity_run_if_runnable(activity_id=activity.pk, worker="bench-template")

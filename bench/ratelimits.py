@@ -72,7 +72,8 @@ def _launch(specs: list[dict[str, Any]], *, paused: Bench | None, kind: str = "b
 
     def one(spec: dict[str, Any]) -> int:
         try:
-            return services.workflow_launch(kind=kind, goal="bench", **spec).pk
+            return services.workflow_launch(kind=kind, goal="bench", params=spec["params"], user=spec.get("user"),
+                                            options=services.LaunchOptions(priority=spec.get("priority", 5))).pk
         finally:
             connection.close()
 

@@ -520,7 +520,8 @@ class Soak:
                                           user=self.requester)
         elif plan.kind == "tree":
             wf = services.workflow_launch(kind=soak_tree.ROOT_KIND, goal=f"Ship soak tree {plan.n}", params=plan.params,
-                                          budget_total_usd=soak_tree.ROOT_BUDGET_USD, user=self.requester)
+                                          user=self.requester,
+                                          options=services.LaunchOptions(budget_total_usd=soak_tree.ROOT_BUDGET_USD))
         elif plan.kind == "harness":
             wf = services.workflow_launch(kind="harness", goal=soak_harness.goal(plan),
                                           params=soak_harness.plan_params(plan.action), user=self.requester)

@@ -80,7 +80,8 @@ class TestOneFormat:
     def test_money_on_the_workflow_page_and_the_budget_page_has_four_decimals(self, staff_outsider, operator,
                                                                              requester):
         workflow = services.workflow_launch(kind="autonomous", goal="Write notes", user=requester,
-                                            budget_total_usd=Decimal("2.5"), budget_hourly_usd=Decimal("1"))
+                                            options=services.LaunchOptions(budget_total_usd=Decimal("2.5"),
+                                                                           budget_hourly_usd=Decimal("1")))
         UsageEntry.objects.create(workflow=workflow, key="op#0", operation_id="op", provider="anthropic",
                                   model="claude-sonnet-5-5", status="charged", reserved_usd=Decimal("0.01"),
                                   cost_usd=Decimal("0.001212"), created_at=clock.now())

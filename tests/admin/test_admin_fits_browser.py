@@ -69,7 +69,7 @@ def test_a_workflow_paused_for_budget_is_offered_a_budget_change_not_a_resume(
     page: Page, live_server: Any, operator: Any, requester: Any
 ) -> None:
     workflow = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes", user=requester,
-                                              budget_total_usd=Decimal("0.0001")).pk)
+                                              options=services.LaunchOptions(budget_total_usd=Decimal("0.0001"))).pk)
     assert (workflow.status, workflow.pause_cause) == ("paused", "budget")
     page_url = reverse("admin:workflows_workflow_change", args=[workflow.pk])
     log_in(page, live_server, "olga", "olga-password", then=page_url)

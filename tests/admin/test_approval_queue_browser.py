@@ -143,7 +143,8 @@ def test_an_autonomous_workflow_finishes_and_its_page_draws_spend_progress_and_t
     start = real_now - timedelta(hours=2)
     time_machine.move_to(start, tick=True)
     workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes for new operators",
-                                        user=requester, budget_total_usd=Decimal("0.05"))
+                                        user=requester,
+                                        options=services.LaunchOptions(budget_total_usd=Decimal("0.05")))
     settings.AGENTOPS_FAULT_LOG = str(tmp_path / "faults.log")
     settings.AGENTOPS_TESTING_FAULTS = json.dumps([{
         "point": "activity.before_external_call", "action": "raise",

@@ -47,7 +47,7 @@ def workspaces(settings: Any, tmp_path: Any) -> None:
 def finished_agent(requester: Any) -> Workflow:
     """An autonomous agent run to completion offline: 11 ledger rows, one progress sample, three tasks."""
     workflow = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes", user=requester,
-                                              budget_total_usd=Decimal("0.05")).pk)
+                                              options=services.LaunchOptions(budget_total_usd=Decimal("0.05"))).pk)
     assert workflow.status == Workflow.Status.COMPLETED, workflow.reason
     return workflow
 
@@ -56,14 +56,14 @@ def finished_agent(requester: Any) -> Workflow:
 def gate(requester: Any) -> Workflow:
     """A running workflow with a total budget of 1 USD that makes no model calls."""
     return services.workflow_launch(kind=GATE_KIND, goal="Open the gate", user=requester,
-                                    budget_total_usd=Decimal(1))
+                                    options=services.LaunchOptions(budget_total_usd=Decimal(1)))
 
 
 @pytest.fixture
 def budget_paused(requester: Any) -> Workflow:
     """An autonomous agent whose first model call does not fit its budget: paused for a person."""
     workflow = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes", user=requester,
-                                              budget_total_usd=Decimal("0.0001")).pk)
+                                              options=services.LaunchOptions(budget_total_usd=Decimal("0.0001"))).pk)
     assert (workflow.status, workflow.current_node) == (Workflow.Status.PAUSED, "PLANNING")
     assert workflow.reason.startswith("Budget exhausted")
     return workflow

@@ -17,7 +17,7 @@ LAUNCH = reverse("admin:workflows_workflow_launch")
 
 
 def launch(**labels: str) -> Workflow:
-    return services.workflow_launch(kind=GATE_KIND, goal="Open the gate", labels=labels)
+    return services.workflow_launch(kind=GATE_KIND, goal="Open the gate", options=services.LaunchOptions(labels=labels))
 
 
 def action_url(workflow_id: int, action: str) -> str:

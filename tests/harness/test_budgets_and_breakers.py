@@ -156,7 +156,7 @@ def test_the_workflow_budget_pauses_and_raising_it_goes_on(harness_approver, min
     resume` is refused with what to do, and raising the budget resumes it."""
     mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
     wf = services.workflow_launch(kind="harness", goal="Build app.py", params={},
-                                  budget_total_usd=Decimal("0.01"))
+                                  options=services.LaunchOptions(budget_total_usd=Decimal("0.01")))
     workflow = drive_all(wf.pk)
     assert (workflow.status, workflow.pause_cause) == ("paused", "budget")
     with pytest.raises(TransitionRefused, match="budget ran out"):

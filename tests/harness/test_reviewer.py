@@ -34,8 +34,9 @@ def test_each_accepted_feature_is_reviewed_and_the_next_briefing_has_the_finding
     harness_approver: Any, mini_schedule: Any, rung: Any,
 ) -> None:
     mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
-    wf = services.workflow_launch(kind="harness", goal="Build app.py", budget_total_usd=Decimal("5"),
-                                  params={"reviewer": True, "reviewer_budget_usd": 0.25, "isolation": "none"})
+    wf = services.workflow_launch(kind="harness", goal="Build app.py",
+                                  params={"reviewer": True, "reviewer_budget_usd": 0.25, "isolation": "none"},
+                                  options=services.LaunchOptions(budget_total_usd=Decimal("5")))
     drive_all(wf.pk)
     approve_feature_list(wf.pk, harness_approver)
     done = drive_with_children(wf.pk)

@@ -44,9 +44,9 @@ class OneTask(ClaudeForAutonomous):
         return fake.text("Wrote the notes and checked them.")
 
 
-def launch(n: int, **kwargs: Any) -> list[int]:
+def launch(n: int, **options: Any) -> list[int]:
     return [services.workflow_launch(kind="autonomous", goal=f"Write notes {i}", params={"max_rounds": 1},
-                                     **kwargs).pk for i in range(n)]
+                                     options=services.LaunchOptions(**options)).pk for i in range(n)]
 
 
 def test_two_workers_share_one_limit_without_429s_and_priority_nine_goes_first(

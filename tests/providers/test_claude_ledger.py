@@ -39,8 +39,9 @@ def workspaces(settings: Any, tmp_path: Path) -> Path:
     return Path(settings.AGENTOPS_WORKSPACE_DIR)
 
 
-def launch(workspaces: Path, **params: Any) -> Workflow:
-    workflow = services.workflow_launch(kind="autonomous", goal=GOAL, **params)
+def launch(workspaces: Path, *, user: Any = None, **options: Any) -> Workflow:
+    workflow = services.workflow_launch(kind="autonomous", goal=GOAL, user=user,
+                                        options=services.LaunchOptions(**options))
     seed_workspace(workspaces / f"wf-{workflow.pk}")
     return workflow
 

@@ -134,7 +134,7 @@ def test_sustained_overload_moves_the_calls_to_the_fallback_model(
     time_machine.move_to(clock.now(), tick=False)
     claude.responder = ClaudeForAutonomous()
     workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes from the docs",
-                                        fallback_model=FALLBACK, release_policy=policy)
+                                        options=services.LaunchOptions(fallback_model=FALLBACK, release_policy=policy))
     seed_workspace(workspaces / f"wf-{workflow.pk}")
     started = clock.now()
     overload = 12 if policy == "pin" else 600
@@ -165,5 +165,6 @@ def test_a_fallback_model_that_is_not_a_model_name_is_refused_at_launch(claude: 
     from workflows.errors import InvalidInput
 
     with pytest.raises(InvalidInput, match="fallback model must be a model name"):
-        services.workflow_launch(kind="autonomous", goal="Notes", fallback_model="haiku; rm -rf /")
+        services.workflow_launch(kind="autonomous", goal="Notes",
+                                 options=services.LaunchOptions(fallback_model="haiku; rm -rf /"))
     assert not Workflow.objects.exists()

@@ -96,7 +96,8 @@ def test_only_a_workflow_with_a_budget_limit_has_its_input_counted(
 
     settings.AGENTOPS_ANTHROPIC_COUNT_TOKENS = True
     claude.script(fake.text("Three fixes and one new endpoint."))
-    workflow = services.workflow_launch(kind="autonomous", goal="Summarise the release", **budget)
+    workflow = services.workflow_launch(kind="autonomous", goal="Summarise the release",
+                                        options=services.LaunchOptions(**budget))
     activity = Activity.objects.get(workflow=workflow, status="scheduled")
     claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="w", task_id="t")
     assert claim is not None and claim.budget_limited is counted

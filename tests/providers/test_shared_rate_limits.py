@@ -57,8 +57,9 @@ def run_until_done(workflow_id: int, time_machine: Any, *, rounds: int = 80) -> 
         time_machine.shift(max(due.next_attempt_at - clock.now(), timedelta(0)) + timedelta(milliseconds=1))
 
 
-def launch(workspaces: Path, **kwargs: Any) -> Workflow:
-    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes from the docs", **kwargs)
+def launch(workspaces: Path, *, user: Any = None, **options: Any) -> Workflow:
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes from the docs", user=user,
+                                        options=services.LaunchOptions(**options))
     seed_workspace(workspaces / f"wf-{workflow.pk}")
     return workflow
 

@@ -60,8 +60,8 @@ def kinds_registered() -> Iterator[None]:
 pytestmark = [pytest.mark.usefixtures("rung"), pytest.mark.django_db(transaction=True)]
 
 
-def launch(kind: str = KIND, **kwargs: Any) -> Activity:
-    workflow = services.workflow_launch(kind=kind, goal="Count", **kwargs)
+def launch(kind: str = KIND, *, user: Any = None, **options: Any) -> Activity:
+    workflow = services.workflow_launch(kind=kind, goal="Count", user=user, options=services.LaunchOptions(**options))
     return Activity.objects.get(workflow=workflow)
 
 

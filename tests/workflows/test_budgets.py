@@ -22,7 +22,8 @@ pytestmark = pytest.mark.django_db
 
 
 def launch(repo, **budget) -> Workflow:
-    return services.workflow_launch(kind="release", goal="Ship the notes", params=release_params(repo), **budget)
+    return services.workflow_launch(kind="release", goal="Ship the notes", params=release_params(repo),
+                                    options=services.LaunchOptions(**budget))
 
 
 def reserve(workflow: Workflow, key: str, usd: str) -> bool:
@@ -203,7 +204,7 @@ def test_the_lease_sweep_turns_a_dead_attempts_reservation_uncertain(settings, t
 
 def running_attempt(tmp_path, settings, **budget):
     settings.AGENTOPS_WORKSPACE_DIR = tmp_path
-    workflow = services.workflow_launch(kind="autonomous", goal="Write notes", **budget)
+    workflow = services.workflow_launch(kind="autonomous", goal="Write notes", options=services.LaunchOptions(**budget))
     services.workflow_advance_if_runnable(workflow_id=workflow.pk)
     activity = Activity.objects.get(workflow=workflow, name="plan_tasks")
     claim = services.activity_claim_if_runnable(activity_id=activity.pk, worker="w1", task_id="t1")

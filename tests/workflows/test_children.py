@@ -78,8 +78,8 @@ def test_a_failed_child_is_seen_by_the_parent() -> None:
 def test_a_childs_budget_is_reserved_from_the_parents() -> None:
     """Each child gets its budget as its total; the parent counts them while they run, and pauses
     when the next one does not fit."""
-    parent = services.workflow_launch(kind="test-fanout", goal="Square", budget_total_usd=Decimal("1.00"),
-                                      params={"ns": [1, 2, 3], "budget_usd": "0.40"})
+    parent = services.workflow_launch(kind="test-fanout", goal="Square", params={"ns": [1, 2, 3], "budget_usd": "0.40"},
+                                      options=services.LaunchOptions(budget_total_usd=Decimal("1.00")))
     drive(parent.pk)
     parent.refresh_from_db()
     kids = children_of(parent.pk)
@@ -94,8 +94,8 @@ def test_a_childs_budget_is_reserved_from_the_parents() -> None:
 
 
 def test_a_child_without_a_budget_gets_what_remains() -> None:
-    parent = services.workflow_launch(kind="test-fanout", goal="Square", budget_total_usd=Decimal("0.50"),
-                                      params={"ns": [1]})
+    parent = services.workflow_launch(kind="test-fanout", goal="Square", params={"ns": [1]},
+                                      options=services.LaunchOptions(budget_total_usd=Decimal("0.50")))
     drive(parent.pk)
     assert [k.budget_total_usd for k in children_of(parent.pk)] == [Decimal("0.5000")]
 

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.django_db
 
 
 def test_past_its_deadline_a_waiting_workflow_is_cancelled_once(git_repo, deploy_target, time_machine):
-    workflow = services.workflow_launch(kind="release", goal="g", params=release_params(git_repo), max_hours=2)
+    workflow = services.workflow_launch(kind="release", goal="g", params=release_params(git_repo),
+                                        options=services.LaunchOptions(max_hours=2))
     assert workflow.deadline == workflow.created_at + timedelta(hours=2)
     drive(workflow.pk)
     assert services.deadlines_enforce() == 0
@@ -40,5 +41,6 @@ def test_a_workflow_without_a_deadline_is_never_cancelled_by_time(git_repo, depl
 @pytest.mark.parametrize("hours", [0, -1, 24 * 367])
 def test_a_time_limit_out_of_range_is_refused(git_repo, hours):
     with pytest.raises(InvalidInput, match="time limit must be between 0 and 8784 hours"):
-        services.workflow_launch(kind="release", goal="g", params=release_params(git_repo), max_hours=hours)
+        services.workflow_launch(kind="release", goal="g", params=release_params(git_repo),
+                                 options=services.LaunchOptions(max_hours=hours))
     assert not Workflow.objects.exists()

@@ -184,7 +184,8 @@ def activity_result(activity: Activity) -> dict[str, Any]:
 
 
 def at_first_task(policy: str = "record") -> tuple[Workflow, Activity]:
-    workflow = services.workflow_launch(kind="autonomous", goal="Prepare notes", stagnation_policy=policy)
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare notes",
+                                        options=services.LaunchOptions(stagnation_policy=policy))
     plan = Activity.objects.get(workflow=workflow, name="plan_tasks")
     assert services.activity_run_if_runnable(activity_id=plan.pk) == RunOutcome.RECORDED
     return Workflow.objects.get(pk=workflow.pk), Activity.objects.get(workflow=workflow, name="execute_task")

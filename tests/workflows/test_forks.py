@@ -142,8 +142,9 @@ def test_a_forks_history_starts_at_its_first_own_visit_and_replays(settings, tmp
 
 def test_a_fork_carries_the_originals_labels(settings, tmp_path):
     settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
+    labels = {"team": "docs", "env": "prod"}
     original = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes",
-                                              labels={"team": "docs", "env": "prod"}).pk)
+                                              options=services.LaunchOptions(labels=labels)).pk)
     fork = forks.workflow_fork(workflow_id=original.pk, from_visit=1)
 
     assert selectors.workflow_summary(fork)["labels"] == {"env": "prod", "team": "docs"}
@@ -155,7 +156,7 @@ def test_a_fork_gets_what_the_original_has_left_of_its_budget(settings, tmp_path
     """One budget, not two: original and fork together never spend more than the original's total."""
     settings.AGENTOPS_WORKSPACE_DIR = tmp_path / "workspaces"
     original = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes",
-                                              budget_total_usd=Decimal("1.00")).pk)
+                                              options=services.LaunchOptions(budget_total_usd=Decimal("1.00"))).pk)
     UsageEntry.objects.create(workflow=original, key=f"test/{original.pk}/spend", operation_id="spend",
                               provider="scripted", model="m", status="charged", reserved_usd=Decimal("0.30"),
                               cost_usd=Decimal("0.30"), created_at=original.created_at)

@@ -31,8 +31,9 @@ def kind() -> Iterator[None]:
         yield
 
 
-def launch(key: str, goal: str = "Answer the customer", **extra: Any) -> tuple[Workflow, bool]:
-    return services.workflow_launch_once(idempotency_key=key, kind=KIND, goal=goal, **extra)
+def launch(key: str, goal: str = "Answer the customer", **options: Any) -> tuple[Workflow, bool]:
+    return services.workflow_launch_once(idempotency_key=key, kind=KIND, goal=goal,
+                                         options=services.LaunchOptions(**options))
 
 
 def agent(*args: str) -> Any:

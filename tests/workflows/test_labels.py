@@ -30,7 +30,7 @@ def labelled() -> Iterator[None]:
 
 
 def launch(**labels: str) -> Workflow:
-    return services.workflow_launch(kind="labelled", goal="g", labels=labels)
+    return services.workflow_launch(kind="labelled", goal="g", options=services.LaunchOptions(labels=labels))
 
 
 def agent(*args: str) -> str:
@@ -61,19 +61,20 @@ def test_labels_are_stored_a_row_each_and_recorded_in_the_launch_event():
 ])
 def test_a_bad_label_is_refused_and_nothing_is_launched(labels, message):
     with pytest.raises(InvalidInput, match=message):
-        services.workflow_launch(kind="labelled", goal="g", labels=labels)
+        services.workflow_launch(kind="labelled", goal="g", options=services.LaunchOptions(labels=labels))
     assert (Workflow.objects.count(), WorkflowLabel.objects.count(), Event.objects.count()) == (0, 0, 0)
 
 
 def test_the_labels_are_part_of_an_idempotent_launch():
     """The same key with the same labels is the same launch; with other labels, a reused key."""
     first, created = services.workflow_launch_once(idempotency_key="k-1", kind="labelled", goal="g",
-                                                   labels={"team": "infra"})
+                                                   options=services.LaunchOptions(labels={"team": "infra"}))
     again, created_again = services.workflow_launch_once(idempotency_key="k-1", kind="labelled", goal="g",
-                                                         labels={"team": "infra"})
+                                                         options=services.LaunchOptions(labels={"team": "infra"}))
     assert (created, created_again, again.pk) == (True, False, first.pk)
     with pytest.raises(IdempotencyKeyReused):
-        services.workflow_launch_once(idempotency_key="k-1", kind="labelled", goal="g", labels={"team": "ops"})
+        services.workflow_launch_once(idempotency_key="k-1", kind="labelled", goal="g",
+                                      options=services.LaunchOptions(labels={"team": "ops"}))
     assert WorkflowLabel.objects.count() == 1
 
 

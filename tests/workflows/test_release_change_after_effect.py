@@ -127,7 +127,8 @@ def test_a_release_change_before_any_effect_revalidates_and_the_signal_reaches_t
 def test_a_kind_declares_its_default_release_policy(settings):
     assert services.workflow_launch(kind=PINNED, goal="g").release_policy == "pin"
     assert services.workflow_launch(kind=FIRST_WAIT, goal="g").release_policy == "revalidate"
-    assert services.workflow_launch(kind=PINNED, goal="g", release_policy="fail").release_policy == "fail"
+    chosen = services.workflow_launch(kind=PINNED, goal="g", options=services.LaunchOptions(release_policy="fail"))
+    assert chosen.release_policy == "fail"
     out = StringIO()
     call_command("agent", "launch", PINNED, "--goal", "from the command line", "--json", stdout=out)
     assert Workflow.objects.order_by("-pk").first().release_policy == "pin"

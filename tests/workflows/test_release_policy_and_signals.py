@@ -67,7 +67,8 @@ def wait_for_go_registered() -> Iterator[None]:
 
 def waiting_for_approval(repo: Any, requester: Any, policy: str) -> tuple[Workflow, Wait]:
     workflow = drive(services.workflow_launch(kind="release", goal="Ship the release notes",
-                                              params=release_params(repo), user=requester, release_policy=policy).pk)
+                                              params=release_params(repo), user=requester,
+                                              options=services.LaunchOptions(release_policy=policy)).pk)
     assert workflow.status == "waiting"
     return workflow, open_approval(workflow.pk)
 
@@ -118,7 +119,7 @@ def test_model_calls_run_the_workflows_release_not_the_workers_settings(git_repo
     settings.AGENTOPS_MODEL = "claude-pinned"
     release_announce(at=clock.now())  # the workers run claude-pinned when the two are launched
     pinned = services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(git_repo),
-                                      user=requester, release_policy="pin")
+                                      user=requester, options=services.LaunchOptions(release_policy="pin"))
     current = services.workflow_launch(kind="release", goal="Ship the release notes",
                                        params=release_params(git_repo), user=requester)
     settings.AGENTOPS_MODEL = "claude-newer"
@@ -175,8 +176,8 @@ def test_a_worker_that_cannot_run_the_release_adopts_its_own_under_revalidate(gi
 def test_a_pinned_workflow_refuses_to_run_prompts_it_was_not_pinned_to(git_repo, deploy_target, requester, settings):
     """The pinned prompt version is not the one this worker's code carries: the model call is
     refused (never sent, nothing reserved) and the workflow fails saying why."""
-    workflow = services.workflow_launch(kind="release", goal="Ship the release notes",
-                                        params=release_params(git_repo), user=requester, release_policy="pin")
+    workflow = services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(git_repo),
+                                        user=requester, options=services.LaunchOptions(release_policy="pin"))
     pinned_prompts = workflow.release.prompt_version
     settings.AGENTOPS_PROMPT_VERSION = "release-prompt-9"
 
@@ -385,8 +386,8 @@ def test_a_release_no_worker_announced_is_replaced_by_the_first_workers(git_repo
     settings.AGENTOPS_MODEL = "claude-of-the-shell"
     free = services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(git_repo),
                                     user=requester)
-    pinned = services.workflow_launch(kind="release", goal="Ship the release notes",
-                                      params=release_params(git_repo), user=requester, release_policy="pin")
+    pinned = services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(git_repo),
+                                      user=requester, options=services.LaunchOptions(release_policy="pin"))
     settings.AGENTOPS_MODEL = "claude-of-the-workers"
 
     free, pinned = drive(free.pk), drive(pinned.pk)

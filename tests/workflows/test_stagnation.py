@@ -19,7 +19,8 @@ def workspaces(settings, tmp_path):
 
 def at_first_task(policy: str = "record") -> tuple[Workflow, Activity]:
     """An autonomous workflow that planned and has its first task scheduled, not yet run."""
-    workflow = services.workflow_launch(kind="autonomous", goal="Prepare notes", stagnation_policy=policy)
+    workflow = services.workflow_launch(kind="autonomous", goal="Prepare notes",
+                                        options=services.LaunchOptions(stagnation_policy=policy))
     services.workflow_advance_if_runnable(workflow_id=workflow.pk)
     plan = Activity.objects.get(workflow=workflow, name="plan_tasks")
     services.activity_run_if_runnable(activity_id=plan.pk)

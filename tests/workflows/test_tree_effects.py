@@ -140,8 +140,9 @@ def test_show_says_which_child_made_a_commitment(two_deployers):
 def test_a_childs_budget_never_grows_past_what_its_ancestors_have_left(deploy_target, requester):
     """Parent total 1.00 gives its child 0.40: the child may grow to what the parent has left (0.60
     more), not to 5.00, from the service and the command line alike; lowering is always allowed."""
-    parent = services.workflow_launch(kind="test-fanout", goal="Deploy", budget_total_usd=Decimal("1.00"),
-                                      params={"ns": [1], "child_kind": "test-deployer", "budget_usd": "0.40"})
+    parent = services.workflow_launch(kind="test-fanout", goal="Deploy",
+                                      params={"ns": [1], "child_kind": "test-deployer", "budget_usd": "0.40"},
+                                      options=services.LaunchOptions(budget_total_usd=Decimal("1.00")))
     drive_tree(parent.pk, rounds=2)
     (kid,) = children_of(parent.pk)
     assert kid.budget_total_usd == Decimal("0.40")
@@ -169,8 +170,9 @@ def reserve(workflow_id: int, key: str, usd: str) -> bool:
 def test_children_spend_within_their_parents_hourly_limit_together(deploy_target):
     """Each child gets its parent's hourly limit, and the tree's last hour counts against the
     parent's: two children at 0.40 each under a 1.00/h parent leave room for one more 0.20, not 0.80."""
-    parent = services.workflow_launch(kind="test-fanout", goal="Deploy", budget_hourly_usd=Decimal("1.00"),
-                                      params={"ns": [1, 2], "child_kind": "test-deployer"})
+    parent = services.workflow_launch(kind="test-fanout", goal="Deploy",
+                                      params={"ns": [1, 2], "child_kind": "test-deployer"},
+                                      options=services.LaunchOptions(budget_hourly_usd=Decimal("1.00")))
     drive_tree(parent.pk, rounds=2)
     first, second = children_of(parent.pk)
     assert first.budget_hourly_usd == second.budget_hourly_usd == Decimal("1.00")

@@ -16,7 +16,8 @@ from workflows.models import Workflow
 from workflows.models.steering import MAX_STEER_CHARS
 from workflows.selectors import definition_of
 from workflows.services.labels import MAX_LABELS
-from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS
+from workflows.services.launch_options import HELP
+from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS, MAX_HOURS
 
 
 def reason_field(help_text: str) -> forms.CharField:
@@ -129,19 +130,48 @@ PARAM_PREFIX = "param_"
 
 
 
-def launch_form(kind: str) -> type[forms.Form]:
-    """The launch form of ``kind``: its goal, and a text field per declared launch parameter
-    (text, as `--param KEY=VALUE` gives it: the kind's declaration reads it), its description and
-    default as the help."""
-    fields: dict[str, forms.Field] = {
+def _sentence(help_text: str) -> str:
+    return help_text[:1].upper() + help_text[1:] + "."
+
+
+def launch_option_fields() -> dict[str, forms.Field]:
+    """The launch options (``services.LaunchOptions``) as form fields, each with its help from
+    ``launch_options.HELP``; empty ones launch as the kind declares."""
+    def amount(label: str, name: str) -> forms.DecimalField:
+        return forms.DecimalField(label=label, required=False, max_digits=12, decimal_places=4,
+                                  validators=[_positive_usd], max_value=MAX_BUDGET_USD - Decimal("0.0001"),
+                                  help_text=_sentence(HELP[name]))
+    return {
+        "priority": forms.IntegerField(label="Priority", required=False, min_value=0, max_value=10, initial=5,
+                                       help_text=_sentence(HELP["priority"])),
+        "budget_total_usd": amount("Total budget (USD)", "budget_total_usd"),
+        "budget_hourly_usd": amount("Hourly budget (USD)", "budget_hourly_usd"),
+        "max_hours": forms.FloatField(label="Time limit (hours)", required=False, min_value=0.001,
+                                      max_value=MAX_HOURS, help_text=_sentence(HELP["max_hours"])),
+        "release_policy": forms.ChoiceField(
+            label="Release policy", required=False, help_text=_sentence(HELP["release_policy"]),
+            choices=[("", "the kind's default"), *Workflow.ReleasePolicy.choices]),
+        "stagnation_policy": forms.ChoiceField(label="Stagnation policy", required=False,
+                                               choices=Workflow.StagnationPolicy.choices,
+                                               initial=Workflow.StagnationPolicy.RECORD,
+                                               help_text=_sentence(HELP["stagnation_policy"])),
+        "fallback_model": forms.CharField(label="Fallback model", required=False, max_length=120,
+                                          help_text=_sentence(HELP["fallback_model"])),
+    }
+
+
+class LaunchForm(forms.Form):
+    option_names: tuple[str, ...] = ()  # the fields that are launch options
+
+
+def launch_form(kind: str) -> type[LaunchForm]:
+    """The launch form of ``kind``: its goal, a text field per declared launch parameter (text, as
+    `--param KEY=VALUE` gives it: the kind's declaration reads it, its description and default as
+    the help), its labels and the launch options (``option_names``, shown apart)."""
+    fields: dict[str, Any] = {
         "kind": forms.CharField(widget=forms.HiddenInput),
         "goal": forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), max_length=MAX_GOAL_CHARS,
                                 help_text="What the agent should achieve."),
-        "labels": forms.CharField(
-            required=False, max_length=MAX_LABELS * 193,
-            help_text=f"Labels to find it by: key=value, separated by spaces or commas, at most {MAX_LABELS} (e.g. "
-                      "team=infra env=prod). A key: lowercase letters, digits, _ and -, starting with a letter; a "
-                      "value: letters, digits and . _ - : / @ +."),
     }
     model = registry.definition(kind).launch_params if kind else None
     for name, info in (model.model_fields.items() if model is not None else ()):
@@ -149,8 +179,15 @@ def launch_form(kind: str) -> type[forms.Form]:
         fields[f"{PARAM_PREFIX}{name}"] = forms.CharField(
             label=name, required=info.is_required(), max_length=10_000,
             help_text=f"{info.description or ''}{default}".strip())
-    return type("LaunchForm", (forms.Form,), fields)
-
+    fields["labels"] = forms.CharField(
+        required=False, max_length=MAX_LABELS * 193,
+        help_text=f"Labels to find it by: key=value, separated by spaces or commas, at most {MAX_LABELS} (e.g. "
+                  "team=infra env=prod). A key: lowercase letters, digits, _ and -, starting with a letter; a "
+                  "value: letters, digits and . _ - : / @ +.")
+    options = launch_option_fields()
+    fields |= options
+    fields["option_names"] = tuple(options)
+    return type("LaunchForm", (LaunchForm,), fields)
 
 
 def perform_action(action: str, workflow_id: int, data: dict[str, Any], user: Any) -> tuple[str, int]:

@@ -336,10 +336,13 @@ class WorkflowAdmin(ReadOnlyAdmin):
             params = {name: value for name, value in form.cleaned_data.items()
                       if name.startswith(PARAM_PREFIX) and value not in ("", None)}
             try:
+                labels = label_pairs_parsed(form.cleaned_data["labels"].replace(",", " ").split(), what="label")
+                chosen = {name: value for name, value in form.cleaned_data.items()
+                          if name in form.option_names and value not in ("", None)}
                 workflow = services.workflow_launch(
                     kind=kind, goal=form.cleaned_data["goal"], user=request.user,
                     params={name.removeprefix(PARAM_PREFIX): value for name, value in params.items()},
-                    labels=label_pairs_parsed(form.cleaned_data["labels"].replace(",", " ").split(), what="label"))
+                    options=services.LaunchOptions.of({**chosen, "labels": labels}))
             except Refused as exc:
                 form.add_error(None, str(exc))
             else:

@@ -154,10 +154,7 @@ def launch(request: HttpRequest, payload: LaunchIn, idempotency_key: str = IDEMP
     require(caller(request), LAUNCH_PERMISSION, to="launch workflows")
     workflow, created = services.workflow_launch_once(
         idempotency_key=idempotency_key, kind=payload.kind, goal=payload.goal, params=payload.params,
-        user=caller(request),
-        release_policy=payload.release_policy, max_hours=payload.max_hours, priority=payload.priority,
-        budget_total_usd=payload.budget_total_usd, budget_hourly_usd=payload.budget_hourly_usd,
-        stagnation_policy=payload.stagnation_policy, fallback_model=payload.fallback_model, labels=payload.labels,
+        user=caller(request), options=services.LaunchOptions.of(dict(payload)),
     )
     return Status(201 if created else 200, {"id": workflow.pk, "kind": workflow.kind, "status": workflow.status})
 

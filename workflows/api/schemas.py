@@ -16,12 +16,14 @@ from workflows.models import Schedule, ScheduleOccurrence, Wait, Workflow
 from workflows.models.steering import MAX_STEER_CHARS
 from workflows.selectors import MAX_ID
 from workflows.services.labels import LABEL_KEY, LABEL_VALUE, MAX_LABELS
+from workflows.services.launch_options import HELP
+from workflows.services.launch_options import MODEL_NAME as MODEL_NAME_RE
 from workflows.services.steps import MAX_GOAL_CHARS, MAX_HOURS, Outcome
 
 # Text a person wrote: no control characters but tab and line breaks (PostgreSQL cannot store NUL).
 TEXT = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
 KIND = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,59}$"
-MODEL_NAME = r"^([A-Za-z0-9][A-Za-z0-9._:-]{0,119})?$"
+MODEL_NAME = rf"^({MODEL_NAME_RE.pattern})?$"  # or empty: none
 # What str.strip() removes, spelt out: JSON Schema's (ECMA) \s and Python's differ (U+0085).
 SPACE = r"\x00-\x20\x7f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 # Text with something in it besides spaces (the services strip it and refuse it empty).
@@ -93,17 +95,16 @@ class LaunchIn(Body):
         "launch parameters, as `--param KEY=VALUE`: text each kind's declaration reads by type and range "
         "(its schema: GET /api/kinds, or `LaunchParams_<kind>` in this document's components)"),
                                    examples=[{"repo": "/srv/repo", "test_command": "make test"}])
-    max_hours: StrictFloat | StrictInt | None = Field(default=None, gt=0, le=MAX_HOURS,
-                                                      description="time limit; past it the workflow is cancelled")
-    budget_total_usd: Amount | None = amount("total model spend allowed (USD, at most 4 decimal places)")
-    budget_hourly_usd: Amount | None = amount("model spend allowed per hour (USD, at most 4 decimal places)")
-    priority: StrictInt = Field(default=5, ge=0, le=10, description="0–10; 9 and above may pass the hourly budget")
+    # The launch options (workflows.services.LaunchOptions), as the document states them.
+    max_hours: StrictFloat | StrictInt | None = Field(default=None, gt=0, le=MAX_HOURS, description=HELP["max_hours"])
+    budget_total_usd: Amount | None = amount(HELP["budget_total_usd"])
+    budget_hourly_usd: Amount | None = amount(HELP["budget_hourly_usd"])
+    priority: StrictInt = Field(default=5, ge=0, le=10, description=HELP["priority"])
     stagnation_policy: Literal[tuple(Workflow.StagnationPolicy.values)] = Field(  # type: ignore[valid-type]
-        default=Workflow.StagnationPolicy.RECORD, description="what a stagnating workflow does")
+        default=Workflow.StagnationPolicy.RECORD, description=HELP["stagnation_policy"])
     release_policy: Literal[("", *Workflow.ReleasePolicy.values)] = Field(  # type: ignore[valid-type]
-        default="", description="empty: the kind's default (revalidate unless the kind declares another)")
-    fallback_model: str = Field(default="", pattern=MODEL_NAME, max_length=120,
-                                description="model to move to on sustained overload; empty: none",
+        default="", description=HELP["release_policy"])
+    fallback_model: str = Field(default="", pattern=MODEL_NAME, max_length=120, description=HELP["fallback_model"],
                                 examples=["claude-haiku-4-5"])
     labels: dict[LabelKey, LabelValue] = labels_field()
 

@@ -26,6 +26,7 @@ from workflows.services.budgets import (
 )
 from workflows.services.cancellation import workflow_cancel, workflow_deadline_enforce_if_due
 from workflows.services.intents import workflow_supersede
+from workflows.services.launch_options import LaunchOptions
 from workflows.services.pauses import workflow_pause, workflow_resume
 from workflows.services.progress import stagnation_check, stagnation_flag_if_due
 from workflows.services.signals import workflow_signal, workflow_signal_from_webhook
@@ -46,6 +47,7 @@ from workflows.services.workflows import (
 )
 
 __all__ = [
+    "LaunchOptions",
     "Decision",
     "DecisionResult",
     "Outcome",

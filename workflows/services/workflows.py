@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import re
 from datetime import datetime, timedelta
 from decimal import ROUND_DOWN, Decimal
 from typing import Any
@@ -23,7 +22,6 @@ from workflows.services.common import (
     amount_checked,
     event_record,
     events_batched,
-    priority_checked,
     release_current,
     text_checked,
     workflow_lock,
@@ -36,12 +34,11 @@ from workflows.services.failures import (
     handler_failure_record,
     handler_failures_clear,
 )
-from workflows.services.labels import labels_checked
+from workflows.services.launch_options import LaunchOptions
 from workflows.services.lifecycle import LIVE
 from workflows.services.steps import (
     BUDGET_PAUSE_PREFIX,
     MAX_GOAL_CHARS,
-    MAX_HOURS,
     MAX_STEPS_PER_ADVANCE,
     ChainSlot,
     Outcome,
@@ -54,40 +51,23 @@ from workflows.services.waits import wait_open
 from workflows.statestore import json_checked
 
 logger = logging.getLogger("agentops.workflows")
-MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,119}")
 
 
-def workflow_launch(
-    *,
-    kind: str,
-    goal: str,
-    params: dict[str, Any] | None = None,
-    user: Any = None,
-    release_policy: str = "",
-    max_hours: float | None = None,
-    priority: int = 5,
-    budget_total_usd: Decimal | None = None,
-    budget_hourly_usd: Decimal | None = None,
-    stagnation_policy: str = Workflow.StagnationPolicy.RECORD,
-    fallback_model: str = "",
-    labels: dict[str, str] | None = None,
-) -> Workflow:
+def workflow_launch(*, kind: str, goal: str, params: dict[str, Any] | None = None, user: Any = None,
+                    options: LaunchOptions | None = None) -> Workflow:
     """Create a workflow with intent v1 and advance it in the same transaction (its first
     activity is scheduled, or its first wait opened, when this returns).
 
-    ``max_hours`` sets a durable deadline: past it, beat cancels the workflow. ``fallback_model``
-    is the model its calls move to on sustained overload (``workflows.releases.provider_for``).
-    ``labels`` (key to value, ``labels_checked``) are stored with it, to filter and count by.
+    ``options`` (``LaunchOptions``; by default as the kind declares): its time limit (past it, beat
+    cancels the workflow), priority, budgets, release and stagnation policies, the model its calls
+    move to on sustained overload (``workflows.releases.provider_for``) and the labels stored with
+    it, to filter and count by.
 
     Not idempotent: every call launches a new workflow (``workflow_launch_once`` takes a key).
-    Raises InvalidInput for an unknown kind, bad parameters or a bad goal, and then writes nothing.
+    Raises InvalidInput for an unknown kind, bad parameters, options or goal, and then writes nothing.
     """
-    workflow, _ = workflow_launch_once(
-        idempotency_key="", kind=kind, goal=goal, params=params, user=user, release_policy=release_policy,
-        max_hours=max_hours, priority=priority, budget_total_usd=budget_total_usd,
-        budget_hourly_usd=budget_hourly_usd, stagnation_policy=stagnation_policy, fallback_model=fallback_model,
-        labels=labels,
-    )
+    workflow, _ = workflow_launch_once(idempotency_key="", kind=kind, goal=goal, params=params, user=user,
+                                       options=options)
     return workflow
 
 
@@ -98,15 +78,8 @@ def workflow_launch_once(
     goal: str,
     params: dict[str, Any] | None = None,
     user: Any = None,
-    release_policy: str = "",
-    max_hours: float | None = None,
-    priority: int = 5,
-    budget_total_usd: Decimal | None = None,
-    budget_hourly_usd: Decimal | None = None,
-    stagnation_policy: str = Workflow.StagnationPolicy.RECORD,
-    fallback_model: str = "",
+    options: LaunchOptions | None = None,
     parent_wait: Wait | None = None,
-    labels: dict[str, str] | None = None,
 ) -> tuple[Workflow, bool]:
     """Launch as ``workflow_launch`` does, once per ``idempotency_key``: (workflow, True) when
     this call launched it; (workflow, False) when the same request with this key launched it
@@ -125,32 +98,10 @@ def workflow_launch_once(
     definition = registry.definition(kind)
     goal = text_checked(goal, what="The goal", max_length=MAX_GOAL_CHARS)
     params = json_checked(definition.validate_params(dict(params or {})), what="The parameters")
-    release_policy = release_policy or definition.default_release_policy
-    if release_policy not in Workflow.ReleasePolicy.values:
-        choices = ", ".join(Workflow.ReleasePolicy.values)
-        raise InvalidInput(f"Release policy {release_policy!r} is not one of {choices}.")
-    if max_hours is None:
-        max_hours = definition.default_max_hours
-    if max_hours is not None and not 0 < max_hours <= MAX_HOURS:
-        raise InvalidInput(f"The time limit must be between 0 and {MAX_HOURS} hours; got {max_hours}.")
-    if stagnation_policy not in Workflow.StagnationPolicy.values:
-        choices = ", ".join(Workflow.StagnationPolicy.values)
-        raise InvalidInput(f"Stagnation policy {stagnation_policy!r} is not one of {choices}.")
-    if fallback_model and not MODEL_NAME.fullmatch(fallback_model):
-        raise InvalidInput(f"The fallback model must be a model name of at most 120 letters, digits and . _ - : "
-                           f"characters, e.g. claude-haiku-4-5; got {fallback_model[:130]!r}.")
-    priority = priority_checked(priority)
-    budget_total_usd = amount_checked(budget_total_usd, what="The total budget")
-    budget_hourly_usd = amount_checked(budget_hourly_usd, what="The hourly budget")
-    labels = labels_checked(labels)
+    options = (options or LaunchOptions()).checked(definition)
+    labels = dict(options.labels)
     now = clock.now()
-    # What names the request: its values as checked, so 5, 5.0 and "5.00" are one request.
-    request = {"kind": kind, "goal": goal, "params": params, "release_policy": release_policy,
-               "max_hours": None if max_hours is None else float(max_hours), "priority": priority,
-               "budget_total_usd": _amount(budget_total_usd), "budget_hourly_usd": _amount(budget_hourly_usd),
-               "stagnation_policy": stagnation_policy, "fallback_model": fallback_model, "user": username_of(user)}
-    if labels:  # only when given: a key reused from before labels existed still names the same request
-        request["labels"] = labels
+    request = {"kind": kind, "goal": goal, "params": params, **options.request(), "user": username_of(user)}
     with transaction.atomic():
         claimed = None
         if idempotency_key:
@@ -162,12 +113,13 @@ def workflow_launch_once(
         release = release_current(at=now)
         workflow = Workflow(
             kind=kind, definition_version=definition.version, current_node=definition.start_node, params=params,
-            release=release, release_provisional=release.announced_at is None, release_policy=release_policy,
-            launched_by=user,
-            deadline=now + timedelta(hours=max_hours) if max_hours is not None else None, priority=priority,
-            budget_total_usd=budget_total_usd, budget_hourly_usd=budget_hourly_usd,
-            stagnation_policy=stagnation_policy, stagnation_window_hours=settings.AGENTOPS_STAGNATION_WINDOW_HOURS,
-            fallback_model=fallback_model, created_at=now, updated_at=now,
+            release=release, release_provisional=release.announced_at is None,
+            release_policy=options.release_policy, launched_by=user,
+            deadline=now + timedelta(hours=options.max_hours) if options.max_hours is not None else None,
+            priority=options.priority, budget_total_usd=options.budget_total_usd,
+            budget_hourly_usd=options.budget_hourly_usd, stagnation_policy=options.stagnation_policy,
+            stagnation_window_hours=settings.AGENTOPS_STAGNATION_WINDOW_HOURS,
+            fallback_model=options.fallback_model, created_at=now, updated_at=now,
         )
         if parent_wait is not None:
             parent = parent_wait.workflow
@@ -191,11 +143,6 @@ def workflow_launch_once(
             claimed.save(update_fields=["workflow"])
     logger.info("workflow.launched", extra={"workflow_id": workflow.pk, "kind": kind})
     return workflow, True
-
-
-def _amount(value: Decimal | None) -> str | None:
-    """An amount as the same text however it was written (5, 5.0 and 5.00 alike)."""
-    return None if value is None else str(value.normalize())
 
 
 @transaction.atomic
@@ -391,8 +338,9 @@ def child_start(workflow: Workflow, command: engine.StartChild, *, now: datetime
     workflow.child_waits_open = True
     child, _ = workflow_launch_once(
         idempotency_key="", kind=command.child_kind, goal=command.goal, params=command.params,
-        user=workflow.launched_by, priority=workflow.priority, budget_total_usd=budget,
-        budget_hourly_usd=workflow.budget_hourly_usd, parent_wait=wait,
+        user=workflow.launched_by, parent_wait=wait,
+        options=LaunchOptions(priority=workflow.priority, budget_total_usd=budget,
+                              budget_hourly_usd=workflow.budget_hourly_usd),
     )
     event_record(workflow=workflow, kind="child.started", at=now, wait_id=wait.pk, operation_id=wait.operation_id,
                  child=child.pk, child_kind=child.kind, budget_usd=None if budget is None else str(budget))

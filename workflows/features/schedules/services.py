@@ -30,6 +30,7 @@ from workflows.services.cancellation import workflow_cancel
 from workflows.services.common import text_checked
 from workflows.services.failures import row_isolated
 from workflows.services.labels import labels_checked
+from workflows.services.launch_options import LaunchOptions
 from workflows.services.steps import MAX_GOAL_CHARS
 from workflows.services.workflows import workflow_launch
 from workflows.statestore import json_checked
@@ -400,7 +401,8 @@ def _launched(schedule: Schedule, occurrence: ScheduleOccurrence) -> ScheduleOcc
     try:
         with transaction.atomic():
             workflow = workflow_launch(kind=schedule.kind, goal=schedule.goal, params=schedule.params,
-                                       labels=schedule.labels, user=occurrence.triggered_by or schedule.created_by)
+                                       user=occurrence.triggered_by or schedule.created_by,
+                                       options=LaunchOptions(labels=schedule.labels))
     except (InvalidInput, Refused) as exc:
         logger.warning("schedule.launch_refused", extra={"schedule": schedule.name, "reason": str(exc)})
         return _ended(occurrence, ScheduleOccurrence.Outcome.FAILED, str(exc))

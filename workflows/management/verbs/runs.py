@@ -20,6 +20,7 @@ from workflows.management.verbs.common import (
 from workflows.management.verbs.detail import render_detail
 from workflows.models import Workflow
 from workflows.services.labels import label_filters_parsed, label_pairs_parsed
+from workflows.services.launch_options import HELP
 
 
 def add_parsers(verb: Verb) -> None:
@@ -31,20 +32,21 @@ def add_parsers(verb: Verb) -> None:
     launch.add_argument("--goal", required=True, help="what the agent should achieve")
     launch.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="launch parameter")
     launch.add_argument("--user", help="username of the requester (may not approve its own candidates)")
-    launch.add_argument("--max-hours", type=float, help="time limit; past it the workflow is cancelled")
-    launch.add_argument("--budget-total", type=usd, metavar="USD", help="total model spend allowed")
-    launch.add_argument("--budget-hourly", type=usd, metavar="USD", help="model spend allowed per hour")
-    launch.add_argument("--priority", type=int, default=5, help="0–10; 9 and above may pass the hourly budget")
-    launch.add_argument("--stagnation-policy", default=Workflow.StagnationPolicy.RECORD,
-                        choices=Workflow.StagnationPolicy.values, help="what beat does when progress stalls")
-    launch.add_argument("--release-policy", default="",
-                        choices=Workflow.ReleasePolicy.values, help="what to do when the model release changes "
-                        "(default: the kind's, revalidate unless it declares another)")
     launch.add_argument("--idempotency-key", default="", metavar="KEY",
                         help="launch at most once per key: the same launch again prints the workflow it made; "
                              "the key with other values is refused")
-    launch.add_argument("--fallback-model", default="", metavar="MODEL",
-                        help="model to move to on sustained overload (429/529), e.g. claude-haiku-4-5")
+    # The launch options (LaunchOptions), each flag's value under the option's own name.
+    launch.add_argument("--max-hours", dest="max_hours", type=float, help=HELP["max_hours"])
+    launch.add_argument("--budget-total", dest="budget_total_usd", type=usd, metavar="USD",
+                        help=HELP["budget_total_usd"])
+    launch.add_argument("--budget-hourly", dest="budget_hourly_usd", type=usd, metavar="USD",
+                        help=HELP["budget_hourly_usd"])
+    launch.add_argument("--priority", type=int, default=5, help=HELP["priority"])
+    launch.add_argument("--stagnation-policy", default=Workflow.StagnationPolicy.RECORD,
+                        choices=Workflow.StagnationPolicy.values, help=HELP["stagnation_policy"])
+    launch.add_argument("--release-policy", default="", choices=Workflow.ReleasePolicy.values,
+                        help=HELP["release_policy"])
+    launch.add_argument("--fallback-model", default="", metavar="MODEL", help=HELP["fallback_model"])
     launch.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", help=LABEL_HELP)
 
     lst = verb("list", "List workflows, newest first.")
@@ -62,14 +64,10 @@ def add_parsers(verb: Verb) -> None:
 
 
 def launch(command: Output, options: dict[str, Any]) -> None:
-    params = parse_params(options["param"])
     workflow, created = services.workflow_launch_once(
-        idempotency_key=options["idempotency_key"],
-        kind=options["kind"], goal=options["goal"], params=params, user=user_or_none(options["user"]),
-        release_policy=options["release_policy"], max_hours=options["max_hours"], priority=options["priority"],
-        budget_total_usd=options["budget_total"], budget_hourly_usd=options["budget_hourly"],
-        stagnation_policy=options["stagnation_policy"], fallback_model=options["fallback_model"],
-        labels=label_pairs_parsed(options["label"]),
+        idempotency_key=options["idempotency_key"], kind=options["kind"], goal=options["goal"],
+        params=parse_params(options["param"]), user=user_or_none(options["user"]),
+        options=services.LaunchOptions.of({**options, "labels": label_pairs_parsed(options["label"])}),
     )
     what = (f"Launched {workflow.kind} workflow {workflow.pk} on {workflow.release}." if created else
             f"Workflow {workflow.pk} ({workflow.kind}) was launched before with this idempotency key; "
