@@ -152,6 +152,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _out_of_attempts_to_faults(wf: Any) -> bool:
+    """Whether ``wf`` failed because one of its activities used all its attempts, each one lost (its
+    worker killed or cut off by the nemesis) or failed, and its definition said so in its own words
+    (the harness: "The initializer session failed: attempt 3 lost: ..."): the reason quotes the
+    activity's last error."""
+    from workflows.models import Activity
+
+    spent = Activity.objects.filter(workflow_id=wf.pk, status="failed").exclude(error="")
+    return any(a.attempt >= a.max_attempts and a.error in (wf.reason or "")
+               for a in spent.only("attempt", "max_attempts", "error"))
+
+
 # --- The plan: drawn from the seed before anything runs ---
 
 @dataclass
@@ -1073,6 +1085,8 @@ class Soak:
             return "failed_by_faults"  # an activity out of attempts: failed with its reason, allowed
         if plan.kind == "tree" and wf.status == "failed" and reason.startswith("child ") and "activity " in reason:
             return "failed_by_faults"  # a child's activity out of attempts: the root fails, its effects undone
+        if wf.status == "failed" and _out_of_attempts_to_faults(wf):
+            return "failed_by_faults"  # a definition that fails in its own words when an activity runs out
         if plan.kind == "harness":
             allowed = soak_harness.allowed(plan.action)
         elif plan.kind == "tree":
