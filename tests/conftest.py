@@ -26,6 +26,9 @@ from workflows.testing.inprocess import drive  # noqa: F401 - the tests import i
 
 # A package outside agentops, tested in a session of its own (tests/test_outside_kind.py).
 collect_ignore = ["outside_kind"]
+# The kit's fixtures (drive, clock, doorbells, faults), as a kind's package declares them: the
+# example's tests use them as its author would.
+pytest_plugins = ["agentops.kind.pytest_plugin"]
 
 
 def worker_context(claim: Claim) -> ActivityContext:

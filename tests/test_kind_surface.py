@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SURFACE = {
     "agentops.kind": [
         "ActivityContext", "ActivityFailed", "AdminPanel", "BudgetExhausted", "CandidateView", "ChildHandle",
-        "ChildOutcome", "CompensationInput", "Complete", "Decision", "EMPTY_QUERY", "Fail", "FirstOutcome", "Goto",
+        "ChildOutcome", "CompensationInput", "Complete", "Decision", "DefinitionError", "EMPTY_QUERY", "Fail",
+        "FirstOutcome", "Goto",
         "InvalidInput", "LaunchParams", "MODEL_CALL_LEASE", "ModelResponse", "NodeContext", "Permanent",
         "ROLE_MAX_LENGTH", "RetryPolicy", "Retryable", "Schedule", "Throttled", "Usage", "WaitOutcome",
         "WorkflowDefinition", "activity", "annotate", "candidate_as_json", "cost_usd", "declare_schedules",
@@ -29,14 +30,16 @@ SURFACE = {
     ],
     "agentops.kind.testing": [
         "ActivityEnvironment", "Clock", "Crashed", "Divergence", "Doorbell", "Doorbells", "FAULT_POINTS", "FakeLease",
-        "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle", "WorkflowRun", "cut_off", "deployed",
-        "drive", "launch", "registered", "replay",
+        "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle", "WorkflowRun", "approve", "cancel",
+        "cut_off", "deployed", "drive", "launch", "registered", "reject", "replay", "signal", "supersede",
     ],
 }
 # The fixtures a package's conftest gets from ``pytest_plugins = ["agentops.kind.pytest_plugin"]``.
 PLUGIN_FIXTURES = ["clock", "doorbells", "drive", "faults", "workers", "workers_broker_url"]
 # Where kinds live: the shipped ones and the worked example of docs/authoring.md.
 KIND_SOURCES = [*sorted((ROOT / "agentops" / "agents").rglob("*.py")), *sorted((ROOT / "examples").rglob("*.py"))]
+# The example's tests, written as its author would: the kit's surface, and nothing of the project's tests.
+EXAMPLE_TESTS = sorted((ROOT / "tests" / "examples").rglob("test_*.py"))
 
 
 @pytest.mark.parametrize("module", sorted(SURFACE))
@@ -83,3 +86,18 @@ def test_what_kinds_import_of_the_surface_is_on_it() -> None:
                 unknown += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name}" for alias in node.names
                             if alias.name not in SURFACE[node.module]]
     assert not unknown, unknown
+
+
+def test_the_examples_tests_use_only_the_kit_s_surface() -> None:
+    """What a kind author's tests can import: the surface, the kind itself, Django and pytest; not the
+    kernel, and not this project's own test helpers."""
+    assert EXAMPLE_TESTS
+    found = [line for path in EXAMPLE_TESTS for line in kernel_imports(path)]
+    for path in EXAMPLE_TESTS:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tests":
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {node.module} import ...")
+            if isinstance(node, ast.ImportFrom) and node.module in SURFACE:
+                found += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name} is not on the surface"
+                          for alias in node.names if alias.name not in SURFACE[node.module]]
+    assert not found, "\n".join(found)

@@ -38,15 +38,16 @@ from workflows.presentation import EMPTY_QUERY, AdminPanel, CandidateView, candi
 from workflows.prices import cost_usd
 from workflows.progress import progress_validate
 from workflows.provider import ModelResponse, Usage
-from workflows.registry import CompensationInput, RetryPolicy, activity, register_definition
+from workflows.registry import CompensationInput, DefinitionError, RetryPolicy, activity, register_definition
 from workflows.releases import provider_for
 from workflows.statestore import resolve, state_at, state_of
 from workflows.telemetry import annotate, tool_span
 
 __all__ = [
     "ActivityContext", "ActivityFailed", "AdminPanel", "BudgetExhausted", "CandidateView", "ChildHandle",
-    "ChildOutcome", "CompensationInput", "Complete", "Decision", "EMPTY_QUERY", "Fail", "FirstOutcome", "Goto",
-    "InvalidInput", "LaunchParams", "MODEL_CALL_LEASE", "ModelResponse", "NodeContext", "Permanent",
+    "ChildOutcome", "CompensationInput", "Complete", "Decision", "DefinitionError", "EMPTY_QUERY", "Fail",
+    "FirstOutcome", "Goto", "InvalidInput", "LaunchParams", "MODEL_CALL_LEASE", "ModelResponse", "NodeContext",
+    "Permanent",
     "ROLE_MAX_LENGTH", "RetryPolicy", "Retryable", "Schedule", "Throttled", "Usage", "WaitOutcome",
     "WorkflowDefinition", "activity", "annotate", "candidate_as_json", "cost_usd", "declare_schedules",
     "hash_of_candidate", "keep_alive", "metered_complete", "node", "now", "progress_validate", "provider_for",

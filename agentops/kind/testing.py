@@ -3,9 +3,10 @@
 activity with a fake lease and, with ``FakeModel``, fake model calls metered in a ``FakeLedger``;
 ``replay`` names where a changed definition no longer replays a recorded history; ``registered``
 registers a kind for one test. Against the database (pytest-django's), in process: ``launch`` and
-``drive`` a workflow, with ``Doorbells`` recorded, a ``Clock`` the test moves and ``Faults`` that crash
-at a named point of ``FAULT_POINTS`` (the fixtures of ``agentops.kind.pytest_plugin``). Real workers
-and beat: ``workflows.testing.cluster``.
+``drive`` a workflow, ``signal``, ``approve``, ``reject``, ``cancel`` or ``supersede`` it as people
+do, with ``Doorbells`` recorded, a ``Clock`` the test moves and ``Faults`` that crash at a named
+point of ``FAULT_POINTS`` (the fixtures of ``agentops.kind.pytest_plugin``). Real workers and beat:
+``workflows.testing.cluster``.
 """
 from __future__ import annotations
 
@@ -25,10 +26,23 @@ from workflows.testing import (
     registered,
     replay,
 )
-from workflows.testing.database import FAULT_POINTS, Clock, Doorbell, Doorbells, Faults, drive, launch
+from workflows.testing.database import (
+    FAULT_POINTS,
+    Clock,
+    Doorbell,
+    Doorbells,
+    Faults,
+    approve,
+    cancel,
+    drive,
+    launch,
+    reject,
+    signal,
+    supersede,
+)
 
 __all__ = [
     "ActivityEnvironment", "Clock", "Crashed", "Divergence", "Doorbell", "Doorbells", "FAULT_POINTS", "FakeLease",
-    "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle", "WorkflowRun", "cut_off",
-    "deployed", "drive", "launch", "registered", "replay",
+    "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle", "WorkflowRun", "approve", "cancel",
+    "cut_off", "deployed", "drive", "launch", "registered", "reject", "replay", "signal", "supersede",
 ]

@@ -1,16 +1,45 @@
-"""The test kit's database tier refuses misuse with a message that says what to do, and its list of
-fault points is the code's and the page's."""
+"""The test kit's database tier refuses misuse with a message that says what to do, its list of
+fault points is the code's and the page's, and what people do to a workflow (signal, approve,
+reject, cancel, supersede) goes through the services as `manage.py agent` does."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agentops.kind.testing import FAULT_POINTS, Clock, Faults, WorkflowRun, drive, launch, registered
+from agentops.kind import (
+    ActivityContext,
+    CompensationInput,
+    Complete,
+    Decision,
+    Fail,
+    Goto,
+    NodeContext,
+    WorkflowDefinition,
+    activity,
+    node,
+)
+from agentops.kind.testing import (
+    FAULT_POINTS,
+    Clock,
+    Faults,
+    WorkflowRun,
+    approve,
+    cancel,
+    drive,
+    launch,
+    registered,
+    reject,
+    signal,
+    supersede,
+)
 from tests.conftest import one_event_kind
 from workflows.errors import NotFound
+from workflows.models import Wait
 from workflows.testing.database import doorbells_recorded
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,3 +97,112 @@ def test_the_fault_points_are_the_code_s_and_the_authoring_page_s() -> None:
     page = (ROOT / "docs" / "authoring.md").read_text()
     table = re.findall(r"^\| `([a-z_.]+)` \|", page.split("### Fault points", 1)[1], re.M)
     assert table == list(FAULT_POINTS)
+
+
+# --- what people do to a workflow, through the kit: signal, approve, reject, cancel, supersede ---
+
+SENT: list[str] = []
+UNSENT: list[str] = []
+
+
+@activity("kit_db_draft")
+def kit_draft(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"text": f"Dear {input['to']}, it ships today."}
+
+
+@activity("kit_db_unsend")
+def kit_unsend(ctx: ActivityContext, input: CompensationInput) -> dict[str, Any]:
+    UNSENT.append(input.sent_key)
+    return {"retracted": input.sent_key}
+
+
+@activity("kit_db_send", commitment="message", compensation=kit_unsend)
+def kit_send(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    ctx.fence("send")
+    SENT.append(ctx.idempotency_key)
+    return {"message": ctx.idempotency_key}
+
+
+class SendOnApproval(WorkflowDefinition):
+    """Draft, approve, send (a commitment), then wait to hear it was delivered."""
+
+    kind = "kit_db_send"
+    start_node = "DRAFT"
+    revalidate_node = "DRAFT"
+
+    @node("DRAFT")
+    def draft(self, ctx: NodeContext[Any]) -> Decision:
+        return Goto("REVIEW", {"draft": ctx.activity(kit_draft, {"to": "Ada"})})
+
+    @node("REVIEW")
+    def review(self, ctx: NodeContext[Any]) -> Decision:
+        outcome = ctx.approval(candidate=ctx.state["draft"], role="kit-leads", expires_in_seconds=3600)
+        return Goto("SEND") if outcome.approved else Fail(f"Rejected: {outcome.comment}")
+
+    @node("SEND")
+    def send(self, ctx: NodeContext[Any]) -> Decision:
+        sent = ctx.activity(kit_send, ctx.state["draft"])
+        delivered = ctx.wait_for_event("delivered")
+        return Complete({**sent, "delivered": delivered.payload})
+
+
+@pytest.fixture
+def send_kind() -> Iterator[None]:
+    SENT.clear()
+    UNSENT.clear()
+    with registered(SendOnApproval, kit_draft, kit_send, kit_unsend):
+        yield
+
+
+@pytest.mark.django_db
+def test_approve_then_a_signal_queued_before_its_wait_complete_the_workflow(send_kind, doorbells) -> None:
+    workflow = drive(launch("kit_db_send", goal="Tell Ada"))
+    assert (workflow.status, workflow.current_node) == ("waiting", "REVIEW")
+    assert signal(workflow, "delivered", {"at": "09:00"}) == "queued"  # no wait for it is open yet
+
+    assert approve(workflow, by="lead") == "applied"
+    assert approve(workflow, by="lead") == "already_applied"
+    workflow = drive(workflow)
+
+    assert (workflow.status, workflow.result) == ("completed", {"message": SENT[0], "delivered": {"at": "09:00"}})
+    assert Wait.objects.get(workflow=workflow, kind="approval").decided_by.groups.filter(name="kit-leads").exists()
+
+
+@pytest.mark.django_db
+def test_reject_fails_the_workflow_with_the_comment(send_kind, doorbells) -> None:
+    workflow = drive(launch("kit_db_send"))
+    assert reject(workflow, by="lead", comment="Too curt") == "applied"
+    workflow = drive(workflow)
+    assert (workflow.status, workflow.reason, SENT) == ("failed", "Rejected: Too curt", [])
+
+
+@pytest.mark.django_db
+def test_cancel_after_the_send_retracts_it(send_kind, doorbells) -> None:
+    workflow = drive(launch("kit_db_send"))
+    approve(workflow)
+    assert drive(workflow).current_node == "SEND" and len(SENT) == 1
+
+    assert cancel(workflow, reason="Ada called") == "suspended"  # the compensation is to run
+    workflow = drive(workflow)
+
+    assert (workflow.status, UNSENT) == ("cancelled", SENT)
+    assert cancel(workflow) == "already_applied"
+
+
+@pytest.mark.django_db
+def test_a_new_goal_at_the_review_drafts_again_for_it(send_kind, doorbells) -> None:
+    workflow = drive(launch("kit_db_send", goal="Tell Ada"))
+    assert supersede(workflow, "Tell Ada and Grace") == "applied"
+    workflow = drive(workflow)
+
+    assert (workflow.status, workflow.current_node, workflow.intent_version) == ("waiting", "REVIEW", 2)
+    assert Wait.objects.filter(workflow=workflow, kind="approval", status="open").get().intent_version == 2
+
+
+@pytest.mark.django_db
+def test_approve_without_an_open_approval_says_to_drive_first(send_kind, doorbells) -> None:
+    workflow = launch("kit_db_send")  # not driven: it is still drafting
+    with pytest.raises(AssertionError, match="has 0 open approvals, not one: drive it to its approval first"):
+        approve(workflow)
+    with pytest.raises(TypeError, match="not str"):
+        signal("7", "delivered")  # type: ignore[arg-type]

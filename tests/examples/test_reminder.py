@@ -1,5 +1,7 @@
 """The worked example of docs/authoring.md, run as the page says: with the test kit (no database),
-in process against PostgreSQL, and by the CLI."""
+in process against the test database with the kit's fixtures, and by the CLI. It imports only what
+a kind author has (``agentops.kind``, ``agentops.kind.testing``, ``agentops.kind.presentation``):
+tests/test_kind_surface.py keeps it so."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -10,15 +12,29 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError, SystemCheckError
 
+from agentops.kind import (
+    ActivityContext,
+    Complete,
+    Decision,
+    DefinitionError,
+    InvalidInput,
+    NodeContext,
+    WorkflowDefinition,
+    activity,
+    node,
+)
+from agentops.kind.presentation import Workflow
+from agentops.kind.testing import (
+    ActivityEnvironment,
+    LeaseLost,
+    WorkflowRun,
+    launch,
+    registered,
+    replay,
+    signal,
+)
 from examples.reminder.activities import ReminderInput, ReminderSent, outbox, send_reminder
 from examples.reminder.definition import Reminder
-from tests.conftest import drive
-from workflows import clock, engine, services
-from workflows.activity_context import ActivityContext
-from workflows.errors import InvalidInput
-from workflows.models import Timer, Workflow
-from workflows.registry import DefinitionError, activity
-from workflows.testing import ActivityEnvironment, LeaseLost, WorkflowRun, registered, replay
 
 PARAMS = {"invoice": "INV-7", "email": "ap@example.com", "max_reminders": 2, "days_between": 7}
 
@@ -102,8 +118,8 @@ class ReminderThatLogsFirst(Reminder):
 
     kind = "reminder_changed"
 
-    @engine.node("REMIND")
-    def remind(self, ctx: engine.NodeContext[Any]) -> engine.Decision:
+    @node("REMIND")
+    def remind(self, ctx: NodeContext[Any]) -> Decision:
         ctx.activity(heartbeats, {"turns": 0})
         return super().remind(ctx)
 
@@ -121,14 +137,14 @@ def test_replay_names_where_a_changed_definition_no_longer_replays():
 
 
 def test_a_definition_without_its_start_node_fails_when_it_registers():
-    class Broken(engine.WorkflowDefinition):
+    class Broken(WorkflowDefinition):
         kind = "broken"
         start_node = "BEGIN"
         revalidate_node = "BEGIN"
 
-        @engine.node("FIRST")
-        def first(self, ctx: engine.NodeContext[Any]) -> engine.Decision:
-            return engine.Complete()
+        @node("FIRST")
+        def first(self, ctx: NodeContext[Any]) -> Decision:
+            return Complete()
 
     with pytest.raises(DefinitionError, match=r"start_node 'BEGIN' is not one of its nodes \(FIRST\)"), \
             registered(Broken):
@@ -147,17 +163,17 @@ def test_manage_py_check_refuses_an_activity_whose_compensation_does_not_resolve
 
 
 @pytest.mark.django_db
-def test_the_example_runs_in_process_and_its_reminder_is_sent_once(reminder_kind, rung):
-    workflow = services.workflow_launch(kind="reminder", goal="Collect INV-7", params=PARAMS)
-    workflow = drive(workflow.pk)
+def test_the_example_runs_in_process_and_its_reminder_is_sent_once(reminder_kind, drive, clock):
+    workflow = drive(launch("reminder", goal="Collect INV-7", params=PARAMS))
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_PAYMENT")
-    Timer.objects.filter(workflow=workflow).update(fire_at=clock.now())
-    services.timers_fire_due()
-    workflow = drive(workflow.pk)
+    clock.advance(days=6)
+    assert len(drive(workflow).state["sent"]) == 1  # a week between reminders
+    clock.advance(days=1, seconds=1)
+    workflow = drive(workflow)
     assert workflow.current_node == "WAIT_FOR_PAYMENT" and len(workflow.state["sent"]) == 2
 
-    services.workflow_signal(workflow_id=workflow.pk, name="paid", payload={"amount": "120.00"})
-    workflow = drive(workflow.pk)
+    assert signal(workflow, "paid", {"amount": "120.00"}) == "applied"
+    workflow = drive(workflow)
 
     assert (workflow.status, workflow.result) == ("completed", {"paid": {"amount": "120.00"}, "reminders": 2})
     assert len(list(outbox().iterdir())) == 2

@@ -8,6 +8,8 @@ database (pytest-django's), as workers and beat would run them, without a broker
 - ``doorbells_recorded()``: the doorbells the services ring (what would be published to the
   broker after commit) are kept in a ``Doorbells`` instead of sent.
 - ``Clock``: the durable clock (``workflows.clock.now``), moved by the test (time-machine).
+- ``signal``, ``approve``, ``reject``, ``cancel``, ``supersede``: what people and other systems do
+  to a workflow, as ``manage.py agent`` does it; ``drive`` then runs what follows.
 - ``Faults``: crash the process, as far as the services can tell, at a named fault point
   (``FAULT_POINTS``), then drive again to see what the next attempt does.
 
@@ -65,7 +67,7 @@ def drive(workflow: Workflow | int, *, max_rounds: int = 100) -> Workflow:
     if not isinstance(workflow, Workflow | int) or isinstance(workflow, bool):
         raise TypeError(f"drive takes a workflow row or its id (what launch returns), not {type(workflow).__name__}; "
                         "a WorkflowRun runs in memory and is answered step by step instead.")
-    root = workflow if isinstance(workflow, int) else workflow.pk
+    root = _pk(workflow)
     if not Workflow.objects.filter(pk=root).exists():
         raise NotFound(f"Workflow {root} does not exist in this test's database: drive the workflow (or the id) "
                        "that launch returned, in the same test.")
@@ -79,6 +81,75 @@ def drive(workflow: Workflow | int, *, max_rounds: int = 100) -> Workflow:
         seen = now_seen
     raise AssertionError(f"Workflow {root} still changes after {max_rounds} rounds of drive: its definition (or a "
                          "child's) never waits.")
+
+
+# --- what people and other systems do to a workflow, as the command line and the API do it ---
+
+def signal(workflow: Workflow | int, name: str, payload: Any = None, *, dedupe_key: str = "") -> str:
+    """Send the signal ``name`` with ``payload`` to ``workflow`` (``agent signal``). Returns what it
+    did: ``"applied"`` (an open wait for the name took it), ``"queued"`` (no wait for it is open: the
+    next one takes it), ``"already_applied"`` (``dedupe_key`` was delivered before). ``drive`` next."""
+    return str(services.workflow_signal(workflow_id=_pk(workflow), name=name, payload=payload,
+                                        dedupe_key=dedupe_key).outcome)
+
+
+def approve(workflow: Workflow | int, *, by: str = "approver", comment: str = "") -> str:
+    """Approve the workflow's open approval (with none open, its latest), for the candidate it
+    shows, as the user ``by`` (made if new, and put in the group of the wait's required role).
+    Returns ``"applied"``, or ``"already_applied"`` for the same approval again; the refusals a
+    person meets (``WaitRefused``: ``by`` launched the workflow, the wait expired, ...) are raised
+    as they are. ``drive`` next."""
+    wait = _open_approval(workflow)
+    return str(services.wait_approve(wait_id=wait.pk, user=_approver(by, wait), candidate_hash=wait.candidate_hash,
+                                     comment=comment).outcome)
+
+
+def reject(workflow: Workflow | int, *, by: str = "approver", comment: str = "") -> str:
+    """Reject the workflow's open approval as the user ``by`` (as ``approve`` makes them): the
+    workflow fails with the comment as its reason. Returns ``"applied"`` or ``"already_applied"``."""
+    wait = _open_approval(workflow)
+    return str(services.wait_reject(wait_id=wait.pk, user=_approver(by, wait), comment=comment).outcome)
+
+
+def cancel(workflow: Workflow | int, *, reason: str = "") -> str:
+    """Cancel the workflow (``agent cancel``): its work in flight is voided and its active
+    commitments are compensated, newest first, by activities that ``drive`` runs. Returns
+    ``"applied"`` (cancelled now), ``"suspended"`` (cancelling: compensations to run) or
+    ``"already_applied"``; a completed or failed workflow raises ``TransitionRefused``."""
+    return str(services.workflow_cancel(workflow_id=_pk(workflow), reason=reason, by="test").outcome)
+
+
+def supersede(workflow: Workflow | int, goal: str) -> str:
+    """Give the workflow a new goal (``agent supersede``): the old goal's work in flight is voided
+    and its commitments compensated, and the workflow revalidates for the new one. Returns
+    ``"applied"``. ``drive`` next."""
+    return str(services.workflow_supersede(workflow_id=_pk(workflow), goal=goal).outcome)
+
+
+def _pk(workflow: Workflow | int) -> int:
+    if not isinstance(workflow, Workflow | int) or isinstance(workflow, bool):
+        raise TypeError(f"Give a workflow row or its id (what launch returns), not {type(workflow).__name__}.")
+    return workflow if isinstance(workflow, int) else workflow.pk
+
+
+def _open_approval(workflow: Workflow | int) -> Wait:
+    """The workflow's open approval; with none open, its latest one (deciding it again is what a
+    person repeating a decision does: the services answer it as already applied, or refuse it)."""
+    approvals = Wait.objects.filter(workflow_id=_pk(workflow), kind=Wait.Kind.APPROVAL)
+    waits = list(approvals.filter(status=Wait.Status.OPEN)) or list(approvals.order_by("-pk")[:1])
+    if len(waits) != 1:
+        raise AssertionError(f"Workflow {_pk(workflow)} has {len(waits)} open approvals, not one: drive it to its "
+                             "approval first.")
+    return waits[0]
+
+
+def _approver(username: str, wait: Wait) -> Any:
+    from django.contrib.auth.models import Group, User
+
+    user, _ = User.objects.get_or_create(username=username)
+    if wait.required_role:
+        user.groups.add(Group.objects.get_or_create(name=wait.required_role)[0])
+    return user
 
 
 def _tree(root: int) -> list[int]:
