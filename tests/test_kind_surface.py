@@ -28,9 +28,9 @@ SURFACE = {
         "time_chart", "usd", "when",
     ],
     "agentops.kind.testing": [
-        "ActivityEnvironment", "Clock", "Crashed", "Divergence", "Doorbell", "Doorbells", "FAULT_POINTS", "FakeLease",
-        "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle", "WorkflowRun", "cut_off", "deployed",
-        "drive", "launch", "registered", "replay",
+        "ActivityEnvironment", "Child", "Clock", "Commitment", "Crashed", "Divergence", "Doorbell", "Doorbells",
+        "Event", "FAULT_POINTS", "FakeLease", "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle",
+        "WorkflowRun", "cut_off", "deployed", "drive", "launch", "registered", "replay",
     ],
 }
 # The fixtures a package's conftest gets from ``pytest_plugins = ["agentops.kind.pytest_plugin"]``.
