@@ -433,3 +433,114 @@ def test_a_failed_effect_is_compensated_as_uncertain() -> None:
     (undo,) = run.pending.values()
     assert undo.input["data"] == {"uncertain": True} and undo.input["input"] == {"what": "room for Ada"}
     assert "commitment.uncertain" in [e.kind for e in run.events]
+
+
+def test_a_race_won_while_its_loser_ends_after_the_visit_was_left_still_replays() -> None:
+    class RaceThenNote(WorkflowDefinition):
+        kind = "test-kit-race-then-note"
+        start_node = "ESCALATE"
+        revalidate_node = "ESCALATE"
+
+        @node("ESCALATE")
+        def escalate(self, ctx: NodeContext[Any]) -> Decision:
+            reminders = ctx.child("test-kit-trip", "Remind")
+            ctx.wait_first(signal="paid", children=[reminders])
+            return Goto("NOTE")
+
+        @node("NOTE")
+        def note(self, ctx: NodeContext[Any]) -> Decision:
+            return Complete(ctx.wait_for_event("note").payload)
+
+    run = WorkflowRun(RaceThenNote)
+    run.signal("note", "queued first")
+    run.signal("paid")
+    assert (run.status, run.result) == ("completed", "queued first")
+    assert [s.operation_id for s in run.history] == [
+        "wf-1/ESCALATE.1/i1/0", "wf-1/ESCALATE.1/i1/1", "wf-1/NOTE.2/i1/0"]  # the child's end in its visit
+    assert replay(RaceThenNote, run.history) is None
+
+
+def test_a_cancel_while_a_race_waits_closes_it_and_cancels_its_child() -> None:
+    run = WorkflowRun(Chaser)
+    assert run.cancel() == "applied"
+    assert (run.status, run.children, run.open_waits) == ("cancelled", {}, {})
+    run.advance_clock(hours=2)  # its timer went with it
+    assert run.events[-1].kind == "child.finished"
+
+
+class Idle(WorkflowDefinition):
+    """A child with no effects: it waits for a signal that never comes."""
+
+    kind = "test-kit-idle"
+    start_node = "WAIT"
+    revalidate_node = "WAIT"
+
+    @node("WAIT")
+    def wait(self, ctx: NodeContext[Any]) -> Decision:
+        return Complete(ctx.wait_for_event("never").payload)
+
+
+class Race(WorkflowDefinition):
+    kind = "test-kit-race"
+    start_node = "RACE"
+    revalidate_node = "RACE"
+
+    @node("RACE")
+    def race(self, ctx: NodeContext[Any]) -> Decision:
+        idle = ctx.child("test-kit-idle", "Idle")
+        return Complete(ctx.wait_first(signal="paid", children=[idle], timeout_seconds=HOUR).won)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("winner", ["signal", "timer"])
+def test_the_kit_settles_a_race_as_the_services_do(winner: str) -> None:
+    from workflows.testing.database import Clock
+
+    with registered(Race, Idle), doorbells_recorded(), Clock().running() as clock:
+        workflow = drive(launch("test-kit-race"))
+        run = WorkflowRun(Race, workflow_id=workflow.pk)
+        if winner == "signal":
+            services.workflow_signal(workflow_id=workflow.pk, name="paid")
+            run.signal("paid")
+        else:
+            clock.advance(hours=1, seconds=1)
+            run.advance_clock(hours=1)
+        workflow = drive(workflow)
+    assert (run.status, run.result) == (workflow.status, workflow.result) == ("completed", winner)
+    assert kit_events(run) == real_events(workflow)
+
+
+class Timed(WorkflowDefinition):
+    kind = "test-kit-timed"
+    start_node = "SLEEP"
+    revalidate_node = "SLEEP"
+    default_max_hours = 10
+
+    @node("SLEEP")
+    def sleep(self, ctx: NodeContext[Any]) -> Decision:
+        ctx.sleep(HOUR)
+        return Goto("ASK")
+
+    @node("ASK")
+    def ask(self, ctx: NodeContext[Any]) -> Decision:
+        if ctx.wait_for_event("go", timeout_seconds=4 * HOUR).expired:
+            ctx.sleep(24 * HOUR)
+        return Complete()
+
+
+@pytest.mark.django_db
+def test_the_kit_s_clock_fires_as_beat_does() -> None:
+    from workflows.testing.database import Clock
+
+    with registered(Timed), doorbells_recorded(), Clock().running() as clock:
+        workflow = drive(launch("test-kit-timed"))
+        for hours in (1, 4, 5):  # the sleep ends, the wait expires, the time limit passes
+            clock.advance(hours=hours, seconds=1)
+            services.workflow_deadline_enforce_if_due(workflow_id=workflow.pk)
+            workflow = drive(workflow)
+        run = WorkflowRun(Timed, workflow_id=workflow.pk)
+        run.advance_clock(hours=10, seconds=3)
+    assert (run.status, workflow.status) == ("cancelled", "cancelled")
+    assert run.reason == "time limit reached at 2026-01-01 10:00:00 UTC" and workflow.reason.startswith(
+        "time limit reached at ")
+    assert kit_events(run) == real_events(workflow)

@@ -352,11 +352,11 @@ class WorkflowRun(Lifecycle):
         self._collect()
 
     def _history_add(self, step: Step) -> None:
-        """Keep each visit's steps in the order its handler asks for them, as a replay records them."""
-        visit = step.operation_id.rsplit("/", 2)[0]
+        """Keep the steps in the order a replay asks for them: visit by visit, each visit's in the
+        order its handler asks (a cancelled child's end comes after later steps of its visit, or
+        after the visit was left)."""
         at = len(self.history)
-        while at > 0 and self.history[at - 1].operation_id.rsplit("/", 2)[0] == visit \
-                and self.history[at - 1].seq > step.seq:
+        while at > 0 and _replay_order(self.history[at - 1]) > _replay_order(step):
             at -= 1
         self.history.insert(at, step)
 
@@ -405,3 +405,8 @@ class WorkflowRun(Lifecycle):
         opened = ", ".join(f"{w.kind} {w.event_name}".strip() for w in self.open_waits.values()) or "none"
         raise AssertionError(f"Workflow is at {self.node} ({self.status}) with no open {kind} wait "
                              f"{event_name}; open waits: {opened}.")
+
+
+def _replay_order(step: Step) -> tuple[int, int]:
+    """(node visit, position in the handler) of a step, from its operation id (``wf-1/NODE.2/i1/0``)."""
+    return int(step.operation_id.split("/")[1].rsplit(".", 1)[1]), step.seq
