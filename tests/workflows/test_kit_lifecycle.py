@@ -544,3 +544,12 @@ def test_the_kit_s_clock_fires_as_beat_does() -> None:
     assert run.reason == "time limit reached at 2026-01-01 10:00:00 UTC" and workflow.reason.startswith(
         "time limit reached at ")
     assert kit_events(run) == real_events(workflow)
+
+
+def test_the_authoring_page_lists_the_event_kinds_the_kit_records() -> None:
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "authoring.md").read_text()
+    listed = page.split("- **`run.events`**", 1)[1].split("- **`run.commitments`**", 1)[0]
+    assert set(re.findall(r"`([a-z_]+\.[a-z_]+)`", listed)) == EVENT_KINDS

@@ -27,8 +27,8 @@ EVENT_KINDS = frozenset({
     "activity.voided", "wait.opened", "wait.approved", "wait.rejected", "wait.satisfied", "wait.invalidated",
     "wait.first_won", "timer.fired", "timer.ignored", "signal.received", "child.started", "child.cancelled",
     "child.finished", "intent.superseded", "workflow.paused", "workflow.cancelling", "workflow.cancelled",
-    "commitment.uncertain", "commitment.compensated", "commitment.released", "compensation.deferred",
-    "compensation.failed", "compensation.retried", "workflow.completed", "workflow.failed",
+    "commitment.uncertain", "commitment.compensated", "commitment.released", "compensation.failed",
+    "compensation.retried", "workflow.completed", "workflow.failed",
 })
 
 
@@ -114,6 +114,10 @@ class Lifecycle:
     _timers: list[_Timer]
     _wait_status: dict[str, str]
     _failed_effects: dict[str, tuple[str, str, Any]]
+    state: dict[str, Any]
+    path: list[str]
+    _pause_cause: str  # why a paused run is paused: "definition" or "budget"
+    _cancelled_by: str
 
     def advance(self) -> None:
         raise NotImplementedError
@@ -191,8 +195,6 @@ class Lifecycle:
             self.status, self.reason, self._pause_cause = "running", "", ""
             self.advance()
             self._collect()
-
-    _pause_cause: str = ""
 
     # Time ------------------------------------------------------------------------------------
 
@@ -272,8 +274,6 @@ class Lifecycle:
         self._cancelled_by = by
         self._children_cancel(why=f"was cancelled ({reason[:300]})", by=by)
         self._advance_cancellation()
-
-    _cancelled_by: str = ""
 
     def _advance_cancellation(self) -> None:
         """``services.cancellation.advance_cancellation``: once the children have ended, one
@@ -370,13 +370,11 @@ class Lifecycle:
             self._event("commitment.compensated", operation_id=commitment.operation_id)
 
     def _compensate_after_children(self, commitments: list[Commitment]) -> None:
-        """``services.steps.commitments_compensate_after_children``."""
-        live = self._children_live()
-        if not live:
-            for commitment in commitments:
-                self._compensation_ensure(commitment)
-            return
-        self._event("compensation.deferred", children=live[:20], why="a child's effects are undone before its parent's")
+        """``services.steps.commitments_compensate_after_children``: all at once. The services wait
+        for children still being cancelled (``compensation.deferred``); the kit's have ended."""
+        assert not self._children_live()
+        for commitment in commitments:
+            self._compensation_ensure(commitment)
 
     def _live_work_void(self, *, reason: str) -> None:
         """``services.steps.live_work_void``: activities asked for and not answered are voided
@@ -398,9 +396,6 @@ class Lifecycle:
         self.node, self.node_visit = node, self.node_visit + 1
         self.path.append(node)
         self._event("node.entered", node=node, previous=previous, visit=self.node_visit)
-
-    state: dict[str, Any]
-    path: list[str]
 
     def _complete(self, result: Any) -> None:
         """``services.visits.complete_locked``: children still running are cancelled; the active
@@ -481,9 +476,9 @@ class Lifecycle:
         return op.split("/")[1].rsplit(".", 1)[0]
 
     def _collect(self) -> None:
-        """``services.children.children_collect_if_finished``, rung by each cancelled child's end:
-        the children being cancelled end (cancelled, with no effects of their own), then the
-        workflow goes on and what its failure or new goal held back for them is compensated."""
+        """``services.children.children_collect_if_finished``, rung by each cancelled child's end
+        once the step that cancelled it is done: its end is recorded on its wait (``child.finished``)
+        and the workflow goes on (a handler waiting for it sees it cancelled)."""
         for _ in range(100):
             ending = [op for op, c in self.children.items() if c.cancelling]
             if not ending:
@@ -492,18 +487,7 @@ class Lifecycle:
                 child = self.children[op]
                 self._child_end(op, {"workflow_id": child.workflow_id, "status": "cancelled", "result": None,
                                      "reason": child.cancelling[:2000]})
-            if self.status == "cancelling":
-                self._advance_cancellation()
-                continue
-            if self.status in ("running", "waiting"):
-                self.advance()
-            if not self._children_live():
-                active = [c for c in self._commitments if c.status == "active"]
-                if self.status != "failed":
-                    active = [c for c in active if c.intent_version < self.intent_version]
-                if self.status not in ("cancelled",):
-                    for commitment in active:
-                        self._compensation_ensure(commitment)
+            self.advance()
 
     def _event(self, kind: str, **data: Any) -> None:
         self.events.append(Event(kind, _stored(data)))

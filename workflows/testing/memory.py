@@ -71,6 +71,7 @@ class WorkflowRun(Lifecycle):
         self._timers: list[_Timer] = []
         self._wait_status: dict[str, str] = {}
         self._failed_effects: dict[str, tuple[str, str, Any]] = {}
+        self._pause_cause, self._cancelled_by = "", ""
         self._signals: list[dict[str, Any]] = []  # every signal received, in order; "consumed_by" once taken
         self._recorded = {step.operation_id: step for step in recorded or []}
         self._event("workflow.launched", goal=goal, params=self.params)
