@@ -35,7 +35,8 @@ EVENT_KINDS = frozenset({
 @dataclass(frozen=True)
 class Event:
     """One event of ``run.events``: its kind, as the services name it (``activity.succeeded``),
-    and its data, where an operation id stands for each database id (``wait`` is the wait's)."""
+    and the part of their data a test asserts, with operation ids for database ids (``wait`` is
+    the wait's)."""
 
     kind: str
     data: dict[str, Any]
