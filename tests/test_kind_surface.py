@@ -29,9 +29,10 @@ SURFACE = {
         "time_chart", "usd", "when",
     ],
     "agentops.kind.testing": [
-        "ActivityEnvironment", "Clock", "Crashed", "Divergence", "Doorbell", "Doorbells", "FAULT_POINTS", "FakeLease",
-        "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle", "WorkflowRun", "approve", "cancel",
-        "cut_off", "deployed", "drive", "launch", "registered", "reject", "replay", "signal", "supersede",
+        "ActivityEnvironment", "Child", "Clock", "Commitment", "Crashed", "Divergence", "Doorbell", "Doorbells",
+        "Event", "FAULT_POINTS", "FakeLease", "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle",
+        "WorkflowRun", "approve", "cancel", "cut_off", "deployed", "drive", "launch", "registered", "reject", "replay",
+        "signal", "supersede",
     ],
 }
 # The fixtures a package's conftest gets from ``pytest_plugins = ["agentops.kind.pytest_plugin"]``.

@@ -1,5 +1,6 @@
 """The test kit for a kind, without a database or a worker (docs/authoring.md, "Testing a kind"):
-``WorkflowRun`` drives a definition through its nodes in memory, ``ActivityEnvironment`` runs an
+``WorkflowRun`` drives a definition through its nodes and its lifecycle in memory (its ``Event``s,
+``Commitment``s and ``Child`` workflows readable), ``ActivityEnvironment`` runs an
 activity with a fake lease and, with ``FakeModel``, fake model calls metered in a ``FakeLedger``;
 ``replay`` names where a changed definition no longer replays a recorded history; ``registered``
 registers a kind for one test. Against the database (pytest-django's), in process: ``launch`` and
@@ -13,7 +14,10 @@ from __future__ import annotations
 from workflows.faults import Crashed
 from workflows.testing import (
     ActivityEnvironment,
+    Child,
+    Commitment,
     Divergence,
+    Event,
     FakeLease,
     FakeLedger,
     FakeModel,
@@ -42,7 +46,8 @@ from workflows.testing.database import (
 )
 
 __all__ = [
-    "ActivityEnvironment", "Clock", "Crashed", "Divergence", "Doorbell", "Doorbells", "FAULT_POINTS", "FakeLease",
-    "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle", "WorkflowRun", "approve", "cancel",
-    "cut_off", "deployed", "drive", "launch", "registered", "reject", "replay", "signal", "supersede",
+    "ActivityEnvironment", "Child", "Clock", "Commitment", "Crashed", "Divergence", "Doorbell", "Doorbells",
+    "Event", "FAULT_POINTS", "FakeLease", "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle",
+    "WorkflowRun", "approve", "cancel", "cut_off", "deployed", "drive", "launch", "registered", "reject", "replay",
+    "signal", "supersede",
 ]

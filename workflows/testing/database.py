@@ -1,7 +1,7 @@
 """The test kit's database tier: a kind's workflows run in the test's process against the test's
 database (pytest-django's), as workers and beat would run them, without a broker.
 
-- ``launch(kind, goal=, params=)``: start a workflow as ``manage.py agent launch`` does.
+- ``launch(kind, goal=, params=, max_hours=, budget_total_usd=)``: start a workflow as ``manage.py agent launch`` does.
 - ``drive(workflow)``: run it and its child workflows to their next wait: due activities run,
   due timers fire, expired leases are reaped and each child's end is delivered to its parent,
   until nothing changes.
@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,14 @@ FAULT_POINTS: dict[str, str] = {
 }
 
 
-def launch(kind: str, *, goal: str = "", params: dict[str, Any] | None = None) -> Workflow:
-    """Launch a workflow of ``kind`` (its definition registered) with ``goal`` and ``params``, as
+def launch(kind: str, *, goal: str = "", params: dict[str, Any] | None = None, max_hours: float | None = None,
+           budget_total_usd: Decimal | str | int | None = None) -> Workflow:
+    """Launch a workflow of ``kind`` (its definition registered) with ``goal`` and ``params``, a
+    time limit and a total budget (USD) as ``--max-hours`` and ``--budget-total`` give them, as
     ``manage.py agent launch`` does; it has advanced to its first step when this returns."""
-    return services.workflow_launch(kind=kind, goal=goal or f"A test of {kind}", params=params)
+    budget = None if budget_total_usd is None else Decimal(str(budget_total_usd))
+    return services.workflow_launch(kind=kind, goal=goal or f"A test of {kind}", params=params,
+                                    options=services.LaunchOptions(max_hours=max_hours, budget_total_usd=budget))
 
 
 def drive(workflow: Workflow | int, *, max_rounds: int = 100) -> Workflow:
@@ -59,10 +64,11 @@ def drive(workflow: Workflow | int, *, max_rounds: int = 100) -> Workflow:
     due, a retry window not yet open), completed, failed, paused or cancelled.
 
     Each round advances every unfinished workflow of the tree, runs its due activities, fires its
-    due timers, reaps its attempts whose lease ran out (``clock.now()`` past it: a crashed attempt's)
-    and delivers each ended child's end to its parent, as workers and beat would after the
-    doorbells. Raises TypeError for anything but a row or an id, NotFound for an id of no workflow,
-    AssertionError when the tree still changes after ``max_rounds`` rounds (a definition that never waits).
+    due timers, cancels it past its time limit, reaps its attempts whose lease ran out
+    (``clock.now()`` past it: a crashed attempt's) and delivers each ended child's end to its
+    parent, as workers and beat would after the doorbells. Raises TypeError for anything but a row
+    or an id, NotFound for an id of no workflow, AssertionError when the tree still changes after
+    ``max_rounds`` rounds (a definition that never waits).
     """
     if not isinstance(workflow, Workflow | int) or isinstance(workflow, bool):
         raise TypeError(f"drive takes a workflow row or its id (what launch returns), not {type(workflow).__name__}; "
@@ -169,6 +175,9 @@ def _round(tree: list[int]) -> None:
     for pk in Activity.objects.filter(workflow_id__in=tree, status=Activity.Status.RUNNING,
                                       lease_expires_at__lt=now).values_list("pk", flat=True):
         services.activity_lease_expire_if_due(activity_id=pk)
+    for pk in Workflow.objects.filter(pk__in=tree, deadline__lte=now).exclude(
+            status__in=Workflow.TERMINAL).values_list("pk", flat=True):
+        services.workflow_deadline_enforce_if_due(workflow_id=pk)
     for workflow_id in reversed(tree):  # children first: a child that ends this round reaches its parent
         services.workflow_advance_if_runnable(workflow_id=workflow_id)
         due = Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED,
