@@ -29,7 +29,15 @@ from workflows.engine import (
     hash_of_candidate,
     node,
 )
-from workflows.errors import BudgetExhausted, InvalidInput, Permanent, Retryable, Throttled
+from workflows.errors import (
+    BudgetExhausted,
+    InvalidInput,
+    Permanent,
+    Retryable,
+    Throttled,
+    TransitionRefused,
+    WaitRefused,
+)
 from workflows.features.schedules.declared import Schedule, declare_schedules
 from workflows.heartbeats import keep_alive
 from workflows.metering import MODEL_CALL_LEASE, metered_complete
@@ -48,7 +56,8 @@ __all__ = [
     "ChildOutcome", "CompensationInput", "Complete", "Decision", "DefinitionError", "EMPTY_QUERY", "Fail",
     "FirstOutcome", "Goto", "InvalidInput", "LaunchParams", "MODEL_CALL_LEASE", "ModelResponse", "NodeContext",
     "Permanent",
-    "ROLE_MAX_LENGTH", "RetryPolicy", "Retryable", "Schedule", "Throttled", "Usage", "WaitOutcome",
+    "ROLE_MAX_LENGTH", "RetryPolicy", "Retryable", "Schedule", "Throttled", "TransitionRefused", "Usage",
+    "WaitOutcome", "WaitRefused",
     "WorkflowDefinition", "activity", "annotate", "candidate_as_json", "cost_usd", "declare_schedules",
     "hash_of_candidate", "keep_alive", "metered_complete", "node", "now", "progress_validate", "provider_for",
     "register_definition", "resolve", "state_at", "state_of", "tool_span",

@@ -19,6 +19,7 @@ from agentops.kind import (
     Fail,
     Goto,
     NodeContext,
+    WaitRefused,
     WorkflowDefinition,
     activity,
     node,
@@ -206,3 +207,21 @@ def test_approve_without_an_open_approval_says_to_drive_first(send_kind, doorbel
         approve(workflow)
     with pytest.raises(TypeError, match="not str"):
         signal("7", "delivered")  # type: ignore[arg-type]
+
+
+@pytest.mark.django_db
+def test_an_approval_for_another_candidate_is_refused_in_both_tiers(send_kind, doorbells) -> None:
+    """The approval is bound to the candidate the approver saw: another hash is refused, in memory
+    as against the database, and nothing is decided."""
+    workflow = drive(launch("kit_db_send"))
+    with pytest.raises(WaitRefused, match="is bound to candidate"):
+        approve(workflow, by="lead", candidate_hash="0" * 64)
+    assert approve(workflow, by="lead") == "applied"
+
+    run = WorkflowRun(SendOnApproval)
+    run.run(kit_draft)
+    with pytest.raises(WaitRefused, match="is bound to candidate"):
+        run.approve(candidate_hash="0" * 64)
+    (wait,) = run.open_waits.values()
+    run.approve(candidate_hash=wait.candidate_hash)
+    assert run.node == "SEND"

@@ -83,3 +83,23 @@ def test_publishing_to_a_redis_broker_works_from_a_shell_without_celery_broker_u
         assert done.stdout.strip() == "agentops.filesystem_broker"  # and the shell's own broker is back after
     finally:
         client.delete(queue)
+
+
+def test_a_kind_module_that_imports_as_a_namespace_package_stops_the_start(tmp_path, monkeypatch):
+    """The project folder named like its package (``followup/followup/``), on the path because the
+    process runs in the folder above: ``followup`` imports as an empty namespace package and no kind
+    would register. The start is refused, naming the folder, instead of going on without the kind."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from workflows.apps import agent_module_import
+
+    (tmp_path / "nsfollowup" / "nsfollowup").mkdir(parents=True)
+    (tmp_path / "nsfollowup" / "nsfollowup" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImproperlyConfigured, match=r"'nsfollowup', which imported as a namespace package from "
+                                                   rf"{tmp_path / 'nsfollowup'}"):
+        agent_module_import("nsfollowup")
+    monkeypatch.syspath_prepend(str(tmp_path / "nsfollowup"))  # where the installed package imports from
+    sys.modules.pop("nsfollowup", None)
+    assert agent_module_import("nsfollowup").__file__ == str(tmp_path / "nsfollowup" / "nsfollowup" / "__init__.py")
+    sys.modules.pop("nsfollowup", None)

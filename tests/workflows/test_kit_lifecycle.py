@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from workflows import services
-from workflows.engine import Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
-from workflows.errors import TransitionRefused
+from workflows.engine import ActivityFailed, Complete, Decision, Fail, Goto, NodeContext, WorkflowDefinition, node
+from workflows.errors import Permanent, TransitionRefused
 from workflows.models import Event as EventRow
 from workflows.models import Workflow
 from workflows.registry import CompensationInput, activity
@@ -551,3 +551,43 @@ def test_the_authoring_page_lists_the_event_kinds_the_kit_records() -> None:
     page = (Path(__file__).resolve().parents[2] / "docs" / "authoring.md").read_text()
     listed = page.split("- **`run.events`**", 1)[1].split("- **`run.commitments`**", 1)[0]
     assert set(re.findall(r"`([a-z_]+\.[a-z_]+)`", listed)) == EVENT_KINDS
+
+
+class BookOrWait(WorkflowDefinition):
+    """Books a room; when the booking fails, waits for the traveller's go anyway, then completes."""
+
+    kind = "test-kit-book-or-wait"
+    start_node = "ROOM"
+    revalidate_node = "ROOM"
+
+    @node("ROOM")
+    def room(self, ctx: NodeContext[Any]) -> Decision:
+        try:
+            return Goto("CONFIRM", {"room": ctx.activity(book_or_raise, {"what": "room"})})
+        except ActivityFailed:
+            return Goto("CONFIRM", {"room": None})
+
+    @node("CONFIRM")
+    def confirm(self, ctx: NodeContext[Any]) -> Decision:
+        return Complete({"go": ctx.wait_for_event("go").payload})
+
+
+@activity(commitment="booking", compensation=unbook)
+def book_or_raise(ctx: Any, input: dict[str, Any]) -> dict[str, Any]:
+    raise Permanent("the hotel's answer could not be read")  # it may have booked
+
+
+@pytest.mark.django_db
+def test_a_completion_undoes_what_a_caught_failure_may_have_done_as_the_services_do() -> None:
+    with registered(BookOrWait, book_or_raise, unbook), doorbells_recorded():
+        workflow = drive(launch("test-kit-book-or-wait", goal="Ada"))
+        services.workflow_signal(workflow_id=workflow.pk, name="go", payload={"by": "ada"})
+        workflow = drive(workflow)
+        run = WorkflowRun(BookOrWait, goal="Ada", workflow_id=workflow.pk)
+        run.fail(book_or_raise, "the hotel's answer could not be read")
+        run.signal("go", {"by": "ada"})
+        assert run.status == "completed" and [c.name for c in run.pending.values()] == ["unbook"]
+        run.run(unbook)
+    assert (run.status, run.result) == (workflow.status, workflow.result) == ("completed", {"go": {"by": "ada"}})
+    assert kit_events(run) == real_events(workflow)
+    assert list(workflow.commitments.values_list("status", flat=True)) == ["compensated"] and run.commitments == []

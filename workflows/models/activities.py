@@ -269,6 +269,12 @@ class Commitment(ConcurrentTransitionMixin, models.Model):
     def __str__(self) -> str:
         return f"{self.kind} commitment {self.pk} ({self.status})"
 
+    @property
+    def of_a_failure(self) -> bool:
+        """The effect an activity that failed may have made (uncertain: one of its attempts may
+        have acted before it failed or was cut off), not one its workflow went on with."""
+        return self.data.get("uncertain") is True and self.activity.status == Activity.Status.FAILED
+
     @transition(field=status, source=Status.ACTIVE, target=Status.RELEASED)
     def release(self, *, at: datetime) -> None:
         self.closed_at = at

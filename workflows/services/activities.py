@@ -29,7 +29,12 @@ from workflows.services.common import (
 )
 from workflows.services.lifecycle import RunOutcome
 from workflows.services.progress import progress_record_once
-from workflows.services.steps import COMPENSATION_NODE, ChainSlot, commitment_compensated_by
+from workflows.services.steps import (
+    COMPENSATION_NODE,
+    ChainSlot,
+    commitment_compensated_by,
+    uncertain_commitments_ensure,
+)
 from workflows.services.workflows import AdvanceRaised, advance_locked
 from workflows.sql import RowWrite, row_get
 from workflows.statestore import json_checked
@@ -288,6 +293,8 @@ def _record_failure_locked(workflow: Workflow, claim: Claim, error: BaseExceptio
     event_record(workflow=workflow, kind=f"activity.{verdict.outcome.value}", at=now, operation_id=claim.operation_id,
                  attempt=claim.attempt, error=verdict.message[:500], **retry_at)
     if verdict.outcome == RunOutcome.FAILED:
+        if node != COMPENSATION_NODE:
+            _failure_may_have_acted(workflow, claim.activity_id, claim.name, now=now)
         if node == COMPENSATION_NODE and workflow.status != Workflow.Status.CANCELLING:
             # An effect nothing undoes: the admin and `agent show` list the active commitment, and
             # `manage.py agent resume` tries the compensation again. (Cancellation says so in the
@@ -362,8 +369,20 @@ def activity_lease_expire_if_due(*, activity_id: int) -> bool:
         if status == Activity.Status.SCHEDULED:
             doorbells.activity_run(activity_id=activity_id, name=activity.name)
         else:
+            if activity.node != COMPENSATION_NODE:
+                _failure_may_have_acted(workflow, activity_id, activity.name, now=now)
             advance_locked(workflow)
     return True
+
+
+def _failure_may_have_acted(workflow: Workflow, activity_id: int, name: str, *, now: datetime) -> None:
+    """An activity that declares a commitment failed: one of its attempts may have acted before it
+    failed or was cut off, so the effect is recorded as an uncertain commitment now, in the
+    failure's transaction. Whichever way the workflow goes on (its handler may catch the failure),
+    that effect is undone: by a cancel, a failure or a new goal as any active commitment is, and
+    by its completion (``complete_locked``), since its path went on without it."""
+    if registry.activity_type(name).commitment:
+        uncertain_commitments_ensure(workflow, now=now, activity_ids=[activity_id])
 
 
 def activity_note_if_current(*, claim: Claim, kind: str, data: dict[str, Any], also: RowWrite | None = None) -> bool:

@@ -18,6 +18,7 @@ from workflows.services.steps import (
     child_commitments_adopt,
     commitments_compensate,
     commitments_compensate_after_children,
+    compensation_ensure,
     live_work_void,
     parent_ring_on_commit,
     trace_finished_on_commit,
@@ -74,15 +75,20 @@ def _last_checkpoint_chain(workflow: Workflow) -> tuple[str, int] | None:
 
 
 def complete_locked(workflow: Workflow, result: Any, *, now: datetime) -> None:
-    """Complete: children still running are no longer wanted (cancelled); the active commitments
-    (those its completed children handed over included) are the outcome. A root releases them; a
+    """Complete: children still running are no longer wanted (cancelled), nor are the effects its
+    work in flight or its failed activities may have made (compensated: a handler that went on
+    after a failure took another path); the active commitments (those its completed children
+    handed over included) are the outcome. A root releases them; a
     child keeps them active for its parent, which takes them over when it collects this end
     (``child_commitments_adopt``): the tree owns them until its root ends, so a cancel, a new goal
     or a failure of any ancestor still undoes them."""
     commitments_compensate(workflow, live_work_void(workflow, now=now, reason="workflow completed"), now=now)
     children_cancel_live(workflow, why="completed without waiting for it", by="workflow completed", now=now)
     child_commitments_adopt(workflow, now=now)
-    for commitment in workflow.commitments.filter(status=Commitment.Status.ACTIVE):
+    for commitment in workflow.commitments.filter(status=Commitment.Status.ACTIVE).select_related("activity"):
+        if commitment.of_a_failure:  # the handler went on without it: what it may have done is undone
+            compensation_ensure(workflow, commitment, now=now)
+            continue
         if workflow.parent_id is not None:
             event_record(workflow=workflow, kind="commitment.held_for_parent", at=now, commitment_id=commitment.pk,
                          commitment_kind=commitment.kind, parent=workflow.parent_id)

@@ -99,14 +99,16 @@ def signal(workflow: Workflow | int, name: str, payload: Any = None, *, dedupe_k
                                         dedupe_key=dedupe_key).outcome)
 
 
-def approve(workflow: Workflow | int, *, by: str = "approver", comment: str = "") -> str:
+def approve(workflow: Workflow | int, *, by: str = "approver", comment: str = "",
+            candidate_hash: str | None = None) -> str:
     """Approve the workflow's open approval (with none open, its latest), for the candidate it
     shows, as the user ``by`` (made if new, and put in the group of the wait's required role).
     Returns ``"applied"``, or ``"already_applied"`` for the same approval again; the refusals a
-    person meets (``WaitRefused``: ``by`` launched the workflow, the wait expired, ...) are raised
-    as they are. ``drive`` next."""
+    person meets (``WaitRefused``: ``by`` launched the workflow, the wait expired, another
+    ``candidate_hash`` than the wait's, ...) are raised as they are. ``drive`` next."""
     wait = _open_approval(workflow)
-    return str(services.wait_approve(wait_id=wait.pk, user=_approver(by, wait), candidate_hash=wait.candidate_hash,
+    seen = wait.candidate_hash if candidate_hash is None else candidate_hash
+    return str(services.wait_approve(wait_id=wait.pk, user=_approver(by, wait), candidate_hash=seen,
                                      comment=comment).outcome)
 
 

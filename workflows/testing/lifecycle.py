@@ -114,7 +114,6 @@ class Lifecycle:
     _compensations: dict[str, _Compensation]
     _timers: list[_Timer]
     _wait_status: dict[str, str]
-    _failed_effects: dict[str, tuple[str, str, Any]]
     state: dict[str, Any]
     path: list[str]
     _pause_cause: str  # why a paused run is paused: "definition" or "budget"
@@ -281,7 +280,6 @@ class Lifecycle:
         compensation at a time, newest first; cancelled when no commitment is active."""
         if self._children_live():
             return
-        self._uncertain_commitments_ensure()
         for commitment in reversed([c for c in self._commitments if c.status == "active"]):
             compensation = self._compensation_ensure(commitment)
             if compensation.status == "failed":
@@ -320,14 +318,14 @@ class Lifecycle:
             self._commitments.append(Commitment(command.operation_id, activity.commitment, activity.compensation,
                                                 data, command.input, result, self.intent_version))
 
-    def _uncertain_commitments_ensure(self) -> None:
-        """``services.steps.uncertain_commitments_ensure``: an activity that failed after an
-        attempt may have acted; its effect is compensated like a recorded one."""
-        for op, (kind, compensation, input) in list(self._failed_effects.items()):
-            del self._failed_effects[op]
-            self._commitments.append(Commitment(op, kind, compensation, {"uncertain": True}, input, None,
-                                                _intent_of(op)))
-            self._event("commitment.uncertain", operation_id=op, commitment_kind=kind)
+    def _failure_may_have_acted(self, op: str, activity: Any, input: Any) -> None:
+        """``services.activities._failure_may_have_acted``: an activity that failed after an attempt
+        may have acted; its effect is an uncertain commitment from then on, undone like a recorded
+        one, and by a completion too (the path went on without it). The kit's voided work started
+        no attempt: nothing else of it is uncertain."""
+        self._commitments.append(Commitment(op, activity.commitment, activity.compensation, {"uncertain": True},
+                                            input, None, _intent_of(op)))
+        self._event("commitment.uncertain", operation_id=op, commitment_kind=activity.commitment)
 
     def _compensation_command(self, commitment: Commitment) -> engine.ScheduleActivity:
         return engine.ScheduleActivity(
@@ -399,12 +397,14 @@ class Lifecycle:
         self._event("node.entered", node=node, previous=previous, visit=self.node_visit)
 
     def _complete(self, result: Any) -> None:
-        """``services.visits.complete_locked``: children still running are cancelled; the active
-        commitments are the outcome (released)."""
+        """``services.visits.complete_locked``: children still running are cancelled; what a failed
+        activity may have done is compensated; the other active commitments are the outcome (released)."""
         self._live_work_void(reason="workflow completed")
         self._children_cancel(why="completed without waiting for it", by="workflow completed")
         for commitment in self._commitments:
-            if commitment.status == "active":
+            if commitment.status == "active" and commitment.data == {"uncertain": True}:
+                self._compensation_ensure(commitment)
+            elif commitment.status == "active":
                 commitment.status = "released"
                 self._event("commitment.released", operation_id=commitment.operation_id,
                             commitment_kind=commitment.kind)
@@ -414,7 +414,6 @@ class Lifecycle:
     def _fail(self, reason: str) -> None:
         """``services.visits.fail_locked``: every active commitment is compensated, after the children."""
         self._live_work_void(reason="workflow failed")
-        self._uncertain_commitments_ensure()
         self.status, self.reason = "failed", reason
         self._event("workflow.failed", reason=reason)
         self._children_cancel(why=f"failed: {reason[:300]}", by="workflow failed")

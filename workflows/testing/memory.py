@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from workflows import codec, commands, engine
-from workflows.errors import TransitionRefused
+from workflows.errors import TransitionRefused, WaitRefused
 from workflows.testing.lifecycle import (
     CLOCK_START,
     Child,
@@ -70,7 +70,6 @@ class WorkflowRun(Lifecycle):
         self._compensations: dict[str, _Compensation] = {}
         self._timers: list[_Timer] = []
         self._wait_status: dict[str, str] = {}
-        self._failed_effects: dict[str, tuple[str, str, Any]] = {}
         self._pause_cause, self._cancelled_by = "", ""
         self._signals: list[dict[str, Any]] = []  # every signal received, in order; "consumed_by" once taken
         self._recorded = {step.operation_id: step for step in recorded or []}
@@ -97,9 +96,9 @@ class WorkflowRun(Lifecycle):
             self._compensated(command.operation_id, error=error)
             return
         self.pending.pop(command.operation_id)
-        if activity.commitment:  # its attempts may have acted: undone if the workflow is cancelled or fails
-            self._failed_effects[command.operation_id] = (activity.commitment, activity.compensation, command.input)
         self._event("activity.failed", operation_id=command.operation_id, error=error[:500])
+        if activity.commitment:  # its attempts may have acted: undone however the workflow ends
+            self._failure_may_have_acted(command.operation_id, activity, command.input)
         self._record(Step(command.operation_id, self.node, "activity", activity.name, "failed", error=error))
 
     def run(self, activity: ActivityType[Any, Any], env: ActivityEnvironment | None = None) -> Any:
@@ -151,8 +150,14 @@ class WorkflowRun(Lifecycle):
         self._record_wake()
         return "applied"
 
-    def approve(self, *, by: str = "approver", comment: str = "") -> None:
+    def approve(self, *, by: str = "approver", comment: str = "", candidate_hash: str | None = None) -> None:
+        """Approve the open approval as ``by``; ``candidate_hash`` (default: the wait's own) is the
+        candidate the approver saw: another one is refused with ``WaitRefused``, as the services do."""
         op = self._open_wait("approval")
+        bound = self.open_waits[op].candidate_hash
+        if candidate_hash is not None and candidate_hash != bound:
+            raise WaitRefused(f"Wait {op} is bound to candidate {bound[:12]}…, not {candidate_hash[:12] or '(none)'}…; "
+                              "reopen the approval queue or `agent show` to decide on the current candidate.")
         self._wait_close(op, "satisfied")
         self._event("wait.approved", wait=op, by=by, comment=comment)
         self._record(Step(op, self.node, "approval", "", "satisfied", decision="approved", decided_by=by,
