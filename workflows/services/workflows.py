@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import ROUND_DOWN, Decimal
 from typing import Any
@@ -352,6 +353,16 @@ def child_start(workflow: Workflow, command: engine.StartChild, *, now: datetime
 def _child_budget(workflow: Workflow, command: engine.StartChild) -> Decimal | None:
     """The child's total budget: as asked, or what remains of the parent's; BudgetExhausted when
     it does not fit in what remains (the parent's spend and its live children's budgets)."""
+    return child_budget_share(command, total_usd=workflow.budget_total_usd, workflow_id=workflow.pk,
+                              left_usd=lambda total: total - selectors.spent_usd(workflow))
+
+
+def child_budget_share(command: engine.StartChild, *, total_usd: Decimal | None, workflow_id: int,
+                       left_usd: Callable[[Decimal], Decimal]) -> Decimal | None:
+    """The budget ``command`` gives its child, out of a parent's ``total_usd`` of which
+    ``left_usd(total_usd)`` remains: as asked, or all that remains; None with no total and none
+    asked. BudgetExhausted when it does not fit; InvalidInput for an asked budget that is no
+    amount of USD. The test kit's ``WorkflowRun`` shares a budget by this too."""
     asked = None
     if command.budget_usd is not None:
         try:
@@ -359,16 +370,16 @@ def _child_budget(workflow: Workflow, command: engine.StartChild) -> Decimal | N
         except ArithmeticError:
             raise InvalidInput(f"ctx.child(budget={command.budget_usd!r}) is not an amount of USD.") from None
         asked = amount_checked(asked, what=f"The budget of child {command.operation_id}")
-    if workflow.budget_total_usd is None:
+    if total_usd is None:
         return asked
-    left = workflow.budget_total_usd - selectors.spent_usd(workflow)
+    left = left_usd(total_usd)
     budget = left.quantize(BUDGET_STEP, rounding=ROUND_DOWN) if asked is None else asked
     if budget <= 0 or budget > left:
         raise BudgetExhausted(
-            f"{BUDGET_PAUSE_PREFIX}: workflow {workflow.pk} has {max(left, Decimal(0)):.4f} of its "
-            f"{workflow.budget_total_usd:.4f} USD left (its spend and its children's budgets), and its child "
+            f"{BUDGET_PAUSE_PREFIX}: workflow {workflow_id} has {max(left, Decimal(0)):.4f} of its "
+            f"{total_usd:.4f} USD left (its spend and its children's budgets), and its child "
             f"{command.operation_id} ({command.child_kind}) needs {budget:.4f}; raise the budget (`manage.py agent "
-            f"budget {workflow.pk} --total USD`, or POST /api/workflows/{workflow.pk}/budget) to start it.",
-            workflow_id=workflow.pk,
+            f"budget {workflow_id} --total USD`, or POST /api/workflows/{workflow_id}/budget) to start it.",
+            workflow_id=workflow_id,
         )
     return budget

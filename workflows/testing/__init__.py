@@ -229,8 +229,3 @@ def replay(
 def _node_of(operation_id: str) -> str:
     parts = operation_id.split("/")
     return parts[1].rsplit(".", 1)[0] if len(parts) > 1 else ""
-
-
-def _stored(value: Any) -> Any:
-    """``value`` as the database would give it back: through JSON."""
-    return json.loads(json.dumps(value))

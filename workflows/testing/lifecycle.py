@@ -7,19 +7,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import ROUND_DOWN, Decimal
+from decimal import Decimal
 from typing import Any
 
 from workflows import commands, engine
-from workflows.errors import TransitionRefused
+from workflows.errors import BudgetExhausted, TransitionRefused
+from workflows.services.steps import compensation_operation_id
+from workflows.services.workflows import child_budget_share
 
 Step = commands.Step
 
 # Where the virtual clock (``run.clock``) starts: a fixed instant, so a run's times repeat.
 CLOCK_START = datetime(2026, 1, 1, tzinfo=UTC)
-# Compensation activities run under this pseudo-node (as ``services.steps.COMPENSATION_NODE``).
-COMPENSATION_NODE = "CANCEL"
-BUDGET_STEP = Decimal("0.0001")
 # The kinds of event a run records, as the services name them (the rest, such as a wake or an
 # attempt's start, are the database's own bookkeeping).
 EVENT_KINDS = frozenset({
@@ -425,7 +424,7 @@ class Lifecycle:
         """``services.workflows.child_start``: False when its budget does not fit (paused for budget)."""
         try:
             budget = self._child_budget(command)
-        except _BudgetShort as exc:
+        except BudgetExhausted as exc:
             self.status, self.reason, self._pause_cause = "paused", str(exc), "budget"
             self._event("workflow.paused", reason=str(exc), cause="budget")
             return False
@@ -437,20 +436,10 @@ class Lifecycle:
         return True
 
     def _child_budget(self, command: engine.StartChild) -> Decimal | None:
-        asked = None if command.budget_usd is None else Decimal(command.budget_usd)
-        if self.budget_total_usd is None:
-            return asked
         # The kit meters no model calls: what counts is what its live children hold.
-        left = self.budget_total_usd - sum((c.budget_usd or Decimal(0) for c in self.children.values()), Decimal(0))
-        budget = left.quantize(BUDGET_STEP, rounding=ROUND_DOWN) if asked is None else asked
-        if budget <= 0 or budget > left:
-            raise _BudgetShort(
-                f"Budget exhausted: workflow {self.workflow_id} has {max(left, Decimal(0)):.4f} of its "
-                f"{self.budget_total_usd:.4f} USD left (its spend and its children's budgets), and its child "
-                f"{command.operation_id} ({command.child_kind}) needs {budget:.4f}; raise the budget (`manage.py "
-                f"agent budget {self.workflow_id} --total USD`, or POST /api/workflows/{self.workflow_id}/budget) to "
-                "start it.")
-        return budget
+        held = sum((c.budget_usd or Decimal(0) for c in self.children.values()), Decimal(0))
+        return child_budget_share(command, total_usd=self.budget_total_usd, workflow_id=self.workflow_id,
+                                  left_usd=lambda total: total - held)
 
     def _children_cancel(self, *, why: str, by: str, only: list[str] | None = None) -> None:
         """``services.cancellation.children_cancel_live``: each child still running is cancelled."""
@@ -491,14 +480,6 @@ class Lifecycle:
 
     def _event(self, kind: str, **data: Any) -> None:
         self.events.append(Event(kind, _stored(data)))
-
-
-class _BudgetShort(Exception):  # noqa: N818 - an outcome: the child's budget does not fit
-    pass
-
-
-def compensation_operation_id(operation_id: str) -> str:
-    return f"{operation_id}/compensate"
 
 
 def _intent_of(operation_id: str) -> int:
