@@ -5,8 +5,12 @@ record. Where it matters most, the same definition runs against the database ser
 the two are compared."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -591,3 +595,63 @@ def test_a_completion_undoes_what_a_caught_failure_may_have_done_as_the_services
     assert (run.status, run.result) == (workflow.status, workflow.result) == ("completed", {"go": {"by": "ada"}})
     assert kit_events(run) == real_events(workflow)
     assert list(workflow.commitments.values_list("status", flat=True)) == ["compensated"] and run.commitments == []
+
+
+KIT_WITHOUT_DJANGO = """
+import os
+
+from workflows.engine import Complete, Goto, NodeContext, WorkflowDefinition, node
+from workflows.registry import CompensationInput, activity
+from workflows.testing import WorkflowRun
+
+
+@activity
+def unbook(ctx, input: CompensationInput):
+    return {"undone": input.operation_id}
+
+
+@activity(commitment="booking", compensation=unbook)
+def book(ctx, input):
+    return {"booked": input["what"]}
+
+
+class Parent(WorkflowDefinition):
+    kind = "kit-without-django"
+    start_node = "BOOK"
+
+    @node("BOOK")
+    def book_it(self, ctx: NodeContext):
+        return Goto("HELP", {"room": ctx.activity(book, {"what": "room"})})
+
+    @node("HELP")
+    def help(self, ctx: NodeContext):
+        (outcome,) = ctx.wait_children(ctx.child("kit-without-django-helper", "help", budget="0.25"))
+        return Complete({"helped": outcome.status})
+
+
+run = WorkflowRun(Parent, goal="trip", budget_total_usd="1.00")
+run.run(book)
+shares = [str(c.budget_usd) for c in run.children.values()]
+run.cancel()
+undo = [p.input["operation_id"] for p in run.pending.values()]
+run.run(unbook)
+from django.apps import apps
+
+assert not apps.ready and "DJANGO_SETTINGS_MODULE" not in os.environ
+print(run.status, shares, undo)
+"""
+
+
+def test_the_in_memory_kit_runs_where_django_is_not_set_up(tmp_path: Path) -> None:
+    """The in-memory kit needs no settings, no app registry and no database: a tool that imports
+    ``workflows.testing`` before ``django.setup()`` (the soak does) and a test that never sets it
+    up both work, with budgets shared and compensations named by the services' own rules."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL")}
+    script = tmp_path / "kit.py"
+    script.write_text(KIT_WITHOUT_DJANGO)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    status, shares, undone = done.stdout.strip().split(" ", 2)
+    assert (status, shares) == ("cancelled", "['0.25']"), done.stdout
+    assert undone.startswith("['") and undone.endswith("']"), done.stdout

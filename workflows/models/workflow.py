@@ -9,6 +9,8 @@ from django.db import models
 from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
+from workflows.rules import BUDGET_DIGITS, BUDGET_PLACES
+
 
 class BehavioralRelease(models.Model):
     """The model, prompt and tool versions a workflow was started with."""
@@ -143,11 +145,11 @@ class Workflow(ConcurrentTransitionMixin, models.Model):
         default=5, help_text="0–10; work at 9 or above may pass the hourly budget, never the total."
     )
     budget_total_usd = models.DecimalField(
-        max_digits=12, decimal_places=4, null=True, blank=True,
+        max_digits=BUDGET_DIGITS, decimal_places=BUDGET_PLACES, null=True, blank=True,
         help_text="Total model spend allowed (USD); over it the workflow pauses for a person. Empty: no limit.",
     )
     budget_hourly_usd = models.DecimalField(
-        max_digits=12, decimal_places=4, null=True, blank=True,
+        max_digits=BUDGET_DIGITS, decimal_places=BUDGET_PLACES, null=True, blank=True,
         help_text="Model spend allowed in any hour (USD); over it work is deferred. Empty: no limit.",
     )
     stagnation_window_hours = models.FloatField(

@@ -19,17 +19,17 @@ from workflows.leases import Claim, Fence
 from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
 from workflows.prices import cost_usd, usage_fields
 from workflows.provider import Usage
+from workflows.rules import BUDGET_PAUSE_PREFIX, amount_checked
 from workflows.selectors import spent_usd
 from workflows.services import lifecycle, slots
 from workflows.services.common import (
-    amount_checked,
     event_record,
     priority_checked,
     workflow_lock,
     workflow_not_found,
     workflow_save,
 )
-from workflows.services.steps import BUDGET_PAUSE_PREFIX, Outcome, Result, username_of
+from workflows.services.steps import Outcome, Result, username_of
 from workflows.services.visits import wake_locked
 from workflows.sql import (
     RowWrite,

@@ -7,7 +7,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 from django.db import connection, models, transaction
@@ -420,25 +419,6 @@ def release_announce(*, at: datetime) -> BehavioralRelease:
     release = release_ensure(releases.current_release_spec(), at=at)
     BehavioralRelease.objects.filter(pk=release.pk).update(announced_at=at)
     return release
-
-
-def amount_checked(value: Decimal | None, *, what: str) -> Decimal | None:
-    """A budget amount as given, or InvalidInput: positive, finite and within the column's precision
-    (``Workflow.budget_total_usd``: 12 digits, 4 after the point). Never rounded: 0.000001 would be
-    stored as 0.0000 and pause the workflow at once, so it is refused like any other bad amount."""
-    if value is None:
-        return None
-    field = Workflow._meta.get_field("budget_total_usd")
-    places, digits = field.decimal_places, field.max_digits
-    limit = Decimal(10) ** (digits - places)
-    if not isinstance(value, Decimal) or not value.is_finite() or not Decimal(0) < value < limit:
-        raise InvalidInput(f"{what} must be a positive amount of USD under {limit:,}; got {value}; "
-                           "nothing was changed.")
-    step = Decimal(1).scaleb(-places)
-    if value != value.quantize(step):
-        raise InvalidInput(f"{what} has more than {places} decimal places ({value}); it would be rounded, so it is "
-                           f"refused: give at most {places}, e.g. {value.quantize(step, 'ROUND_UP')}.")
-    return value
 
 
 def priority_checked(value: int) -> int:

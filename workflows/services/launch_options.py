@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from workflows.errors import InvalidInput
 from workflows.models import Workflow
-from workflows.services.common import amount_checked, priority_checked
+from workflows.rules import amount_checked
+from workflows.services.common import priority_checked
 from workflows.services.labels import labels_checked
 from workflows.services.steps import MAX_HOURS
 

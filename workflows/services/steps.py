@@ -17,6 +17,7 @@ from workflows.installation import idempotency_key_for
 from workflows.leases import Claim
 from workflows.models import Activity, Commitment, Signal, Wait, Workflow
 from workflows.notifications import NOTIFY_ACTIVITY, OPENED, REMINDER, NotifyInput
+from workflows.rules import compensation_operation_id
 from workflows.services import lifecycle, slots
 from workflows.services.common import (
     event_record,
@@ -31,7 +32,6 @@ MAX_STEPS_PER_ADVANCE = 100
 MAX_HOURS = 24 * 366
 MAX_BUDGET_USD = Decimal(10) ** 8
 # The reason texts of a pause start with these, for people; code reads ``Workflow.pause_cause``.
-BUDGET_PAUSE_PREFIX = "Budget exhausted"
 STAGNATION_PAUSE_PREFIX = "Stagnating:"
 # Compensation activities are recorded under this pseudo-node; no handler replays them.
 COMPENSATION_NODE = "CANCEL"
@@ -285,10 +285,6 @@ def compensation_ensure(workflow: Workflow, commitment: Commitment, *, now: date
                    "result": commitment.activity.result},
         ),
     )
-
-
-def compensation_operation_id(operation_id: str) -> str:
-    return f"{operation_id}/compensate"
 
 
 def commitments_compensate(workflow: Workflow, commitments: Iterable[Commitment], *, now: datetime) -> None:

@@ -5,22 +5,21 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
 from datetime import datetime, timedelta
-from decimal import ROUND_DOWN, Decimal
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 
 from workflows import clock, engine, registry, selectors, telemetry
-from workflows.errors import BudgetExhausted, InvalidInput, NotFound
+from workflows.errors import BudgetExhausted, NotFound
 from workflows.models import ClientRequest, Intent, Wait, Workflow, WorkflowLabel
+from workflows.rules import child_budget_share
 from workflows.services.budgets import pause_for_budget_locked
 from workflows.services.cancellation import advance_cancellation
 from workflows.services.client_requests import client_request_claim_once, idempotency_key_checked
 from workflows.services.common import (
-    amount_checked,
     event_record,
     events_batched,
     release_current,
@@ -38,7 +37,6 @@ from workflows.services.failures import (
 from workflows.services.launch_options import LaunchOptions
 from workflows.services.lifecycle import LIVE
 from workflows.services.steps import (
-    BUDGET_PAUSE_PREFIX,
     MAX_GOAL_CHARS,
     MAX_STEPS_PER_ADVANCE,
     ChainSlot,
@@ -307,9 +305,6 @@ def _apply(workflow: Workflow, command: engine.ScheduleActivity | engine.OpenWai
     return wait_open(workflow, command, now=now)
 
 
-BUDGET_STEP = Decimal("0.0001")  # Workflow.budget_total_usd's precision
-
-
 def child_start(workflow: Workflow, command: engine.StartChild, *, now: datetime) -> bool:
     """Start the child workflow ``command`` asks for, once; the caller holds the parent's row
     lock (its advance). The child wait (kind ``child``, its operation id the step's) records the
@@ -357,29 +352,3 @@ def _child_budget(workflow: Workflow, command: engine.StartChild) -> Decimal | N
                               left_usd=lambda total: total - selectors.spent_usd(workflow))
 
 
-def child_budget_share(command: engine.StartChild, *, total_usd: Decimal | None, workflow_id: int,
-                       left_usd: Callable[[Decimal], Decimal]) -> Decimal | None:
-    """The budget ``command`` gives its child, out of a parent's ``total_usd`` of which
-    ``left_usd(total_usd)`` remains: as asked, or all that remains; None with no total and none
-    asked. BudgetExhausted when it does not fit; InvalidInput for an asked budget that is no
-    amount of USD. The test kit's ``WorkflowRun`` shares a budget by this too."""
-    asked = None
-    if command.budget_usd is not None:
-        try:
-            asked = Decimal(command.budget_usd)
-        except ArithmeticError:
-            raise InvalidInput(f"ctx.child(budget={command.budget_usd!r}) is not an amount of USD.") from None
-        asked = amount_checked(asked, what=f"The budget of child {command.operation_id}")
-    if total_usd is None:
-        return asked
-    left = left_usd(total_usd)
-    budget = left.quantize(BUDGET_STEP, rounding=ROUND_DOWN) if asked is None else asked
-    if budget <= 0 or budget > left:
-        raise BudgetExhausted(
-            f"{BUDGET_PAUSE_PREFIX}: workflow {workflow_id} has {max(left, Decimal(0)):.4f} of its "
-            f"{total_usd:.4f} USD left (its spend and its children's budgets), and its child "
-            f"{command.operation_id} ({command.child_kind}) needs {budget:.4f}; raise the budget (`manage.py agent "
-            f"budget {workflow_id} --total USD`, or POST /api/workflows/{workflow_id}/budget) to start it.",
-            workflow_id=workflow_id,
-        )
-    return budget

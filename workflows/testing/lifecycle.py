@@ -12,8 +12,7 @@ from typing import Any
 
 from workflows import commands, engine
 from workflows.errors import BudgetExhausted, TransitionRefused
-from workflows.services.steps import compensation_operation_id
-from workflows.services.workflows import child_budget_share
+from workflows.rules import child_budget_share, compensation_operation_id
 
 Step = commands.Step
 
