@@ -23,7 +23,7 @@ SURFACE = {
         "WorkflowDefinition", "activity", "annotate", "candidate_as_json", "cost_usd", "declare_schedules",
         "hash_of_candidate", "keep_alive",
         "metered_complete", "node", "now", "progress_validate", "provider_for", "register_definition", "resolve",
-        "state_at", "state_of", "tool_span",
+        "schedule_ensure", "schedule_remove", "state_at", "state_of", "tool_span",
     ],
     "agentops.kind.presentation": [
         "Activity", "Checkpoint", "Reading", "TimeChart", "UsageEntry", "Workflow", "duration", "page_links",

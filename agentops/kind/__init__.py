@@ -8,7 +8,8 @@ move. Model calls go through ``metered_complete`` (fenced, reserved and charged)
 the workflow's release (``provider_for``); the offline answers, the structured-answer helpers, the
 sandbox and the engine's git are features a kind may use besides (``agentops.providers``,
 ``agentops.sandbox``, ``agentops.git``). A kind's recurring launches are ``Schedule`` values on its
-definition (or ``declare_schedules`` from an app's ``ready()``).
+definition (or ``declare_schedules`` from an app's ``ready()``); one per object (a reminder per
+invoice) is made and removed where the object is, by ``schedule_ensure`` and ``schedule_remove``.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from workflows.errors import (
     TransitionRefused,
     WaitRefused,
 )
-from workflows.features.schedules.declared import Schedule, declare_schedules
+from workflows.features.schedules.declared import Schedule, declare_schedules, schedule_ensure, schedule_remove
 from workflows.heartbeats import keep_alive
 from workflows.metering import MODEL_CALL_LEASE, metered_complete
 from workflows.params import ROLE_MAX_LENGTH, LaunchParams
@@ -60,5 +61,5 @@ __all__ = [
     "WaitOutcome", "WaitRefused",
     "WorkflowDefinition", "activity", "annotate", "candidate_as_json", "cost_usd", "declare_schedules",
     "hash_of_candidate", "keep_alive", "metered_complete", "node", "now", "progress_validate", "provider_for",
-    "register_definition", "resolve", "state_at", "state_of", "tool_span",
+    "register_definition", "resolve", "schedule_ensure", "schedule_remove", "state_at", "state_of", "tool_span",
 ]

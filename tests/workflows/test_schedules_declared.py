@@ -1,7 +1,7 @@
 """Schedules declared in code (``agentops.kind.Schedule``): a sync makes them, with their beat
 entries; changes and removals in code follow; schedules made by hand are never touched; a sync in
 step changes nothing; syncs at once make one row; a bad declaration is refused with nothing written.
-And per-object schedules: ``schedule_add`` twice with one name adds one."""
+And per-object schedules: ``schedule_ensure`` twice with one name adds one."""
 from __future__ import annotations
 
 import json
@@ -14,9 +14,9 @@ from django.core.management import call_command
 from django.db import connection
 from django_celery_beat.models import PeriodicTask
 
-from agentops.kind import Schedule, declare_schedules
+from agentops.kind import Schedule, declare_schedules, schedule_ensure, schedule_remove
 from workflows import engine, registry
-from workflows.errors import InvalidInput
+from workflows.errors import InvalidInput, NotFound
 from workflows.features.schedules import declared, sync
 from workflows.features.schedules import services as schedules
 from workflows.models import Schedule as ScheduleRow
@@ -252,16 +252,27 @@ def test_a_worker_or_beat_start_syncs_and_a_refused_declaration_does_not_stop_it
         "['x']. Nothing was changed."]
 
 
-# --- per-object schedules: schedule_add and schedule_remove by a name made from the object --------
+# --- per-object schedules: schedule_ensure and schedule_remove by a name made from the object -----
 
-def test_schedule_add_twice_with_one_name_adds_one_and_other_values_are_refused():
+def test_schedule_ensure_twice_with_one_name_adds_one_and_other_values_are_refused():
     invoice = 1042
     name = f"invoice-{invoice}-reminder"
-    first = schedules.schedule_add(name=name, kind=KIND, goal=f"Remind about invoice {invoice}", every="1d")
-    again = schedules.schedule_add(name=name, kind=KIND, goal=f"Remind about invoice {invoice}", every="1d")
+    reminder = Schedule(name, kind=KIND, goal=f"Remind about invoice {invoice}", every="1d")
+    first = schedule_ensure(reminder)
+    again = schedule_ensure(reminder)
     assert again.pk == first.pk and ScheduleRow.objects.filter(name=name).count() == 1
     assert PeriodicTask.objects.filter(name=f"agentops schedule {name}").count() == 1
     with pytest.raises(InvalidInput, match=f"A schedule named '{name}' exists with another goal, every; remove"):
-        schedules.schedule_add(name=name, kind=KIND, goal="Another goal", every="2d")
-    schedules.schedule_remove(name=name)
+        schedule_ensure(Schedule(name, kind=KIND, goal="Another goal", every="2d"))
+    schedule_remove(name)
     assert not ScheduleRow.objects.filter(name=name).exists()
+
+
+def test_schedule_ensure_refuses_a_schedule_without_its_kind_or_no_schedule_and_writes_nothing():
+    with pytest.raises(InvalidInput, match="made by schedule_ensure must name its kind"):
+        schedule_ensure(Schedule("invoice-7-reminder", goal="Remind about invoice 7", every="1d"))
+    with pytest.raises(InvalidInput, match="takes an agentops.kind.Schedule value"):
+        schedule_ensure({"name": "invoice-7-reminder"})  # type: ignore[arg-type]
+    with pytest.raises(NotFound):
+        schedule_remove("invoice-7-reminder")
+    assert not ScheduleRow.objects.exists() and not PeriodicTask.objects.filter(name__startswith="agentops").exists()

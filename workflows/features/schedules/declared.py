@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workflows import registry
 from workflows.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from workflows.models import Schedule as ScheduleRow
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,34 @@ class Schedule:
 
 
 _by_apps: dict[str, Schedule] = {}
+
+
+def schedule_ensure(schedule: Schedule, *, user: Any = None) -> ScheduleRow:
+    """One schedule made where its object is (a reminder per invoice, named from the invoice), not
+    declared: a sync leaves it alone. Idempotent by name: again with the same values it returns the
+    row it made and writes nothing; with other values InvalidInput names them and nothing is
+    written (``schedule_remove`` it first to change it). ``schedule.kind`` must be given."""
+    # Here, not at the top: agentops.kind imports this module before Django's models are ready.
+    from workflows.features.schedules import services
+
+    if not isinstance(schedule, Schedule):
+        raise InvalidInput(f"schedule_ensure takes an agentops.kind.Schedule value; got {schedule!r:.80}.")
+    if not schedule.kind:
+        raise InvalidInput(f"Schedule {schedule.name!r} made by schedule_ensure must name its kind "
+                           "(Schedule(..., kind=\"...\")).", schedule=schedule.name)
+    return services.schedule_add(
+        name=schedule.name, kind=schedule.kind, goal=schedule.goal,
+        params=None if schedule.params is None else dict(schedule.params), cron=schedule.cron, every=schedule.every,
+        overlap=schedule.overlap, catch_up=schedule.catch_up, jitter=schedule.jitter, user=user,
+        labels=None if schedule.labels is None else dict(schedule.labels))
+
+
+def schedule_remove(name: str) -> None:
+    """Remove the schedule ``name`` and its beat entry (the workflows it launched go on); NotFound
+    when there is none."""
+    from workflows.features.schedules import services
+
+    services.schedule_remove(name=name)
 
 
 def declare_schedules(*schedules: Schedule) -> None:
