@@ -26,14 +26,14 @@ SURFACE = {
         "schedule_ensure", "schedule_remove", "state_at", "state_of", "tool_span",
     ],
     "agentops.kind.presentation": [
-        "Activity", "Checkpoint", "Reading", "TimeChart", "UsageEntry", "Workflow", "duration", "page_links",
+        "Activity", "Checkpoint", "Reading", "TimeChart", "UsageEntry", "Wait", "Workflow", "duration", "page_links",
         "time_chart", "usd", "when",
     ],
     "agentops.kind.testing": [
         "ActivityEnvironment", "Child", "Clock", "Commitment", "Crashed", "Divergence", "Doorbell", "Doorbells",
         "Event", "FAULT_POINTS", "FakeLease", "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle",
-        "WorkflowRun", "approve", "cancel", "cut_off", "deployed", "drive", "launch", "registered", "reject", "replay",
-        "signal", "supersede",
+        "WorkflowRun", "approve", "cancel", "cut_off", "deployed", "drive", "events", "launch", "registered",
+        "reject", "replay", "resume", "set_budget", "signal", "supersede",
     ],
 }
 # The fixtures a package's conftest gets from ``pytest_plugins = ["agentops.kind.pytest_plugin"]``.
@@ -42,6 +42,8 @@ PLUGIN_FIXTURES = ["clock", "doorbells", "drive", "faults", "workers", "workers_
 KIND_SOURCES = [*sorted((ROOT / "agentops" / "agents").rglob("*.py")), *sorted((ROOT / "examples").rglob("*.py"))]
 # The example's tests, written as its author would: the kit's surface, and nothing of the project's tests.
 EXAMPLE_TESTS = sorted((ROOT / "tests" / "examples").rglob("test_*.py"))
+# The shipped harness and reviewer kinds' tests and their helpers: the kit's surface too.
+HARNESS_TESTS = sorted((ROOT / "tests" / "harness").rglob("*.py"))
 
 
 @pytest.mark.parametrize("module", sorted(SURFACE))
@@ -102,4 +104,16 @@ def test_the_examples_tests_use_only_the_kit_s_surface() -> None:
             if isinstance(node, ast.ImportFrom) and node.module in SURFACE:
                 found += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name} is not on the surface"
                           for alias in node.names if alias.name not in SURFACE[node.module]]
+    assert not found, "\n".join(found)
+
+
+def test_the_harness_and_reviewer_kinds_tests_reach_the_kernel_only_through_the_surface() -> None:
+    assert len(HARNESS_TESTS) > 10
+    found = [line for path in HARNESS_TESTS for line in kernel_imports(path)]
+    for path in HARNESS_TESTS:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module in SURFACE:
+                found += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name} is not on the surface"
+                          for alias in node.names if alias.name not in SURFACE[node.module]
+                          and f"{node.module}.{alias.name}" not in SURFACE]  # a module of it: agentops.kind.testing
     assert not found, "\n".join(found)

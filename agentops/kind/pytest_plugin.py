@@ -35,7 +35,7 @@ def doorbells() -> Iterator[Doorbells]:
 
 @pytest.fixture
 def drive(doorbells: Doorbells) -> Callable[..., Workflow]:
-    """``drive(workflow, *, max_rounds=100)``: run a workflow and its children to their next wait
+    """``drive(workflow, *, max_rounds=100, retry_now=False)``: run a workflow and its children to their next wait
     (``workflows.testing.database.drive``); its doorbells are recorded, none published."""
     return database.drive
 

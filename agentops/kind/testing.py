@@ -4,10 +4,10 @@
 activity with a fake lease and, with ``FakeModel``, fake model calls metered in a ``FakeLedger``;
 ``replay`` names where a changed definition no longer replays a recorded history; ``registered``
 registers a kind for one test. Against the database (pytest-django's), in process: ``launch`` and
-``drive`` a workflow, ``signal``, ``approve``, ``reject``, ``cancel`` or ``supersede`` it as people
-do, with ``Doorbells`` recorded, a ``Clock`` the test moves and ``Faults`` that crash at a named
-point of ``FAULT_POINTS`` (the fixtures of ``agentops.kind.pytest_plugin``). Real workers and beat:
-``workflows.testing.cluster``.
+``drive`` a workflow, read its ``events``, ``signal``, ``approve``, ``reject``, ``cancel``,
+``supersede`` or ``resume`` it and ``set_budget`` as people do, with ``Doorbells`` recorded, a
+``Clock`` the test moves and ``Faults`` that crash at a named point of ``FAULT_POINTS`` (the
+fixtures of ``agentops.kind.pytest_plugin``). Real workers and beat: ``workflows.testing.cluster``.
 """
 from __future__ import annotations
 
@@ -39,8 +39,11 @@ from workflows.testing.database import (
     approve,
     cancel,
     drive,
+    events,
     launch,
     reject,
+    resume,
+    set_budget,
     signal,
     supersede,
 )
@@ -48,6 +51,6 @@ from workflows.testing.database import (
 __all__ = [
     "ActivityEnvironment", "Child", "Clock", "Commitment", "Crashed", "Divergence", "Doorbell", "Doorbells",
     "Event", "FAULT_POINTS", "FakeLease", "FakeLedger", "FakeModel", "Faults", "LeaseLost", "Reply", "Throttle",
-    "WorkflowRun", "approve", "cancel", "cut_off", "deployed", "drive", "launch", "registered", "reject", "replay",
-    "signal", "supersede",
+    "WorkflowRun", "approve", "cancel", "cut_off", "deployed", "drive", "events", "launch", "registered", "reject",
+    "replay", "resume", "set_budget", "signal", "supersede",
 ]

@@ -1,6 +1,7 @@
 """The test kit's database tier refuses misuse with a message that says what to do, its list of
 fault points is the code's and the page's, and what people do to a workflow (signal, approve,
-reject, cancel, supersede) goes through the services as `manage.py agent` does."""
+reject, cancel, supersede, resume, a budget) goes through the services as `manage.py agent` does; a
+paused workflow rests in `drive`, and `retry_now` opens retry windows."""
 from __future__ import annotations
 
 import re
@@ -18,7 +19,10 @@ from agentops.kind import (
     Decision,
     Fail,
     Goto,
+    InvalidInput,
     NodeContext,
+    Retryable,
+    RetryPolicy,
     WaitRefused,
     WorkflowDefinition,
     activity,
@@ -32,13 +36,17 @@ from agentops.kind.testing import (
     approve,
     cancel,
     drive,
+    events,
     launch,
     registered,
     reject,
+    resume,
+    set_budget,
     signal,
     supersede,
 )
 from tests.conftest import one_event_kind
+from workflows import services
 from workflows.errors import NotFound
 from workflows.models import Wait
 from workflows.testing.database import doorbells_recorded
@@ -225,3 +233,58 @@ def test_an_approval_for_another_candidate_is_refused_in_both_tiers(send_kind, d
     (wait,) = run.open_waits.values()
     run.approve(candidate_hash=wait.candidate_hash)
     assert run.node == "SEND"
+
+
+@pytest.mark.django_db
+def test_a_paused_workflow_rests_in_drive_and_resume_goes_on(send_kind, doorbells) -> None:
+    workflow = launch("kit_db_send")  # its draft is due, not run yet
+    services.workflow_pause(workflow_id=workflow.pk, reason="Hold on", by="ops")
+    assert (drive(workflow).status, SENT) == ("paused", [])  # the draft waits for a person
+
+    assert resume(workflow) == "applied"
+    assert (drive(workflow).status, drive(workflow).current_node) == ("waiting", "REVIEW")
+    assert [e.kind for e in events(workflow, "workflow.resumed")] == ["workflow.resumed"]
+
+
+@pytest.mark.django_db
+def test_set_budget_records_the_change_and_refuses_an_amount_that_is_none(send_kind, doorbells) -> None:
+    workflow = drive(launch("kit_db_send", budget_total_usd="1.00"))
+    assert set_budget(workflow, total_usd="2.50", hourly_usd=1).budget_total_usd == 2.5
+    (changed,) = events(workflow, "budget.changed")
+    assert (changed.data["by"], changed.data["new"]) == ("operator", {"total": "2.50", "hourly": "1"})
+    with pytest.raises(InvalidInput, match="more than 4 decimal places"):
+        set_budget(workflow, total_usd="0.00001")
+    assert len(events(workflow, "budget.changed")) == 1
+
+
+FLAKY: list[int] = []
+
+
+@activity("kit_db_flaky", retry=RetryPolicy(max_attempts=3, initial_interval_seconds=600))
+def kit_flaky(ctx: ActivityContext, input: dict[str, Any]) -> dict[str, Any]:
+    FLAKY.append(ctx.attempt)
+    if len(FLAKY) == 1:
+        raise Retryable("the mail server is busy")
+    return {"sent_on_attempt": ctx.attempt}
+
+
+class Flaky(WorkflowDefinition):
+    kind = "kit_db_flaky"
+    start_node = "SEND"
+    revalidate_node = "SEND"
+
+    @node("SEND")
+    def send(self, ctx: NodeContext[Any]) -> Decision:
+        return Complete(ctx.activity(kit_flaky, {}))
+
+
+@pytest.mark.django_db
+def test_drive_rests_at_a_retry_window_and_retry_now_opens_it(doorbells) -> None:
+    FLAKY.clear()
+    with registered(Flaky, kit_flaky):
+        workflow = drive(launch("kit_db_flaky"))
+        assert (workflow.status, FLAKY) == ("running", [1])  # ten minutes until the retry
+        assert [e.kind for e in events(workflow)][-1] == "activity.retry_scheduled"
+
+        workflow = drive(workflow, retry_now=True)
+    assert (workflow.status, workflow.result, FLAKY) == ("completed", {"sent_on_attempt": 2}, [1, 2])

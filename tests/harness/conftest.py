@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
 
-from tests.conftest import drive
-from workflows import clock, services
-from workflows.models import Activity, Event, Wait, Workflow
+from agentops.kind import testing as kit
+from agentops.kind.presentation import Workflow
 
 
 @pytest.fixture(autouse=True)
@@ -30,23 +28,14 @@ def harness_approver(db: None) -> User:
     return user
 
 
-def drive_all(workflow_id: int, *, max_rounds: int = 400) -> Workflow:
-    """``drive`` until nothing runs or the workflow is paused, making retry windows due at once (no clock
-    waits in tests)."""
-    for _ in range(max_rounds):
-        Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED).update(
-            next_attempt_at=clock.now() - timedelta(seconds=1))
-        workflow = drive(workflow_id, max_rounds=5)
-        # A budget pause parks its activity as scheduled: nothing runs it until a person decides.
-        if workflow.status == Workflow.Status.PAUSED or not Activity.objects.filter(
-                workflow_id=workflow_id, status=Activity.Status.SCHEDULED).exists():
-            return workflow
-    return Workflow.objects.get(pk=workflow_id)
+def drive_all(workflow_id: int) -> Workflow:
+    """The kit's ``drive``: the harness and its children to their next wait, each retry window
+    opened at once (no clock waits in tests)."""
+    return kit.drive(workflow_id, max_rounds=400, retry_now=True)
 
 
 def approve_feature_list(workflow_id: int, user: User) -> None:
-    wait = Wait.objects.get(workflow_id=workflow_id, kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN)
-    services.wait_approve(wait_id=wait.pk, user=user, candidate_hash=wait.candidate_hash)
+    kit.approve(workflow_id, by=user.username)
 
 
 # A two-feature project for the guard tests: `python app.py greet` prints hello (F01), `python
@@ -113,11 +102,10 @@ def mini_schedule(settings: Any, tmp_path: Path) -> Callable[[dict[str, list[dic
 
 def launch_approved(user: User, **params: Any) -> Workflow:
     """Launch a harness on the mini project, approve its feature list, drive it until it rests."""
-    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={k: str(v) for k, v in params.items()})
-    drive_all(wf.pk)
-    approve_feature_list(wf.pk, user)
+    wf = drive_all(kit.launch("harness", goal="Build app.py", params={k: str(v) for k, v in params.items()}).pk)
+    kit.approve(wf, by=user.username)
     return drive_all(wf.pk)
 
 
 def events(workflow_id: int, kind: str) -> list[dict[str, Any]]:
-    return [e.data for e in Event.objects.filter(workflow_id=workflow_id, kind=kind).order_by("seq")]
+    return [event.data for event in kit.events(workflow_id, kind)]

@@ -23,9 +23,9 @@ from django.core import serializers
 from django.core.management import call_command
 from django.db.models import Model
 
+from agentops.kind.presentation import Workflow
+from agentops.kind.testing import launch, resume
 from tests.harness.conftest import approve_feature_list, drive_all
-from workflows import services
-from workflows.models import Workflow
 
 # Each feature gets two attempts, so F09's second red session pauses the run for a person (H8).
 DEMO_PARAMS = {"max_attempts": "2"}
@@ -87,7 +87,7 @@ def _run_to_completed() -> int:
     on the way is asserted here (the tests see only the end)."""
     hana = User.objects.create_user("hana", password="hana-password")
     hana.groups.add(Group.objects.get_or_create(name="harness-approvers")[0])
-    wf = services.workflow_launch(kind="harness", goal="Build the todo CLI of the demo", params=DEMO_PARAMS)
+    wf = launch("harness", goal="Build the todo CLI of the demo", params=DEMO_PARAMS)
     workflow = drive_all(wf.pk)
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
     assert all(f["status"] == "failing" for f in workflow.state["features"])  # all red on the scaffold
@@ -97,7 +97,7 @@ def _run_to_completed() -> int:
     # H8: F09's second red session used its feature budget (2 attempts): a pause for a person.
     assert (workflow.status, workflow.pause_cause, workflow.current_node) == ("paused", "definition", "DECIDE")
     assert "feature F09 used its 2 attempts" in workflow.reason
-    services.workflow_resume(workflow_id=wf.pk, user=hana)
+    resume(wf, by="hana")
     workflow = drive_all(wf.pk)
     assert workflow.status == "completed", (workflow.status, workflow.reason, workflow.state.get("progress"))
     return wf.pk

@@ -7,6 +7,9 @@ from decimal import Decimal
 
 import pytest
 
+from agentops.kind import TransitionRefused
+from agentops.kind.presentation import Workflow
+from agentops.kind.testing import launch, resume, set_budget
 from tests.harness.conftest import (
     APP_BOTH,
     APP_GREET,
@@ -19,9 +22,6 @@ from tests.harness.conftest import (
     solve,
     write,
 )
-from workflows import services
-from workflows.errors import TransitionRefused
-from workflows.models import Workflow
 
 SLEEP = {"tool": "run_command", "input": {"command": "python -c \"import time; time.sleep(30)\"",
                                          "timeout_seconds": 60, "idle_seconds": 60}}
@@ -49,7 +49,7 @@ def test_a_feature_out_of_attempts_is_blocked_and_pauses_for_a_person(harness_ap
         ("feature", "used its 2 attempts")]
     assert workflow.state["paused_for"]["kind"] == "feature_budget"
 
-    services.workflow_resume(workflow_id=workflow.pk, user=harness_approver)
+    resume(workflow, by="hana")
     workflow = drive_all(workflow.pk)
     assert workflow.status == "completed", workflow.reason
     assert (board(workflow)["F01"]["attempts"], board(workflow)["F01"]["attempt_limit"]) == (3, 4)
@@ -99,7 +99,7 @@ def test_sessions_without_a_new_pass_pause_and_resume_counts_again(harness_appro
     workflow = launch_approved(harness_approver, max_attempts=5, stagnation_sessions=2)
     assert (workflow.status, workflow.state["paused_for"]["kind"]) == ("paused", "stagnation")
     assert [(b["breaker"], b["count"]) for b in events(workflow.pk, "harness.loop_breaker")] == [("no_new_pass", 2)]
-    services.workflow_resume(workflow_id=workflow.pk, user=harness_approver)
+    resume(workflow, by="hana")
     assert drive_all(workflow.pk).status == "completed"
 
 
@@ -123,7 +123,7 @@ def test_out_of_sessions_pauses_instead_of_failing(harness_approver, mini_schedu
     workflow = launch_approved(harness_approver, max_sessions=1)
     assert (workflow.status, workflow.state["paused_for"]["kind"]) == ("paused", "max_sessions")
     assert "1 coding sessions used" in workflow.reason
-    services.workflow_resume(workflow_id=workflow.pk, user=harness_approver)
+    resume(workflow, by="hana")
     workflow = drive_all(workflow.pk)
     assert (workflow.status, workflow.state["session_limit"]) == ("completed", 2)
 
@@ -155,13 +155,12 @@ def test_the_workflow_budget_pauses_and_raising_it_goes_on(harness_approver, min
     """The kernel's total budget (the usage ledger) pauses the workflow at a model call; `agent
     resume` is refused with what to do, and raising the budget resumes it."""
     mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
-    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={},
-                                  options=services.LaunchOptions(budget_total_usd=Decimal("0.01")))
+    wf = launch("harness", goal="Build app.py", params={}, budget_total_usd="0.01")
     workflow = drive_all(wf.pk)
     assert (workflow.status, workflow.pause_cause) == ("paused", "budget")
     with pytest.raises(TransitionRefused, match="budget ran out"):
-        services.workflow_resume(workflow_id=wf.pk, user=harness_approver)
-    services.workflow_budget_set(workflow_id=wf.pk, user=harness_approver, total_usd=Decimal("100"))
+        resume(wf, by="hana")
+    set_budget(wf, total_usd="100", by="hana")
     workflow = drive_all(wf.pk)
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
     approve_feature_list(wf.pk, harness_approver)

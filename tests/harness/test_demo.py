@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from agentops.kind.presentation import Workflow
+from agentops.kind.testing import events as recorded
 from tests.harness.demo_run import DemoRun, todo_demo
-from workflows.models import Event, Workflow
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -22,7 +23,7 @@ def demo(settings: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Workf
 
 
 def events(workflow_id: int, kind: str) -> list[dict[str, Any]]:
-    return [e.data for e in Event.objects.filter(workflow_id=workflow_id, kind=kind).order_by("seq")]
+    return [event.data for event in recorded(workflow_id, kind)]
 
 
 def test_the_todo_demo_reaches_completed_with_every_guard_of_the_schedule(demo):

@@ -14,10 +14,11 @@ from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 
+from agentops.kind import resolve, state_of
+from agentops.kind.presentation import Activity, Workflow
+from agentops.kind.testing import launch
 from tests.api.conftest import token_for
 from tests.harness.conftest import approve_feature_list, drive_all
-from workflows import services, statestore
-from workflows.models import Activity, StateBlob, Workflow
 
 READ_LIMIT_BYTES = 300_000
 
@@ -42,17 +43,16 @@ def test_a_500_feature_list_is_validated_approved_and_worked_on(harness_approver
         "F001/1": [_write("done/F001", "ok\n"), {"tool": "git_commit", "input": {"message": "F001"}},
                    {"tool": "request_pass", "input": {"feature_id": "F001"}}]}}))
     settings.AGENTOPS_HARNESS_SCHEDULE_FILE = str(schedule)
-    wf = services.workflow_launch(kind="harness", goal="Build 500 features", params={
+    wf = launch("harness", goal="Build 500 features", params={
         "isolation": "none", "max_sessions": "1"})
     workflow = drive_all(wf.pk)
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL"), workflow.reason
 
     validation = Activity.objects.get(workflow=workflow, name="harness_validate")
-    resolved = statestore.resolve(workflow.pk, validation.result)
+    resolved = resolve(workflow.pk, validation.result)
     assert len(json.dumps(resolved)) > 1_000_000 > len(json.dumps(validation.result))  # tails stored once
-    assert StateBlob.objects.filter(workflow=workflow).count() >= 500
     assert len(json.dumps(workflow.state)) < 20_000  # 16 chunk references, not 500 features
-    board = statestore.state_of(workflow)["features"]
+    board = state_of(workflow)["features"]
     assert len(board) == 500 and all(f["status"] == "failing" for f in board)
     assert board[0]["evidence"]["output_tail"].startswith("FAIL F001 line 0")
 
@@ -60,7 +60,7 @@ def test_a_500_feature_list_is_validated_approved_and_worked_on(harness_approver
     workflow = drive_all(wf.pk)
     # One session (max_sessions=1): F001 passes, then the budget of sessions asks a person.
     assert (workflow.status, workflow.current_node) == ("paused", "DECIDE"), workflow.reason
-    board = {f["id"]: f for f in statestore.state_of(workflow)["features"]}
+    board = {f["id"]: f for f in state_of(workflow)["features"]}
     assert board["F001"]["status"] == "passing" and board["F002"]["status"] == "failing"
     assert_bounded_reads(workflow)
 

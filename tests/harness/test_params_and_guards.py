@@ -8,7 +8,7 @@ import pytest
 
 from agentops.agents.harness import checks, gitops, tools
 from agentops.agents.harness.definition import Harness
-from workflows.errors import InvalidInput
+from agentops.kind import InvalidInput
 
 
 def test_the_defaults_are_filled_in_at_launch():

@@ -9,7 +9,7 @@ import pytest
 
 from agentops.agents.harness.board import regression_share
 from agentops.agents.harness.definition import Harness
-from workflows.errors import InvalidInput
+from agentops.kind import InvalidInput
 
 
 def features(n: int) -> list[Any]:

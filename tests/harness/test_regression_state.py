@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from agentops.kind import resolve, state_at
+from agentops.kind.presentation import Activity
 from tests.harness.conftest import APP_BOTH, APP_GREET, launch_approved, solve
-from workflows import statestore
-from workflows.models import Activity
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -19,11 +19,11 @@ def test_a_feature_that_passes_its_regression_check_keeps_the_evidence_that_made
     assert workflow.status == "completed", workflow.reason
 
     regression = Activity.objects.get(workflow=workflow, node="REGRESSION", status="succeeded")
-    rerun = statestore.resolve(workflow.pk, regression.result)["results"]
+    rerun = resolve(workflow.pk, regression.result)["results"]
     assert [(r["feature"], r["passed"]) for r in rerun] == [("F01", True)]
     own = Activity.objects.get(workflow=workflow, node="VERIFY_FEATURE", input__features__0__id="F01")
-    own_commit = statestore.resolve(workflow.pk, own.result)["results"][0]["commit"]
+    own_commit = resolve(workflow.pk, own.result)["results"][0]["commit"]
     assert own_commit != rerun[0]["commit"]
-    entering_assess = statestore.state_at(workflow, regression.node_visit + 1)
+    entering_assess = state_at(workflow, regression.node_visit + 1)
     f01 = next(f for f in entering_assess["features"] if f["id"] == "F01")
     assert (f01["status"], f01["evidence"]["commit"]) == ("passing", own_commit)

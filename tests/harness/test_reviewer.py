@@ -9,37 +9,21 @@ import pytest
 
 from agentops.agents.harness.session import briefing, harness_session
 from agentops.agents.reviewer.activities import ReviewInput, offline_review, review_prompt
-from tests.harness.conftest import APP_BOTH, APP_GREET, approve_feature_list, drive_all, events, solve
-from workflows import services
-from workflows.models import Activity, Workflow
-from workflows.services.children import children_collect_if_finished
+from agentops.kind.presentation import Activity, Workflow
+from agentops.kind.testing import approve, drive, launch
+from tests.harness.conftest import APP_BOTH, APP_GREET, events, solve
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 
-def drive_with_children(workflow_id: int, *, rounds: int = 30) -> Workflow:
-    """drive_all the harness and every child it starts, delivering each child's end as its doorbell would."""
-    for _ in range(rounds):
-        drive_all(workflow_id)
-        for child in Workflow.objects.filter(parent_id=workflow_id).exclude(status__in=Workflow.TERMINAL):
-            drive_all(child.pk)
-        children_collect_if_finished(workflow_id=workflow_id)
-        workflow = Workflow.objects.get(pk=workflow_id)
-        if workflow.is_terminal or workflow.status == "paused":
-            return workflow
-    return Workflow.objects.get(pk=workflow_id)
-
-
 def test_each_accepted_feature_is_reviewed_and_the_next_briefing_has_the_findings(
-    harness_approver: Any, mini_schedule: Any, rung: Any,
+    mini_schedule: Any, doorbells: Any,
 ) -> None:
     mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
-    wf = services.workflow_launch(kind="harness", goal="Build app.py",
-                                  params={"reviewer": True, "reviewer_budget_usd": 0.25, "isolation": "none"},
-                                  options=services.LaunchOptions(budget_total_usd=Decimal("5")))
-    drive_all(wf.pk)
-    approve_feature_list(wf.pk, harness_approver)
-    done = drive_with_children(wf.pk)
+    wf = drive(launch("harness", goal="Build app.py", budget_total_usd="5",
+                      params={"reviewer": True, "reviewer_budget_usd": 0.25, "isolation": "none"}))
+    approve(wf, by="hana")
+    done = drive(wf)
     assert done.status == "completed", (done.status, done.reason)
     reviewers = list(Workflow.objects.filter(parent_id=wf.pk).order_by("pk"))
     assert [(r.kind, r.status, r.params["feature"], r.budget_total_usd) for r in reviewers] == [
@@ -54,12 +38,11 @@ def test_each_accepted_feature_is_reviewed_and_the_next_briefing_has_the_finding
     assert [r["feature"] for r in done.state["reviews"]] == ["F01", "F02"]
 
 
-def test_without_the_option_no_reviewer_starts(harness_approver: Any, mini_schedule: Any, rung: Any) -> None:
+def test_without_the_option_no_reviewer_starts(mini_schedule: Any, doorbells: Any) -> None:
     mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
-    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={"isolation": "none"})
-    drive_all(wf.pk)
-    approve_feature_list(wf.pk, harness_approver)
-    assert drive_all(wf.pk).status == "completed"
+    wf = drive(launch("harness", goal="Build app.py", params={"isolation": "none"}))
+    approve(wf, by="hana")
+    assert drive(wf).status == "completed"
     assert not Workflow.objects.filter(parent_id=wf.pk).exists()
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from agentops import sandbox
+from agentops.kind.presentation import Activity, Wait
+from agentops.kind.testing import approve, launch, reject, resume
 from tests.harness.conftest import (
     APP_BOTH,
     APP_GREET,
@@ -22,8 +24,6 @@ from tests.harness.conftest import (
     solve,
     write,
 )
-from workflows import services
-from workflows.models import Activity, Wait
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -60,7 +60,7 @@ def test_without_the_required_isolation_the_workflow_pauses_before_anything_runs
     no initializer, no workspace; once bubblewrap is there, resume probes again and goes on."""
     mini_schedule({})
     settings.AGENTOPS_SANDBOX = "none"
-    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={})
+    wf = launch("harness", goal="Build app.py", params={})
     workflow = drive_all(wf.pk)
     assert (workflow.status, workflow.pause_cause, workflow.current_node) == ("paused", "definition", "INITIALIZE")
     assert "must run under bubblewrap" in workflow.reason and "--param isolation=none" in workflow.reason
@@ -69,7 +69,7 @@ def test_without_the_required_isolation_the_workflow_pauses_before_anything_runs
     assert [e["level"] for e in events(wf.pk, "harness.isolation_probed")] == ["none"]
 
     settings.AGENTOPS_SANDBOX = "auto"
-    services.workflow_resume(workflow_id=wf.pk, user=harness_approver)
+    resume(wf, by="hana")
     workflow = drive_all(wf.pk)
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
     assert workflow.state["isolation"]["level"] == "bwrap"
@@ -83,7 +83,7 @@ def test_a_real_model_without_bubblewrap_pauses_even_with_isolation_none(harness
     mini_schedule({})
     settings.AGENTOPS_SANDBOX = "auto"
     monkeypatch.setattr(sandbox, "bwrap_works", lambda: (False, "bwrap is not installed (apt-get install bubblewrap)"))
-    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={"isolation": "none"})
+    wf = launch("harness", goal="Build app.py", params={"isolation": "none"})
     settings.AGENTOPS_MODEL_PROVIDER = "anthropic"  # the worker's: the probe asks it, no model is called
     workflow = drive_all(wf.pk)
     assert (workflow.status, workflow.pause_cause, workflow.current_node) == ("paused", "definition", "INITIALIZE")
@@ -94,7 +94,7 @@ def test_a_real_model_without_bubblewrap_pauses_even_with_isolation_none(harness
 
     settings.AGENTOPS_SANDBOX = "none"
     settings.AGENTOPS_MODEL_PROVIDER = "scripted"
-    services.workflow_resume(workflow_id=wf.pk, user=harness_approver)
+    resume(wf, by="hana")
     workflow = drive_all(wf.pk)
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
     assert workflow.state["isolation"]["level"] == "none"
@@ -126,7 +126,7 @@ def test_a_proposed_feature_change_waits_for_a_new_approval_bound_to_the_new_con
         "F02/1": solve("F02", APP_BOTH),
         "F03/1": solve("F03", app_all),
     })
-    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={})
+    wf = launch("harness", goal="Build app.py", params={})
     drive_all(wf.pk)
     first = Wait.objects.get(workflow_id=wf.pk, kind=Wait.Kind.APPROVAL)
     approve_feature_list(wf.pk, harness_approver)
@@ -140,7 +140,7 @@ def test_a_proposed_feature_change_waits_for_a_new_approval_bound_to_the_new_con
     assert len(json.loads((root / "features.json").read_text())) == 2  # the approved list stands
     assert not (root / "checks" / "check_f03.py").exists()
 
-    services.wait_approve(wait_id=second.pk, user=harness_approver, candidate_hash=second.candidate_hash)
+    approve(wf, by="hana", candidate_hash=second.candidate_hash)
     workflow = drive_all(wf.pk)
     assert workflow.status == "completed", workflow.reason
     assert [f["id"] for f in workflow.state["features"]] == ["F01", "F02", "F03"]
@@ -158,8 +158,7 @@ def test_a_rejected_proposal_changes_nothing(harness_approver, mini_schedule):
     })
     workflow = launch_approved(harness_approver)
     contract = workflow.state["contract_hash"]
-    wait = Wait.objects.get(workflow_id=workflow.pk, kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN)
-    services.wait_reject(wait_id=wait.pk, user=harness_approver, comment="F02 stays")
+    reject(workflow, by="hana", comment="F02 stays")
     workflow = drive_all(workflow.pk)
     assert workflow.status == "completed"
     assert [f["id"] for f in workflow.state["features"]] == ["F01", "F02"]
@@ -180,7 +179,7 @@ def test_a_goal_naming_a_script_variant_plays_its_sessions_beside_workflows_on_t
         "F02/1": solve("F02", APP_BOTH),
     })
     plain = launch_approved(harness_approver)
-    wf = services.workflow_launch(kind="harness", goal="Build app.py [script: propose]", params={})
+    wf = launch("harness", goal="Build app.py [script: propose]", params={})
     drive_all(wf.pk)
     approve_feature_list(wf.pk, harness_approver)
     variant = drive_all(wf.pk)
@@ -207,7 +206,7 @@ def test_an_initializer_retried_after_its_commit_starts_over_from_the_repository
                                                               "activity": "harness_initialize", "attempt": 1}}])
     settings.AGENTOPS_FAULT_LOG = str(tmp_path / "faults.log")
     mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
-    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={"workspace": str(workspace)})
+    wf = launch("harness", goal="Build app.py", params={"workspace": str(workspace)})
     workflow = drive_all(wf.pk)
     assert len(Path(settings.AGENTOPS_FAULT_LOG).read_text().splitlines()) == 1  # the fault fired once
     init = Activity.objects.get(workflow=wf, name="harness_initialize")
@@ -234,7 +233,7 @@ def test_a_release_change_at_the_feature_list_approval_builds_the_scaffold_again
 
     workspace = tmp_path / "project"
     mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
-    wf = services.workflow_launch(kind="harness", goal="Build app.py", params={"workspace": str(workspace)})
+    wf = launch("harness", goal="Build app.py", params={"workspace": str(workspace)})
     assert drive_all(wf.pk).current_node == "WAIT_FOR_APPROVAL"
     first_scaffold = gitops.head(workspace)
 
@@ -258,7 +257,7 @@ def test_a_release_change_after_sessions_ran_keeps_the_workflows_count_of_sessio
     """max_sessions bounds the workflow, not each visit of INITIALIZE: a release change after a
     session ran builds the scaffold again, and the session already spent still counts."""
     mini_schedule({"F01/1": solve("F01", APP_GREET), "F02/1": solve("F02", APP_BOTH)})
-    wf = services.workflow_launch(kind="harness", goal="Build app.py",
+    wf = launch("harness", goal="Build app.py",
                                   params={"workspace": str(tmp_path / "project"), "max_sessions": 1})
     drive_all(wf.pk)
     approve_feature_list(wf.pk, harness_approver)
@@ -266,7 +265,7 @@ def test_a_release_change_after_sessions_ran_keeps_the_workflows_count_of_sessio
     assert (workflow.status, workflow.state["paused_for"]["kind"]) == ("paused", "max_sessions"), workflow.reason
 
     settings.AGENTOPS_PROMPT_VERSION = "harness-prompt-2"  # a worker restarted on a new release
-    services.workflow_resume(workflow_id=wf.pk, by="hana")
+    resume(wf, by="hana")
     workflow = drive_all(wf.pk)
     assert events(wf.pk, "release.changed")
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL"), workflow.reason

@@ -2,14 +2,17 @@
 database (pytest-django's), as workers and beat would run them, without a broker.
 
 - ``launch(kind, goal=, params=, max_hours=, budget_total_usd=)``: start a workflow as ``manage.py agent launch`` does.
-- ``drive(workflow)``: run it and its child workflows to their next wait: due activities run,
-  due timers fire, expired leases are reaped and each child's end is delivered to its parent,
-  until nothing changes.
+- ``drive(workflow, retry_now=False)``: run it and its child workflows to their next wait: due
+  activities run (with ``retry_now``, also those waiting for a retry window), due timers fire,
+  expired leases are reaped and each child's end is delivered to its parent, until nothing
+  changes.
+- ``events(workflow, kind="")``: its events as recorded, as ``Event`` values.
 - ``doorbells_recorded()``: the doorbells the services ring (what would be published to the
   broker after commit) are kept in a ``Doorbells`` instead of sent.
 - ``Clock``: the durable clock (``workflows.clock.now``), moved by the test (time-machine).
-- ``signal``, ``approve``, ``reject``, ``cancel``, ``supersede``: what people and other systems do
-  to a workflow, as ``manage.py agent`` does it; ``drive`` then runs what follows.
+- ``signal``, ``approve``, ``reject``, ``cancel``, ``supersede``, ``resume``, ``set_budget``: what
+  people and other systems do to a workflow, as ``manage.py agent`` does it; ``drive`` then runs
+  what follows.
 - ``Faults``: crash the process, as far as the services can tell, at a named fault point
   (``FAULT_POINTS``), then drive again to see what the next attempt does.
 
@@ -32,7 +35,9 @@ from workflows import clock, doorbells, services
 from workflows.errors import NotFound
 from workflows.faults import Crashed
 from workflows.models import Activity, Timer, Wait, Workflow
+from workflows.models import Event as EventRow
 from workflows.services.children import children_collect_if_finished
+from workflows.testing.lifecycle import Event
 
 # Every named fault point, with when it fires and what a crash there tests (docs/authoring.md,
 # "Fault points"; tests/authoring/test_kit_database.py keeps this, the code and the page in step).
@@ -58,7 +63,7 @@ def launch(kind: str, *, goal: str = "", params: dict[str, Any] | None = None, m
                                     options=services.LaunchOptions(max_hours=max_hours, budget_total_usd=budget))
 
 
-def drive(workflow: Workflow | int, *, max_rounds: int = 100) -> Workflow:
+def drive(workflow: Workflow | int, *, max_rounds: int = 100, retry_now: bool = False) -> Workflow:
     """Run ``workflow`` (a row or its id) and its child workflows in this process until nothing
     changes, and return its row as it is then: waiting (for a signal, an approval, a timer not yet
     due, a retry window not yet open), completed, failed, paused or cancelled.
@@ -66,7 +71,9 @@ def drive(workflow: Workflow | int, *, max_rounds: int = 100) -> Workflow:
     Each round advances every unfinished workflow of the tree, runs its due activities, fires its
     due timers, cancels it past its time limit, reaps its attempts whose lease ran out
     (``clock.now()`` past it: a crashed attempt's) and delivers each ended child's end to its
-    parent, as workers and beat would after the doorbells. Raises TypeError for anything but a row
+    parent, as workers and beat would after the doorbells. With ``retry_now``, an activity of a
+    running workflow that waits for its retry window (or was deferred by a budget or a limit)
+    is due at once instead, so a test of retries needs no clock. Raises TypeError for anything but a row
     or an id, NotFound for an id of no workflow, AssertionError when the tree still changes after
     ``max_rounds`` rounds (a definition that never waits).
     """
@@ -80,6 +87,10 @@ def drive(workflow: Workflow | int, *, max_rounds: int = 100) -> Workflow:
     seen: tuple[Any, ...] = ()
     for _ in range(max_rounds):
         tree = _tree(root)
+        if retry_now:
+            Activity.objects.filter(workflow_id__in=tree, workflow__status=Workflow.Status.RUNNING,
+                                    status=Activity.Status.SCHEDULED,
+                                    next_attempt_at__gt=clock.now()).update(next_attempt_at=clock.now())
         _round(tree)
         now_seen = _fingerprint(_tree(root))
         if now_seen == seen:
@@ -87,6 +98,16 @@ def drive(workflow: Workflow | int, *, max_rounds: int = 100) -> Workflow:
         seen = now_seen
     raise AssertionError(f"Workflow {root} still changes after {max_rounds} rounds of drive: its definition (or a "
                          "child's) never waits.")
+
+
+def events(workflow: Workflow | int, kind: str = "") -> list[Event]:
+    """The workflow's events as the services recorded them, oldest first, as ``Event`` values
+    (a ``WorkflowRun``'s ``run.events`` are the same kinds; here the data hold database ids);
+    with ``kind`` (``"child.started"``), only those of that kind."""
+    rows = EventRow.objects.filter(workflow_id=_pk(workflow)).order_by("seq")
+    if kind:
+        rows = rows.filter(kind=kind)
+    return [Event(kind=k, data=data) for k, data in rows.values_list("kind", "data")]
 
 
 # --- what people and other systems do to a workflow, as the command line and the API do it ---
@@ -132,6 +153,28 @@ def supersede(workflow: Workflow | int, goal: str) -> str:
     and its commitments compensated, and the workflow revalidates for the new one. Returns
     ``"applied"``. ``drive`` next."""
     return str(services.workflow_supersede(workflow_id=_pk(workflow), goal=goal).outcome)
+
+
+def resume(workflow: Workflow | int, *, by: str = "operator") -> str:
+    """Resume the workflow (``agent resume``): one paused (by a person, by its definition, after
+    failed advances) goes on where it stopped, and failed compensations get new attempts. Returns
+    ``"applied"`` (or ``"already_applied"`` for a running one); a workflow waiting for something,
+    or paused for its budget (``set_budget`` resumes it), raises ``TransitionRefused`` naming
+    what it waits for. ``drive`` next."""
+    return str(services.workflow_resume(workflow_id=_pk(workflow), by=by).outcome)
+
+
+def set_budget(workflow: Workflow | int, *, total_usd: Decimal | str | int | None = None,
+               hourly_usd: Decimal | str | int | None = None, by: str = "operator") -> Workflow:
+    """Set the workflow's total budget, hourly budget or both (USD) as ``agent budget --total
+    --hourly`` does, as the user ``by`` (made if new; the change is a ``budget.changed`` event):
+    a workflow paused for its budget goes on. Returns its row. ``InvalidInput`` for neither, or
+    for an amount that is none. ``drive`` next."""
+    from django.contrib.auth.models import User
+
+    total, hourly = (None if amount is None else Decimal(str(amount)) for amount in (total_usd, hourly_usd))
+    return services.workflow_budget_set(workflow_id=_pk(workflow), user=User.objects.get_or_create(username=by)[0],
+                                        total_usd=total, hourly_usd=hourly)
 
 
 def _pk(workflow: Workflow | int) -> int:
@@ -182,8 +225,10 @@ def _round(tree: list[int]) -> None:
         services.workflow_deadline_enforce_if_due(workflow_id=pk)
     for workflow_id in reversed(tree):  # children first: a child that ends this round reaches its parent
         services.workflow_advance_if_runnable(workflow_id=workflow_id)
+        # A paused workflow's activities wait for a person (a worker's doorbell is ignored).
         due = Activity.objects.filter(workflow_id=workflow_id, status=Activity.Status.SCHEDULED,
-                                      next_attempt_at__lte=clock.now()).order_by("pk")
+                                      next_attempt_at__lte=clock.now()).exclude(
+            workflow__status=Workflow.Status.PAUSED).order_by("pk")
         for pk in due.values_list("pk", flat=True):
             services.activity_run_if_runnable(activity_id=pk, worker="in-process")
         children_collect_if_finished(workflow_id=workflow_id)
