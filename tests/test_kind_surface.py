@@ -26,8 +26,8 @@ SURFACE = {
         "schedule_ensure", "schedule_remove", "state_at", "state_of", "tool_span",
     ],
     "agentops.kind.presentation": [
-        "Activity", "Checkpoint", "Reading", "TimeChart", "UsageEntry", "Wait", "Workflow", "duration", "page_links",
-        "time_chart", "usd", "when",
+        "Activity", "Checkpoint", "ProgressSample", "Reading", "TimeChart", "UsageEntry", "Wait", "Workflow",
+        "duration", "page_links", "time_chart", "usd", "when",
     ],
     "agentops.kind.testing": [
         "ActivityEnvironment", "Child", "Clock", "Commitment", "Crashed", "Divergence", "Doorbell", "Doorbells",
@@ -42,8 +42,9 @@ PLUGIN_FIXTURES = ["clock", "doorbells", "drive", "faults", "workers", "workers_
 KIND_SOURCES = [*sorted((ROOT / "agentops" / "agents").rglob("*.py")), *sorted((ROOT / "examples").rglob("*.py"))]
 # The example's tests, written as its author would: the kit's surface, and nothing of the project's tests.
 EXAMPLE_TESTS = sorted((ROOT / "tests" / "examples").rglob("test_*.py"))
-# The shipped harness and reviewer kinds' tests and their helpers: the kit's surface too.
-HARNESS_TESTS = sorted((ROOT / "tests" / "harness").rglob("*.py"))
+# The shipped harness, reviewer and autonomous kinds' tests and their helpers: the kit's surface too.
+SHIPPED_KIND_TESTS = [*sorted((ROOT / "tests" / "harness").rglob("*.py")),
+                      ROOT / "tests" / "workflows" / "test_autonomous.py"]
 
 
 @pytest.mark.parametrize("module", sorted(SURFACE))
@@ -107,10 +108,10 @@ def test_the_examples_tests_use_only_the_kit_s_surface() -> None:
     assert not found, "\n".join(found)
 
 
-def test_the_harness_and_reviewer_kinds_tests_reach_the_kernel_only_through_the_surface() -> None:
-    assert len(HARNESS_TESTS) > 10
-    found = [line for path in HARNESS_TESTS for line in kernel_imports(path)]
-    for path in HARNESS_TESTS:
+def test_the_harness_reviewer_and_autonomous_kinds_tests_reach_the_kernel_only_through_the_surface() -> None:
+    assert len(SHIPPED_KIND_TESTS) > 10
+    found = [line for path in SHIPPED_KIND_TESTS for line in kernel_imports(path)]
+    for path in SHIPPED_KIND_TESTS:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and node.module in SURFACE:
                 found += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name} is not on the surface"

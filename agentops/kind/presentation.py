@@ -11,9 +11,9 @@ from __future__ import annotations
 from workflows.admin.charts import Reading, TimeChart, time_chart
 from workflows.admin.display import usd, when
 from workflows.admin.inspection import duration, page_links
-from workflows.models import Activity, Checkpoint, UsageEntry, Wait, Workflow
+from workflows.models import Activity, Checkpoint, ProgressSample, UsageEntry, Wait, Workflow
 
 __all__ = [
-    "Activity", "Checkpoint", "Reading", "TimeChart", "UsageEntry", "Wait", "Workflow", "duration", "page_links",
-    "time_chart", "usd", "when",
+    "Activity", "Checkpoint", "ProgressSample", "Reading", "TimeChart", "UsageEntry", "Wait", "Workflow", "duration",
+    "page_links", "time_chart", "usd", "when",
 ]

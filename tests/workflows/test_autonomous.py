@@ -10,10 +10,9 @@ import pytest
 
 from agentops.agents.autonomous.activities import run_tool, validate_tasks
 from agentops.agents.autonomous.presentation import earlier_tasks
-from tests.conftest import drive
-from workflows import selectors, services
-from workflows.errors import InvalidInput
-from workflows.models import Activity, Event, ProgressSample, UsageEntry
+from agentops.kind import InvalidInput
+from agentops.kind.presentation import Activity, ProgressSample, UsageEntry
+from agentops.kind.testing import drive, events, launch
 
 pytestmark = pytest.mark.django_db
 
@@ -25,34 +24,29 @@ def workspaces(settings, tmp_path):
 
 
 def test_runs_to_completion_offline_with_tools_spend_and_progress(workspaces):
-    workflow = drive(services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes").pk)
+    workflow = drive(launch("autonomous", goal="Prepare onboarding notes"))
 
     assert workflow.status == "completed", workflow.reason
     assert workflow.result["tasks_done"] == 3 and workflow.result["tasks_skipped"] == 0
     assert [t["status"] for t in workflow.state["tasks"]] == ["done", "done", "done"]
-    tool_events = Event.objects.filter(workflow=workflow, kind="tool.called")
-    assert [e.data["tool"] for e in tool_events] == ["write_file", "list_files"] * 3
+    assert [e.data["tool"] for e in events(workflow, "tool.called")] == ["write_file", "list_files"] * 3
     notes = sorted(p.name for p in (workspaces / f"wf-{workflow.pk}" / "notes").iterdir())
     assert notes == ["lay-out-the-steps.md", "record-the-outcome.md", "write-a-brief.md"]
     assert ProgressSample.objects.get(workflow=workflow).percent == 100
-    assert UsageEntry.objects.filter(workflow=workflow, status="charged").count() == 11
-    assert selectors.spent_usd(workflow) > Decimal(0)
+    charged = UsageEntry.objects.filter(workflow=workflow, status="charged")
+    assert charged.count() == 11 and sum(entry.amount_usd for entry in charged) > Decimal(0)
 
 
 def test_a_task_that_keeps_failing_is_skipped_then_replanned(settings, tmp_path):
     """The first task fails on all three attempts: it is skipped with the reason, verification finds
     the goal unmet, adaptation plans a retry, and the second round completes it."""
-    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    workflow = launch("autonomous", goal="Prepare onboarding notes")
     settings.AGENTOPS_FAULT_LOG = str(tmp_path / "faults.log")
     settings.AGENTOPS_TESTING_FAULTS = json.dumps([{
         "point": "activity.before_external_call", "action": "raise",
         "when": {"operation_id": f"wf-{workflow.pk}/EXECUTION.2/i1/0"},
     }])
-    for _ in range(10):
-        workflow = drive(workflow.pk)
-        Activity.objects.filter(workflow=workflow, status="scheduled").update(next_attempt_at=workflow.created_at)
-        if workflow.is_terminal:
-            break
+    workflow = drive(workflow, retry_now=True)
 
     assert workflow.status == "completed", workflow.reason
     first = Activity.objects.get(operation_id=f"wf-{workflow.pk}/EXECUTION.2/i1/0")
@@ -103,16 +97,16 @@ def test_malformed_plans_from_the_model_are_refused(plan, message):
 def test_bad_parameters_are_refused():
     with pytest.raises(InvalidInput, match=r"max_rounds=-1 must be between 0 and 1000000: adaptation rounds at most; "
                                            r"0: no cap"):
-        services.workflow_launch(kind="autonomous", goal="g", params={"max_rounds": "-1"})
+        launch("autonomous", goal="g", params={"max_rounds": "-1"})
     with pytest.raises(InvalidInput, match="max_rounds=1000001 must be between"):
-        services.workflow_launch(kind="autonomous", goal="g", params={"max_rounds": "1000001"})
+        launch("autonomous", goal="g", params={"max_rounds": "1000001"})
     with pytest.raises(InvalidInput, match="Unknown parameter"):
-        services.workflow_launch(kind="autonomous", goal="g", params={"repo": "/tmp"})
+        launch("autonomous", goal="g", params={"repo": "/tmp"})
 
 
 def test_workspace_path_is_per_workflow(workspaces):
-    a = drive(services.workflow_launch(kind="autonomous", goal="one").pk)
-    b = drive(services.workflow_launch(kind="autonomous", goal="two").pk)
+    a = drive(launch("autonomous", goal="one"))
+    b = drive(launch("autonomous", goal="two"))
     assert Path(workspaces / f"wf-{a.pk}").is_dir() and Path(workspaces / f"wf-{b.pk}").is_dir()
 
 
@@ -124,46 +118,35 @@ def fail_first_task_at_turn(settings: Any, tmp_path: Path, workflow_id: int, tur
     }])
 
 
-def drive_to_the_end(workflow_id: int) -> Any:
-    for _ in range(10):
-        workflow = drive(workflow_id)
-        Activity.objects.filter(workflow=workflow, status="scheduled").update(next_attempt_at=workflow.created_at)
-        if workflow.is_terminal:
-            return workflow
-    raise AssertionError("the workflow did not finish")
-
-
 def test_a_retried_task_resumes_from_its_checkpoint_without_redoing_tool_calls(settings, tmp_path):
     """Checkpoint after every turn (interval 0): attempt 1 of the first task dies before its third
     model call; attempt 2 carries on from turn 2 with the conversation so far."""
     settings.AGENTOPS_CHECKPOINT_SECONDS = 0
-    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    workflow = launch("autonomous", goal="Prepare onboarding notes")
     fail_first_task_at_turn(settings, tmp_path, workflow.pk, turn=2)
 
-    workflow = drive_to_the_end(workflow.pk)
+    workflow = drive(workflow, retry_now=True)
 
     assert workflow.status == "completed", workflow.reason
     assert len((tmp_path / "faults.log").read_text().splitlines()) == 1
     first = Activity.objects.get(operation_id=f"wf-{workflow.pk}/EXECUTION.2/i1/0")
     assert (first.status, first.attempt, first.checkpoint) == ("succeeded", 2, None)
-    tools = Event.objects.filter(workflow=workflow, kind="tool.called").order_by("seq")
-    assert [e.data["tool"] for e in tools] == ["write_file", "list_files"] * 3
-    resumed = Event.objects.get(workflow=workflow, kind="task.resumed")
+    assert [e.data["tool"] for e in events(workflow, "tool.called")] == ["write_file", "list_files"] * 3
+    (resumed,) = events(workflow, "task.resumed")
     assert (resumed.data["attempt"], resumed.data["turn"]) == (2, 2)
-    saved = Event.objects.filter(workflow=workflow, kind="activity.checkpointed", data__operation_id=first.operation_id)
-    assert [e.data["detail"] for e in saved.order_by("seq")] == ["task 1 turn 1", "task 1 turn 2"]
+    saved = [e for e in events(workflow, "activity.checkpointed") if e.data["operation_id"] == first.operation_id]
+    assert [e.data["detail"] for e in saved] == ["task 1 turn 1", "task 1 turn 2"]
     assert UsageEntry.objects.filter(workflow=workflow, status="charged").count() == 11
 
 
 def test_between_checkpoints_a_retried_task_starts_over(settings, tmp_path):
     """With the interval not yet reached nothing was saved, so attempt 2 redoes the task's tool calls."""
     settings.AGENTOPS_CHECKPOINT_SECONDS = 3600
-    workflow = services.workflow_launch(kind="autonomous", goal="Prepare onboarding notes")
+    workflow = launch("autonomous", goal="Prepare onboarding notes")
     fail_first_task_at_turn(settings, tmp_path, workflow.pk, turn=2)
 
-    workflow = drive_to_the_end(workflow.pk)
+    workflow = drive(workflow, retry_now=True)
 
     assert workflow.status == "completed", workflow.reason
-    assert not Event.objects.filter(workflow=workflow, kind__in=["task.resumed", "activity.checkpointed"]).exists()
-    tools = [e.data["tool"] for e in Event.objects.filter(workflow=workflow, kind="tool.called").order_by("seq")]
-    assert tools == ["write_file", "list_files"] * 4
+    assert not events(workflow, "task.resumed") and not events(workflow, "activity.checkpointed")
+    assert [e.data["tool"] for e in events(workflow, "tool.called")] == ["write_file", "list_files"] * 4
