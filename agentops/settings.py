@@ -64,6 +64,8 @@ INSTALLED_APPS = [
     "workflows.features.access",
     "workflows.features.schedules",
     "workflows.features.webhooks",
+    # A feature that joins the kernel's changes (workflows.hooks): an app, so it connects at start-up.
+    "workflows.features.notifications",
     # The project shell: its own commands (demo, deploy_target), which use features the kernel
     # (workflows) does not import: the sandbox and the fake deploy target.
     "agentops",

@@ -53,9 +53,9 @@ def check_stagnation() -> int:
 
 @shared_task(name="agentops.beat.remind_approvals", acks_late=True)
 def remind_approvals() -> int:
-    from workflows.services import sweeps
+    from workflows.features.notifications.services import approval_reminders_schedule_due
 
-    return sweeps.approval_reminders_schedule()
+    return approval_reminders_schedule_due()
 
 
 @shared_task(name="agentops.beat.fire_schedules", acks_late=True)

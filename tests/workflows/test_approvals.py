@@ -14,8 +14,8 @@ from tests.conftest import drive, open_approval, release_params
 from workflows import clock, engine, services
 from workflows.activity_context import ActivityContext
 from workflows.errors import InvalidInput, NotFound, WaitRefused
+from workflows.features.notifications.activity import NOTIFY_ACTIVITY
 from workflows.models import Activity, Event, Wait, Workflow
-from workflows.notifications import NOTIFY_ACTIVITY
 from workflows.registry import activity
 from workflows.services import Decision
 from workflows.testing import registered

@@ -17,11 +17,11 @@ from django.core import mail
 
 from tests.conftest import drive, open_approval
 from workflows import clock, engine, replay, services
+from workflows.features.notifications.activity import NOTIFY_ACTIVITY
+from workflows.features.notifications.services import NOTIFY_NODE
+from workflows.features.notifications.services import approval_reminders_schedule_due as approval_reminders_schedule
 from workflows.models import Activity, Event, Wait, Workflow
-from workflows.notifications import NOTIFY_ACTIVITY
 from workflows.services import RunOutcome
-from workflows.services.steps import NOTIFY_NODE
-from workflows.services.sweeps import approval_reminders_schedule
 from workflows.testing import registered
 
 KIND = "test-notify-gate"

@@ -16,7 +16,6 @@ from workflows import doorbells, engine, registry, selectors, telemetry
 from workflows.installation import idempotency_key_for
 from workflows.leases import Claim
 from workflows.models import Activity, Commitment, Signal, Wait, Workflow
-from workflows.notifications import NOTIFY_ACTIVITY, OPENED, REMINDER, NotifyInput
 from workflows.rules import compensation_operation_id
 from workflows.services import lifecycle, slots
 from workflows.services.common import (
@@ -137,31 +136,6 @@ def activity_schedule(
     else:
         doorbells.activity_run(activity_id=activity.pk, name=activity.name)
     return activity
-
-
-# Notification activities are recorded under this pseudo-node and visit ("no visit"); no handler
-# replays them (workflows/services/notifications.py says what that implies).
-NOTIFY_NODE = "NOTIFY"
-NOTIFY_VISIT = 0
-NOTIFY_SUFFIX = {OPENED: "/notify", REMINDER: "/remind"}
-
-
-def approval_notify_ensure(workflow: Workflow, wait: Wait, *, purpose: str, now: datetime) -> tuple[Activity, bool]:
-    """Schedule the notification of ``wait``'s approvers for ``purpose``, once; the caller holds
-    the workflow's row lock (the wait's own transaction, or the reminder sweep's).
-
-    Idempotent: the operation id is derived from the wait's (``<wait>/notify``, ``<wait>/remind``),
-    looked up under the row lock; the unique constraint on ``Activity.operation_id`` backs it.
-    Returns (activity, created).
-    """
-    operation_id = f"{wait.operation_id}{NOTIFY_SUFFIX[purpose]}"
-    found = Activity.objects.filter(operation_id=operation_id).first()
-    if found is not None:
-        return found, False
-    command = engine.ScheduleActivity(operation_id=operation_id, name=NOTIFY_ACTIVITY, input=registry.activity_type(
-        NOTIFY_ACTIVITY).encode_input(NotifyInput(wait_id=wait.pk, purpose=purpose)))
-    return activity_schedule(workflow=workflow, command=command, now=now, node=NOTIFY_NODE,
-                             node_visit=NOTIFY_VISIT), True
 
 
 def child_commitments_adopt(workflow: Workflow, *, now: datetime) -> int:

@@ -22,7 +22,6 @@ from workflows.services.budgets import usage_reservations_settle_orphaned
 from workflows.services.cancellation import workflow_deadline_enforce_if_due
 from workflows.services.children import children_collect_if_finished
 from workflows.services.failures import row_isolated
-from workflows.services.notifications import approval_reminders_schedule_due
 from workflows.services.waits import timer_fire_if_due
 
 logger = logging.getLogger("agentops.sweeps")
@@ -151,11 +150,6 @@ def deadlines_enforce() -> int:
                      workflow_id=lambda pk: pk)
         for pk in due.values_list("pk", flat=True)[: _batch()]
     )
-
-
-def approval_reminders_schedule() -> int:
-    """Schedule the expiry reminders of approval waits (``approval_reminders_schedule_due``)."""
-    return approval_reminders_schedule_due()
 
 
 def _workflow_of(model: type[Activity] | type[Timer]) -> Callable[[int], int | None]:

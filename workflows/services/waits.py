@@ -8,15 +8,14 @@ from typing import Any
 
 from django.db import transaction
 
-from workflows import clock, engine
+from workflows import clock, engine, hooks
 from workflows.authority import wait_authority_refusal
 from workflows.errors import InvalidInput, NotFound, WaitRefused
 from workflows.models import Signal, Timer, Wait, Workflow
-from workflows.notifications import OPENED
 from workflows.services import lifecycle
 from workflows.services.common import event_record, text_checked, workflow_lock, workflow_save
 from workflows.services.races import first_wait_settle
-from workflows.services.steps import approval_notify_ensure, signal_consume
+from workflows.services.steps import signal_consume
 from workflows.services.visits import wake_locked
 from workflows.statestore import json_checked
 
@@ -199,9 +198,9 @@ def wait_open(workflow: Workflow, command: engine.OpenWait, *, now: datetime) ->
                  candidate_hash=wait.candidate_hash, required_role=wait.required_role,
                  expires_at=expires_at.isoformat() if expires_at else None)
     if wait.kind == Wait.Kind.APPROVAL:
-        # Its approvers are told by an activity of its own, committed with the wait: a crash
-        # cannot open the wait without it, and its failure never blocks the workflow.
-        approval_notify_ensure(workflow, wait, purpose=OPENED, now=now)
+        # A feature may join the wait's transaction: the notifications feature schedules the
+        # approvers' notice, so a crash cannot open the wait without it.
+        hooks.approval_opened.send(sender=Wait, workflow=workflow, wait=wait, now=now)
     if wait.kind == Wait.Kind.EVENT:
         # Signals queued before the wait opened: the oldest of its name is its answer.
         signal = Signal.objects.filter(workflow=workflow, name=wait.event_name,
