@@ -42,9 +42,9 @@ PLUGIN_FIXTURES = ["clock", "doorbells", "drive", "faults", "workers", "workers_
 KIND_SOURCES = [*sorted((ROOT / "agentops" / "agents").rglob("*.py")), *sorted((ROOT / "examples").rglob("*.py"))]
 # The example's tests, written as its author would: the kit's surface, and nothing of the project's tests.
 EXAMPLE_TESTS = sorted((ROOT / "tests" / "examples").rglob("test_*.py"))
-# The shipped harness, reviewer and autonomous kinds' tests and their helpers: the kit's surface too.
+# The shipped kinds' own tests and their helpers: the kit's surface too.
 SHIPPED_KIND_TESTS = [*sorted((ROOT / "tests" / "harness").rglob("*.py")),
-                      ROOT / "tests" / "workflows" / "test_autonomous.py"]
+                      *(ROOT / "tests" / "workflows" / name for name in ("test_autonomous.py", "test_release_flow.py"))]
 
 
 @pytest.mark.parametrize("module", sorted(SURFACE))
@@ -108,7 +108,7 @@ def test_the_examples_tests_use_only_the_kit_s_surface() -> None:
     assert not found, "\n".join(found)
 
 
-def test_the_harness_reviewer_and_autonomous_kinds_tests_reach_the_kernel_only_through_the_surface() -> None:
+def test_the_shipped_kinds_own_tests_reach_the_kernel_only_through_the_surface() -> None:
     assert len(SHIPPED_KIND_TESTS) > 10
     found = [line for path in SHIPPED_KIND_TESTS for line in kernel_imports(path)]
     for path in SHIPPED_KIND_TESTS:

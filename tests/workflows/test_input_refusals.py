@@ -17,7 +17,7 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 
 from tests.admin.conftest import GATE_HASH, GATE_KIND, ROLE, AdminGate, gate_wait, logged_in, make_staff, state_of
-from tests.conftest import open_approval
+from tests.conftest import open_approval, release_params
 from workflows import services
 from workflows.errors import InvalidInput, WaitRefused
 from workflows.models import Event, Signal, Wait, Workflow
@@ -273,3 +273,18 @@ def test_the_admin_shows_the_author_of_the_goal_no_buttons_and_answers_a_forged_
     assert response.status_code == 403
     assert reason in response.content.decode()
     assert state_of(wait) == before
+
+
+def test_unknown_kind_is_refused():
+    with pytest.raises(InvalidInput, match="Unknown workflow kind 'nope'; known kinds: .*autonomous, "):
+        services.workflow_launch(kind="nope", goal="g")
+
+
+@pytest.mark.parametrize(
+    ("goal", "message"),
+    [("", "non-empty"), ("x" * 10_001, "limit is 10000"), ("a\x00b", "NUL"), ("bad \ud800", "lone surrogates")],
+)
+def test_bad_goals_are_refused(git_repo, goal, message):
+    with pytest.raises(InvalidInput, match=message):
+        services.workflow_launch(kind="release", goal=goal, params=release_params(git_repo))
+    assert not Workflow.objects.exists()

@@ -3,37 +3,40 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import drive, git_commit, open_approval, release_params
-from workflows import services
-from workflows.errors import InvalidInput
-from workflows.models import Activity, Commitment, Event, Workflow
+from agentops.kind import InvalidInput
+from agentops.kind.presentation import Activity, Wait, Workflow
+from agentops.kind.testing import approve, drive, events
+from agentops.kind.testing import launch as kit_launch
+from tests.conftest import git_commit, release_params
 
 pytestmark = pytest.mark.django_db
 
 
 def launch(repo, user=None, **extra):
-    return services.workflow_launch(kind="release", goal="Ship the release notes", params=release_params(repo, **extra),
-                                    user=user)
+    return kit_launch("release", goal="Ship the release notes", params=release_params(repo, **extra),
+                      by=user.username if user else "")
+
+
+def open_approval(workflow):
+    return Wait.objects.get(workflow=workflow, kind=Wait.Kind.APPROVAL, status=Wait.Status.OPEN)
 
 
 def test_release_runs_to_completion_with_one_deployment(git_repo, deploy_target, approver, requester):
     """Launch, approve, and the workflow deploys exactly once, verifies, reconciles and completes."""
-    workflow = drive(launch(git_repo, requester).pk)
+    workflow = drive(launch(git_repo, requester))
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
-    wait = open_approval(workflow.pk)
+    wait = open_approval(workflow)
     assert wait.candidate["head"] == workflow.state["evidence"]["head"]
 
-    services.wait_approve(wait_id=wait.pk, user=approver, candidate_hash=wait.candidate_hash)
-    workflow = drive(workflow.pk)
+    approve(workflow, by=approver.username)
+    workflow = drive(workflow)
 
     assert workflow.status == "completed", workflow.reason
     assert workflow.result["approved_by"] == "alice"
     stats = deploy_target.store.stats()
     assert stats["deployments"] == 1
     assert list(stats["effects"].values()) == [{"created": 1, "deleted": 0}]
-    assert Commitment.objects.get(workflow=workflow).status == "released"
-    seqs = list(Event.objects.filter(workflow=workflow).values_list("seq", flat=True))
-    assert seqs == list(range(1, len(seqs) + 1))
+    assert [e.kind for e in events(workflow) if e.kind.startswith("commitment.")] == ["commitment.released"]
 
 
 def test_failing_tests_fail_the_workflow_before_approval(tmp_path, deploy_target, requester):
@@ -41,7 +44,7 @@ def test_failing_tests_fail_the_workflow_before_approval(tmp_path, deploy_target
     from tests.conftest import make_git_repo
 
     repo = make_git_repo(tmp_path / "red", test_script="raise SystemExit(3)\n")
-    workflow = drive(launch(repo, requester).pk)
+    workflow = drive(launch(repo, requester))
     assert workflow.status == "failed"
     assert "tests failed (exit 3)" in workflow.reason
     assert not workflow.waits.exists()
@@ -50,27 +53,16 @@ def test_failing_tests_fail_the_workflow_before_approval(tmp_path, deploy_target
 
 def test_repository_moving_during_the_wait_rebuilds_the_candidate(git_repo, deploy_target, approver, requester):
     """REVALIDATE notices a new HEAD after approval and asks for approval of a fresh candidate."""
-    workflow = drive(launch(git_repo, requester).pk)
-    first = open_approval(workflow.pk)
+    workflow = drive(launch(git_repo, requester))
+    first = open_approval(workflow)
     git_commit(git_repo, "later.txt", "someone pushed\n")
-    services.wait_approve(wait_id=first.pk, user=approver, candidate_hash=first.candidate_hash)
-    workflow = drive(workflow.pk)
+    approve(workflow, by=approver.username)
+    workflow = drive(workflow)
 
     assert (workflow.status, workflow.current_node) == ("waiting", "WAIT_FOR_APPROVAL")
-    second = open_approval(workflow.pk)
+    second = open_approval(workflow)
     assert second.candidate_hash != first.candidate_hash
     assert deploy_target.store.stats()["deployments"] == 0
-
-
-def test_recorded_results_are_replayed_not_recomputed(git_repo, deploy_target, requester):
-    """Advancing again re-runs handlers against recorded results: no new activity appears."""
-    workflow = drive(launch(git_repo, requester).pk)
-    before = list(Activity.objects.filter(workflow=workflow).values_list("operation_id", "attempt"))
-    for _ in range(3):
-        services.workflow_advance_if_runnable(workflow_id=workflow.pk)
-        Workflow.objects.filter(pk=workflow.pk)  # a waiting workflow is not runnable: nothing changes
-    after = list(Activity.objects.filter(workflow=workflow).values_list("operation_id", "attempt"))
-    assert before == after
 
 
 @pytest.mark.parametrize(
@@ -88,29 +80,8 @@ def test_bad_launch_parameters_are_refused_and_nothing_is_written(git_repo, para
     """Every malformed launch is refused with a field-level message and creates no rows."""
     params = {k: (str(git_repo) if v == "REPO" else v) for k, v in params.items()}
     with pytest.raises(InvalidInput, match=message):
-        services.workflow_launch(kind="release", goal="g", params=params)
+        kit_launch("release", goal="g", params=params)
     assert not Workflow.objects.exists()
-
-
-@pytest.mark.parametrize(
-    ("goal", "message"),
-    [("", "non-empty"), ("x" * 10_001, "limit is 10000"), ("a\x00b", "NUL"), ("bad \ud800", "lone surrogates")],
-)
-def test_bad_goals_are_refused(git_repo, goal, message):
-    with pytest.raises(InvalidInput, match=message):
-        services.workflow_launch(kind="release", goal=goal, params=release_params(git_repo))
-    assert not Workflow.objects.exists()
-
-
-def test_unknown_kind_is_refused(db):
-    with pytest.raises(InvalidInput, match="Unknown workflow kind 'nope'; known kinds: autonomous, "):
-        services.workflow_launch(kind="nope", goal="g")
-
-
-def test_a_doorbell_for_a_missing_workflow_is_a_no_op(db):
-    """A message outliving its workflow (deleted by an operator) changes nothing and does not fail."""
-    assert services.workflow_advance_if_runnable(workflow_id=987654) == services.Outcome.NOT_RUNNABLE
-    assert services.activity_run_if_runnable(activity_id=987654) == services.RunOutcome.SKIPPED
 
 
 def test_a_committed_link_never_carries_the_proposal_outside_the_clone(tmp_path, deploy_target, requester):
@@ -127,7 +98,7 @@ def test_a_committed_link_never_carries_the_proposal_outside_the_clone(tmp_path,
     git_commit(repo, "README.md", "notes live elsewhere\n")
     assert "release-notes" in subprocess.run(["git", "-C", str(repo), "ls-files"], capture_output=True,
                                              text=True, check=True).stdout
-    workflow = drive(launch(repo, requester).pk)
+    workflow = drive(launch(repo, requester))
     tests_run = Activity.objects.get(workflow=workflow, name="run_tests")
     assert tests_run.result is None and "goes through a symbolic link ('release-notes')" in tests_run.error
     assert list(outside.iterdir()) == []

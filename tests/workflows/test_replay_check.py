@@ -17,6 +17,7 @@ from agentops.agents.release.definition import Ctx, Release
 from tests.conftest import drive, release_params
 from workflows import histories, replay, services
 from workflows.engine import Decision, Goto, node
+from workflows.models import Activity
 from workflows.testing import deployed
 
 HISTORIES = Path(__file__).resolve().parents[1] / "fixtures" / "histories"
@@ -173,3 +174,22 @@ def test_an_exported_history_round_trips_and_replays(git_repo, deploy_target, re
     assert [v.node for v in history.visits] == ["GATHER_EVIDENCE", "BUILD_CANDIDATE", "VERIFY_CANDIDATE",
                                                 "REQUEST_APPROVAL", "WAIT_FOR_APPROVAL"]
     assert replay.check(history) is None
+
+
+@pytest.mark.django_db
+def test_recorded_results_are_replayed_not_recomputed(git_repo, deploy_target, requester):
+    """Advancing a waiting workflow again re-runs nothing: no new activity appears."""
+    workflow = drive(services.workflow_launch(kind="release", goal="Ship the release notes",
+                                              params=release_params(git_repo), user=requester).pk)
+    before = list(Activity.objects.filter(workflow=workflow).values_list("operation_id", "attempt"))
+    for _ in range(3):
+        services.workflow_advance_if_runnable(workflow_id=workflow.pk)  # a waiting workflow is not runnable
+    after = list(Activity.objects.filter(workflow=workflow).values_list("operation_id", "attempt"))
+    assert before == after
+
+
+@pytest.mark.django_db
+def test_a_doorbell_for_a_missing_workflow_is_a_no_op():
+    """A message outliving its workflow (deleted by an operator) changes nothing and does not fail."""
+    assert services.workflow_advance_if_runnable(workflow_id=987654) == services.Outcome.NOT_RUNNABLE
+    assert services.activity_run_if_runnable(activity_id=987654) == services.RunOutcome.SKIPPED

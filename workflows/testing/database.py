@@ -1,7 +1,8 @@
 """The test kit's database tier: a kind's workflows run in the test's process against the test's
 database (pytest-django's), as workers and beat would run them, without a broker.
 
-- ``launch(kind, goal=, params=, max_hours=, budget_total_usd=)``: start a workflow as ``manage.py agent launch`` does.
+- ``launch(kind, goal=, params=, max_hours=, budget_total_usd=, by=)``: start a workflow as
+  ``manage.py agent launch`` does.
 - ``drive(workflow, retry_now=False)``: run it and its child workflows to their next wait: due
   activities run (with ``retry_now``, also those waiting for a retry window), due timers fire,
   expired leases are reaped and each child's end is delivered to its parent, until nothing
@@ -54,12 +55,16 @@ FAULT_POINTS: dict[str, str] = {
 
 
 def launch(kind: str, *, goal: str = "", params: dict[str, Any] | None = None, max_hours: float | None = None,
-           budget_total_usd: Decimal | str | int | None = None) -> Workflow:
+           budget_total_usd: Decimal | str | int | None = None, by: str = "") -> Workflow:
     """Launch a workflow of ``kind`` (its definition registered) with ``goal`` and ``params``, a
     time limit and a total budget (USD) as ``--max-hours`` and ``--budget-total`` give them, as
-    ``manage.py agent launch`` does; it has advanced to its first step when this returns."""
+    the user ``by`` (made if new; none when empty) as ``--user`` does, as ``manage.py agent
+    launch`` does; it has advanced to its first step when this returns."""
+    from django.contrib.auth.models import User
+
     budget = None if budget_total_usd is None else Decimal(str(budget_total_usd))
     return services.workflow_launch(kind=kind, goal=goal or f"A test of {kind}", params=params,
+                                    user=User.objects.get_or_create(username=by)[0] if by else None,
                                     options=services.LaunchOptions(max_hours=max_hours, budget_total_usd=budget))
 
 
