@@ -60,14 +60,12 @@ INSTALLED_APPS = [
     # django-ninja: the HTTP API; listed so /api/docs serves its Swagger UI from the app, not a CDN.
     "ninja",
     "workflows",
-    # The features around the kernel that have admin pages: apps, so the admin finds them.
+    # Features that have admin pages or join the kernel's changes (workflows.hooks) from ready().
     "workflows.features.access",
     "workflows.features.schedules",
     "workflows.features.webhooks",
-    # A feature that joins the kernel's changes (workflows.hooks): an app, so it connects at start-up.
     "workflows.features.notifications",
-    # The project shell: its own commands (demo, deploy_target), which use features the kernel
-    # (workflows) does not import: the sandbox and the fake deploy target.
+    # The project shell: its commands (demo, deploy_target) use the sandbox and the deploy target.
     "agentops",
 ]
 

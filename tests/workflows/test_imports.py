@@ -1,7 +1,7 @@
 """The layout, locked: the kernel (``workflows`` but its features, interfaces and test kit)
 imports no feature (``workflows.features``); nothing of ``workflows`` imports the project
-(``agentops``: its settings and Celery app, the shipped kinds, providers, sandbox); and no
-import cycle holds any two product modules. Imports inside functions count: they run
+(``agentops``: its settings and Celery app, the shipped kinds, providers, sandbox); no
+import cycle holds any two product modules; and no product module is over 600 lines. Imports inside functions count: they run
 too, only later. The scan reads the source (``ast``), as the lifecycle's scan does."""
 from __future__ import annotations
 
@@ -144,3 +144,9 @@ def test_no_import_cycle() -> None:
     assert not found, ("An import cycle among product modules (imports inside functions count): move what both "
                        "need below them, or the function that needs both above them:\n"
                        + "\n".join(", ".join(sorted(component)) for component in found))
+
+
+def test_no_product_module_is_over_600_lines() -> None:
+    """The style guide's size for a module (400–500 lines), with room: past 600 it is two modules."""
+    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 600}
+    assert not long, f"split these: {long}"
