@@ -1,8 +1,9 @@
 """The layout, locked: the kernel (``workflows`` but its features, interfaces and test kit)
 imports no feature (``workflows.features``); nothing of ``workflows`` imports the project
 (``agentops``: its settings and Celery app, the shipped kinds, providers, sandbox); no
-import cycle holds any two product modules; and no product module is over 600 lines. Imports inside functions count: they run
-too, only later. The scan reads the source (``ast``), as the lifecycle's scan does."""
+import cycle holds any two product modules; and no product module is over 600 lines. Imports
+inside functions count: they run too, only later. The scan reads the source (``ast``), as the
+lifecycle's scan does."""
 from __future__ import annotations
 
 import ast
