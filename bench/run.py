@@ -34,7 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Benchmarks: " + ", ".join(BENCHMARKS) + ". See bench/README.md for what each measures.")
     parser.add_argument("--quick", action="store_true",
-                        help="shrink every benchmark (about 3 minutes in all): checks the suite, not the figures")
+                        help="shrink every benchmark (about 15 minutes in all): checks the suite, not the figures")
     parser.add_argument("--full", action="store_true", help="also run 1,000 agents in flight (a few minutes more)")
     parser.add_argument("--agents", type=int, action="append", metavar="N",
                         help="agents in flight: run with N agents (repeatable) instead of the mode's sizes")
