@@ -13,6 +13,7 @@ from workflows.errors import BudgetExhausted, InvalidInput
 BUDGET_DIGITS = 12
 BUDGET_PLACES = 4
 BUDGET_STEP = Decimal(1).scaleb(-BUDGET_PLACES)
+MAX_BUDGET_USD = Decimal(10) ** (BUDGET_DIGITS - BUDGET_PLACES)  # every budget is under it
 # The reason texts of a pause start with these, for people; code reads ``Workflow.pause_cause``.
 BUDGET_PAUSE_PREFIX = "Budget exhausted"
 
@@ -28,9 +29,8 @@ def amount_checked(value: Decimal | None, *, what: str) -> Decimal | None:
     and pause the workflow at once, so it is refused like any other bad amount."""
     if value is None:
         return None
-    limit = Decimal(10) ** (BUDGET_DIGITS - BUDGET_PLACES)
-    if not isinstance(value, Decimal) or not value.is_finite() or not Decimal(0) < value < limit:
-        raise InvalidInput(f"{what} must be a positive amount of USD under {limit:,}; got {value}; "
+    if not isinstance(value, Decimal) or not value.is_finite() or not Decimal(0) < value < MAX_BUDGET_USD:
+        raise InvalidInput(f"{what} must be a positive amount of USD under {MAX_BUDGET_USD:,}; got {value}; "
                            "nothing was changed.")
     if value != value.quantize(BUDGET_STEP):
         rounded_up = value.quantize(BUDGET_STEP, "ROUND_UP")

@@ -14,10 +14,11 @@ from workflows.admin.display import usd
 from workflows.admin.reasoning import is_budget_paused
 from workflows.models import Workflow
 from workflows.models.steering import MAX_STEER_CHARS
+from workflows.rules import BUDGET_DIGITS, BUDGET_PLACES, BUDGET_STEP, MAX_BUDGET_USD
 from workflows.selectors import definition_of
 from workflows.services.labels import MAX_LABELS
 from workflows.services.launch_options import HELP
-from workflows.services.steps import MAX_BUDGET_USD, MAX_GOAL_CHARS, MAX_HOURS
+from workflows.services.steps import MAX_GOAL_CHARS, MAX_HOURS
 
 
 def reason_field(help_text: str) -> forms.CharField:
@@ -71,14 +72,14 @@ def _positive_usd(value: Decimal) -> None:
 
 class BudgetForm(forms.Form):
     total_usd = forms.DecimalField(
-        label="Total budget (USD)", required=False, max_digits=12, decimal_places=4, validators=[_positive_usd],
-        max_value=MAX_BUDGET_USD - Decimal("0.0001"),
+        label="Total budget (USD)", required=False, max_digits=BUDGET_DIGITS, decimal_places=BUDGET_PLACES,
+        validators=[_positive_usd], max_value=MAX_BUDGET_USD - BUDGET_STEP,
         help_text="Model spend allowed over the whole run. Over it, the workflow pauses for a person. "
                   "Empty keeps the current value.",
     )
     hourly_usd = forms.DecimalField(
-        label="Hourly budget (USD)", required=False, max_digits=12, decimal_places=4, validators=[_positive_usd],
-        max_value=MAX_BUDGET_USD - Decimal("0.0001"),
+        label="Hourly budget (USD)", required=False, max_digits=BUDGET_DIGITS, decimal_places=BUDGET_PLACES,
+        validators=[_positive_usd], max_value=MAX_BUDGET_USD - BUDGET_STEP,
         help_text="Model spend allowed in any hour. Over it, work waits until the last hour's spend falls under "
                   "it. Empty keeps the current value.",
     )
@@ -138,8 +139,8 @@ def launch_option_fields() -> dict[str, forms.Field]:
     """The launch options (``services.LaunchOptions``) as form fields, each with its help from
     ``launch_options.HELP``; empty ones launch as the kind declares."""
     def amount(label: str, name: str) -> forms.DecimalField:
-        return forms.DecimalField(label=label, required=False, max_digits=12, decimal_places=4,
-                                  validators=[_positive_usd], max_value=MAX_BUDGET_USD - Decimal("0.0001"),
+        return forms.DecimalField(label=label, required=False, max_digits=BUDGET_DIGITS, decimal_places=BUDGET_PLACES,
+                                  validators=[_positive_usd], max_value=MAX_BUDGET_USD - BUDGET_STEP,
                                   help_text=_sentence(HELP[name]))
     return {
         "priority": forms.IntegerField(label="Priority", required=False, min_value=0, max_value=10, initial=5,

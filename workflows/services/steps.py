@@ -7,7 +7,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
@@ -29,8 +28,7 @@ from workflows.tenancy import workflow_tenant
 MAX_GOAL_CHARS = 10_000
 MAX_STEPS_PER_ADVANCE = 100
 MAX_HOURS = 24 * 366
-MAX_BUDGET_USD = Decimal(10) ** 8
-# The reason texts of a pause start with these, for people; code reads ``Workflow.pause_cause``.
+# The reason text of a stagnation pause starts with this, for people; code reads ``Workflow.pause_cause``.
 STAGNATION_PAUSE_PREFIX = "Stagnating:"
 # Compensation activities are recorded under this pseudo-node; no handler replays them.
 COMPENSATION_NODE = "CANCEL"
