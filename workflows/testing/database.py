@@ -60,11 +60,9 @@ def launch(kind: str, *, goal: str = "", params: dict[str, Any] | None = None, m
     time limit and a total budget (USD) as ``--max-hours`` and ``--budget-total`` give them, as
     the user ``by`` (made if new; none when empty) as ``--user`` does, as ``manage.py agent
     launch`` does; it has advanced to its first step when this returns."""
-    from django.contrib.auth.models import User
-
     budget = None if budget_total_usd is None else Decimal(str(budget_total_usd))
     return services.workflow_launch(kind=kind, goal=goal or f"A test of {kind}", params=params,
-                                    user=User.objects.get_or_create(username=by)[0] if by else None,
+                                    user=_user(by) if by else None,
                                     options=services.LaunchOptions(max_hours=max_hours, budget_total_usd=budget))
 
 
@@ -175,10 +173,8 @@ def set_budget(workflow: Workflow | int, *, total_usd: Decimal | str | int | Non
     --hourly`` does, as the user ``by`` (made if new; the change is a ``budget.changed`` event):
     a workflow paused for its budget goes on. Returns its row. ``InvalidInput`` for neither, or
     for an amount that is none. ``drive`` next."""
-    from django.contrib.auth.models import User
-
     total, hourly = (None if amount is None else Decimal(str(amount)) for amount in (total_usd, hourly_usd))
-    return services.workflow_budget_set(workflow_id=_pk(workflow), user=User.objects.get_or_create(username=by)[0],
+    return services.workflow_budget_set(workflow_id=_pk(workflow), user=_user(by),
                                         total_usd=total, hourly_usd=hourly)
 
 
@@ -199,10 +195,17 @@ def _open_approval(workflow: Workflow | int) -> Wait:
     return waits[0]
 
 
-def _approver(username: str, wait: Wait) -> Any:
-    from django.contrib.auth.models import Group, User
+def _user(username: str) -> Any:
+    """The user ``username`` of the test's database, made if new."""
+    from django.contrib.auth.models import User
 
-    user, _ = User.objects.get_or_create(username=username)
+    return User.objects.get_or_create(username=username)[0]
+
+
+def _approver(username: str, wait: Wait) -> Any:
+    from django.contrib.auth.models import Group
+
+    user = _user(username)
     if wait.required_role:
         user.groups.add(Group.objects.get_or_create(name=wait.required_role)[0])
     return user
