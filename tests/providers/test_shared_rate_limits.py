@@ -154,11 +154,9 @@ def test_more_calls_waiting_at_once_than_redis_pys_default_pool_each_wait_their_
     assert limiter is not None
     request = Ask(scope=SCOPE, tenant="user:1", kind="autonomous", priority=5, input_tokens=10, output_tokens=10,
                   configured=(6000, 0, 0), tenant_cap=0, kind_cap=0)
-    while limiter.try_acquire(request, limiter.new_ticket()).admitted:
-        pass  # drained: each of the waiters below waits for the bucket's refill, about 95 a second
     admitted: list[float] = []
     errors: list[BaseException] = []
-    start = threading.Barrier(150)
+    start = threading.Barrier(151)  # the waiters and this thread, which drains the limit last
 
     def call() -> None:
         start.wait()
@@ -170,6 +168,11 @@ def test_more_calls_waiting_at_once_than_redis_pys_default_pool_each_wait_their_
     threads = [threading.Thread(target=call) for _ in range(150)]
     for thread in threads:
         thread.start()
+    # Drained once every waiter is ready, so the refill while 150 threads start does not admit them:
+    # each waits for the bucket's refill, about 95 a second.
+    while limiter.try_acquire(request, limiter.new_ticket()).admitted:
+        pass
+    start.wait()
     for thread in threads:
         thread.join(timeout=40)
     assert errors == []
