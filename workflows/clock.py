@@ -24,6 +24,8 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
+from workflows.sql.server import server_clock
+
 
 @dataclass(frozen=True)
 class _Reading:
@@ -79,13 +81,8 @@ def _read_database_clock(previous: _Reading | None) -> _Reading:
     global _reading
     if previous is not None and connection.needs_rollback:
         return previous
-    with connection.cursor() as cursor:
-        before = time.monotonic()
-        cursor.execute("SELECT statement_timestamp()")
-        after = time.monotonic()
-        row = cursor.fetchone()
-    assert row is not None
-    _reading = _Reading(at=row[0].astimezone(UTC), monotonic=(before + after) / 2)
+    at, monotonic = server_clock()
+    _reading = _Reading(at=at.astimezone(UTC), monotonic=monotonic)
     return _reading
 
 

@@ -11,6 +11,8 @@ from django.conf import settings
 from django.db import NotSupportedError, connection
 from psycopg_pool import ConnectionPool
 
+from workflows.sql.server import forget_prepared_statements
+
 
 def connection_release_while_waiting() -> None:
     """Give this thread's database connection back to the pool before it waits (for a model's
@@ -77,7 +79,7 @@ def forget_stale_plans(execute: Callable[..., Any], sql: str, params: Any, many:
         raw = context["connection"].connection
         if raw is None or raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             raise
-        raw.execute("DEALLOCATE ALL")  # psycopg forgets its own cache of them when it sees this
+        forget_prepared_statements(raw)
         return execute(sql, params, many, context)
 
 

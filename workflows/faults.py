@@ -50,12 +50,9 @@ def _fire(point: str, rule: dict[str, Any], context: dict[str, Any]) -> None:
     elif action == "sleep":
         time.sleep(float(rule.get("seconds", 1)))
     elif action == "pg_terminate_self":
-        from django.db import connection
+        from workflows.sql.server import terminate_own_session
 
-        # The server ends our own session mid-transaction: the transaction is lost, as when
-        # a connection drops; the statement itself raises OperationalError.
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        terminate_own_session()
     elif action == "crash":
         raise Crashed(f"crashed at {point}")
     elif action == "raise":

@@ -40,6 +40,7 @@ from django.db import connection, transaction
 from workflows import commands, replay
 from workflows.errors import NotFound, Refused
 from workflows.models import Event, Workflow
+from workflows.sql.server import repeatable_read
 
 FORMAT = "agentops.history/2"
 EVENTS_PER_FETCH = 500
@@ -136,8 +137,7 @@ def snapshot() -> Iterator[None]:
     outermost = not connection.in_atomic_block
     with transaction.atomic():
         if outermost and connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            repeatable_read()
         yield
 
 

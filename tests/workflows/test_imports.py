@@ -1,7 +1,8 @@
 """The layout, locked: the kernel (``workflows`` but its features, interfaces and test kit)
 imports no feature (``workflows.features``); nothing of ``workflows`` imports the project
 (``agentops``: its settings and Celery app, the shipped kinds, providers, sandbox); no
-import cycle holds any two product modules; and no product module is over 600 lines. Imports
+import cycle holds any two product modules; no product module is over 600 lines; and SQL is
+written by hand only under ``workflows.sql``. Imports
 inside functions count: they run too, only later. The scan reads the source (``ast``), as the
 lifecycle's scan does."""
 from __future__ import annotations
@@ -151,3 +152,36 @@ def test_no_product_module_is_over_600_lines() -> None:
     """The style guide's size for a module (400–500 lines), with room: past 600 it is two modules."""
     long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 600}
     assert not long, f"split these: {long}"
+
+
+SQL_PACKAGE = "workflows.sql"
+
+
+def sql_by_hand(module: str) -> Iterator[tuple[int, str]]:
+    """(line, what) for every cursor opened and every statement given as text in ``module``."""
+    path = MODULES[module]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        if node.func.attr == "cursor":
+            yield node.lineno, "a cursor"
+        elif node.func.attr in ("execute", "executemany", "raw") and node.args and (
+                isinstance(node.args[0], ast.JoinedStr)
+                or isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            yield node.lineno, f"{node.func.attr}() of a statement's text"
+        elif isinstance(node.func.value, ast.Name) and node.func.value.id == "RawSQL":
+            yield node.lineno, "RawSQL"
+
+
+def test_sql_is_written_by_hand_only_under_workflows_sql() -> None:
+    found = [f"{MODULES[module].relative_to(ROOT)}:{line}: {what}" for module in sorted(MODULES)
+             if module != SQL_PACKAGE and not module.startswith(SQL_PACKAGE + ".")
+             for line, what in sql_by_hand(module)]
+    assert not found, ("SQL written by hand outside workflows/sql/: say it with the ORM, or move the statement "
+                       "into the package (where its tests are):\n" + "\n".join(found))
+
+
+def test_the_sql_scan_sees_the_statements_in_the_package() -> None:
+    seen = {module: list(sql_by_hand(module)) for module in MODULES if module.startswith(SQL_PACKAGE)}
+    assert all(seen[module] for module in ("workflows.sql", "workflows.sql.server", "workflows.sql.workflow",
+                                           "workflows.sql.slots", "workflows.sql.budgets", "workflows.sql.steering"))

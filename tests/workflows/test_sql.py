@@ -1,4 +1,5 @@
-"""The statements written by hand (workflows/sql.py) read and write what the ORM would."""
+"""The statements built from the models' metadata (``workflows/sql/__init__.py``) read and write
+what the ORM would."""
 from __future__ import annotations
 
 import threading

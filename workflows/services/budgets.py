@@ -2,7 +2,6 @@
 charged, released or marked uncertain after it; defer or pause at the limits."""
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from django.db.models import Exists, OuterRef
 from workflows import clock
 from workflows.errors import BudgetDeferred, BudgetExhausted, InvalidInput, TransitionRefused
 from workflows.leases import Claim, Fence
-from workflows.models import Activity, ActivityAttempt, UsageEntry, Workflow
+from workflows.models import ActivityAttempt, UsageEntry, Workflow
 from workflows.prices import cost_usd, usage_fields
 from workflows.provider import Usage
 from workflows.rules import BUDGET_PAUSE_PREFIX, amount_checked
@@ -31,23 +30,9 @@ from workflows.services.common import (
 )
 from workflows.services.steps import Outcome, Result, username_of
 from workflows.services.visits import wake_locked
-from workflows.sql import (
-    RowWrite,
-    WhereShape,
-    advisory_xact_lock,
-    concrete_field,
-    db_value,
-    insert_params,
-    insert_select_sql,
-    quoted_column,
-    quoted_table,
-    row_lock_clause,
-    rows_insert,
-    set_sql,
-    where_params,
-    where_shape,
-    where_sql,
-)
+from workflows.sql import RowWrite, rows_insert
+from workflows.sql import budgets as sql_budgets
+from workflows.sql.server import advisory_xact_lock
 
 HOUR = timedelta(hours=1)
 PRIORITY_PASSES_HOURLY = 9
@@ -100,29 +85,8 @@ def _reserve_without_limits(claim: Claim, detail: str, row: dict[str, Any]) -> b
     by ``claim``'s lease: True or False as ``budget_reserve_ensure``; None when the workflow has a
     limit or the fence failed."""
     values, where = lifecycle.lease_extension(claim, now=row["created_at"], detail=detail)
-    params = [row["workflow"], *(db_value(Activity, name, v) for name, v in values.items()),
-              *where_params(Activity, where), *insert_params(UsageEntry, row)]
-    with connection.cursor() as cursor:
-        cursor.execute(_reserve_without_limits_sql(tuple(values), where_shape(where), tuple(row)), params)
-        fenced, unlimited, reserved = cursor.fetchone()
-    return bool(reserved) if fenced and unlimited else None
-
-
-@functools.cache
-def _reserve_without_limits_sql(names: tuple[str, ...], shape: WhereShape, columns: tuple[str, ...]) -> str:
-    """The workflow's row first (``FOR SHARE``: it waits for a writer holding the row's lock, ``FOR
-    NO KEY UPDATE``, which the new row's foreign key alone would not), then the activity's, the
-    order every writer takes them in: a cancel holding the workflow's row and waiting for the activity's never waits on
-    this statement in turn."""
-    id_, total, hourly = (quoted_column(concrete_field(Workflow, name))
-                          for name in ("id", "budget_total_usd", "budget_hourly_usd"))
-    return (f"WITH unlimited AS (SELECT 1 FROM {quoted_table(Workflow)} WHERE {id_} = %s AND {total} IS NULL "
-            f"AND {hourly} IS NULL FOR SHARE), "
-            f"fenced AS (UPDATE {quoted_table(Activity)} SET {set_sql(Activity, names)} "
-            f"WHERE {where_sql(Activity, shape)} AND EXISTS (SELECT 1 FROM unlimited) RETURNING 1), "
-            f"reserved AS ({insert_select_sql(UsageEntry, columns)} FROM fenced "
-            f"ON CONFLICT ({quoted_column(concrete_field(UsageEntry, 'key'))}) DO NOTHING RETURNING 1) "
-            "SELECT EXISTS (SELECT 1 FROM fenced), EXISTS (SELECT 1 FROM unlimited), EXISTS (SELECT 1 FROM reserved)")
+    fenced, unlimited, reserved = sql_budgets.reserve_without_limits(row["workflow"], values, where, row)
+    return reserved if fenced and unlimited else None
 
 
 @transaction.atomic
@@ -156,27 +120,13 @@ class _Limits:
 
 def _budget_lock(workflow_id: int, key: str) -> _Limits:
     """``workflow_lock`` for a reservation: the budget fields of the row, and whether ``key`` is in the ledger."""
-    with connection.cursor() as cursor:
-        cursor.execute(_budget_lock_sql(), [key, workflow_id])
-        row = cursor.fetchone()
+    row = sql_budgets.budget_row_lock(workflow_id, key)
     if row is None:
         raise workflow_not_found(workflow_id)
     total, hourly, priority, reserved, parent_id, has_children = row
     return _Limits(workflow_id=workflow_id, total_usd=_decimal(total), hourly_usd=_decimal(hourly),
                    priority=int(priority), reserved=bool(reserved), parent_id=parent_id,
                    has_children=bool(has_children))
-
-
-@functools.cache
-def _budget_lock_sql() -> str:
-    total, hourly, priority, id_, parent = (quoted_column(concrete_field(Workflow, name)) for name in (
-        "budget_total_usd", "budget_hourly_usd", "priority", "id", "parent"))
-    table = quoted_table(Workflow)
-    lock = f" {row_lock_clause()}" if connection.features.has_select_for_update else ""
-    return (f"SELECT {total}, {hourly}, {priority}, EXISTS (SELECT 1 FROM {quoted_table(UsageEntry)} WHERE "
-            f"{quoted_column(concrete_field(UsageEntry, 'key'))} = %s), {parent}, "
-            f"EXISTS (SELECT 1 FROM {table} AS child WHERE child.{parent} = {table}.{id_}) FROM {table} "
-            f"WHERE {id_} = %s{lock}")
 
 
 def _decimal(value: Any) -> Decimal | None:

@@ -1,7 +1,6 @@
 """Shared pieces of the services: row locks, versioned saves, the event history, releases."""
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -14,25 +13,21 @@ from django_fsm import ConcurrentTransition
 
 from workflows import releases
 from workflows.errors import InvalidInput, NotFound
-from workflows.models import BehavioralRelease, Checkpoint, Event, Intent, SteerMessage, Wait, Workflow
+from workflows.models import BehavioralRelease, Event, Workflow
 from workflows.sql import (
     RowWrite,
     Where,
-    WhereShape,
     concrete_field,
     db_value,
-    quoted_column,
-    quoted_table,
     row_exists,
     row_get,
     row_get_with,
     row_update,
     rows_insert,
-    set_sql,
     where_params,
     where_shape,
-    where_sql,
 )
+from workflows.sql import workflow as sql_workflow
 
 
 def workflow_lock(workflow_id: int, *, advance: bool = False) -> Workflow:
@@ -45,7 +40,7 @@ def workflow_lock(workflow_id: int, *, advance: bool = False) -> Workflow:
     if not advance:
         workflow = row_get(Workflow, workflow_id, lock=True, related="release")
     else:
-        got = row_get_with(Workflow, workflow_id, _advance_reads_sql(), lock=True, related="release")
+        got = row_get_with(Workflow, workflow_id, sql_workflow.advance_reads(), lock=True, related="release")
         workflow = None
         if got is not None:
             workflow, (goal, state_hash, chain_bytes, child_waits_open, steered) = got
@@ -57,24 +52,6 @@ def workflow_lock(workflow_id: int, *, advance: bool = False) -> Workflow:
     if workflow is None:
         raise workflow_not_found(workflow_id)
     return workflow
-
-
-@functools.cache
-def _advance_reads_sql() -> tuple[str, ...]:
-    """What ``workflow_lock(advance=True)`` reads beside the locked row, as subqueries over it."""
-    def column(model: type[models.Model], name: str) -> str:
-        return f"{quoted_table(model)}.{quoted_column(concrete_field(model, name))}"
-
-    workflow_id = column(Workflow, "id")
-    goal = (f"SELECT {column(Intent, 'goal')} FROM {quoted_table(Intent)} WHERE {column(Intent, 'workflow')} = "
-            f"{workflow_id} AND {column(Intent, 'version')} = {column(Workflow, 'intent_version')}")
-    last = f"FROM {quoted_table(Checkpoint)} WHERE {column(Checkpoint, 'id')} = {column(Workflow, 'checkpoint')}"
-    child_wait = (f"SELECT 1 FROM {quoted_table(Wait)} WHERE {column(Wait, 'workflow')} = {workflow_id} AND "
-                  f"{column(Wait, 'kind')} = '{Wait.Kind.CHILD.value}' AND {column(Wait, 'status')} = "
-                  f"'{Wait.Status.OPEN.value}'")
-    steer = f"SELECT 1 FROM {quoted_table(SteerMessage)} WHERE {column(SteerMessage, 'workflow')} = {workflow_id}"
-    return (goal, f"SELECT {column(Checkpoint, 'state_hash')} {last}",
-            f"SELECT {column(Checkpoint, 'chain_bytes')} {last}", f"EXISTS ({child_wait})", f"EXISTS ({steer})")
 
 
 def workflow_not_found(workflow_id: int) -> NotFound:
@@ -90,14 +67,10 @@ def event_seq_take(workflow_id: int, count: int) -> int:
     whole row. The caller inserts exactly those events (``events_insert``) in the same
     transaction, or rolls it back.
     """
-    table = quoted_table(Workflow)
-    seq, id_ = quoted_column(concrete_field(Workflow, "event_seq")), quoted_column(concrete_field(Workflow, "id"))
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET {seq} = {seq} + %s WHERE {id_} = %s RETURNING {seq}", [count, workflow_id])
-        row = cursor.fetchone()
-    if row is None:
+    first = sql_workflow.seq_take(workflow_id, count)
+    if first is None:
         raise workflow_not_found(workflow_id)
-    return int(row[0]) - count + 1
+    return first
 
 
 def events_insert(workflow_id: int, first_seq: int, events: list[tuple[str, datetime, dict[str, Any]]]) -> None:
@@ -115,7 +88,7 @@ def events_append(workflow_id: int, events: list[tuple[str, datetime, dict[str, 
     if connection.vendor != "postgresql":
         events_insert(workflow_id, event_seq_take(workflow_id, len(events)), events)
         return
-    if _events_with_seq(workflow_id, len(events), _numbered(events), numbered=False)[0] != len(events):
+    if sql_workflow.events_with_seq(workflow_id, len(events), _numbered(events), numbered=False)[0] != len(events):
         raise workflow_not_found(workflow_id)
 
 
@@ -165,77 +138,12 @@ def events_append_while(workflow_id: int, events: list[tuple[str, datetime, dict
         return Appended(True)
     fence_params = [*(also.params() if also is not None else ()), workflow_id,
                     *(db_value(model, name, v) for name, v in values.items()), *where_params(model, where)]
-    fenced = _fenced_sql(model, tuple(values), where_shape(where))
-    count, probed = _events_with_seq(workflow_id, len(events), _numbered(events), numbered=False,
-                                     fenced=f"also AS ({also.sql()}), {fenced}" if also is not None else fenced,
-                                     fence_params=fence_params, returning=_steer_probe_sql() if steer_probe else "")
+    fenced = sql_workflow.fenced_sql(model, tuple(values), where_shape(where))
+    count, probed = sql_workflow.events_with_seq(
+        workflow_id, len(events), _numbered(events), numbered=False,
+        fenced=f"also AS ({also.sql()}), {fenced}" if also is not None else fenced, fence_params=fence_params,
+        returning=sql_workflow.steer_probe_sql() if steer_probe else "")
     return Appended(bool(count), bool(probed) if count and steer_probe else None)
-
-
-@functools.cache
-def _steer_probe_sql() -> str:
-    """For an event just inserted: whether its workflow has any steer message (``RETURNING``)."""
-    steer, workflow = quoted_table(SteerMessage), quoted_column(concrete_field(SteerMessage, "workflow"))
-    event_workflow = f"{quoted_table(Event)}.{quoted_column(concrete_field(Event, 'workflow'))}"
-    return f"EXISTS (SELECT 1 FROM {steer} WHERE {steer}.{workflow} = {event_workflow})"
-
-
-@functools.cache
-def _fenced_sql(model: type[models.Model], names: tuple[str, ...], shape: WhereShape) -> str:
-    """The workflow's row locked, then the row of ``model`` matching the condition updated
-    (``names``), only after that: ``events_append_while``'s CTEs ahead of ``taken``."""
-    table, id_ = quoted_table(Workflow), quoted_column(concrete_field(Workflow, "id"))
-    fenced = (f"UPDATE {quoted_table(model)} SET {set_sql(model, names)} WHERE {where_sql(model, shape)} "
-              "AND EXISTS (SELECT 1 FROM locked) RETURNING 1")
-    return f"locked AS (SELECT {id_} FROM {table} WHERE {id_} = %s FOR UPDATE), fenced AS ({fenced}), "
-
-
-def _events_with_seq(workflow_id: int, seq_param: int, rows: list[tuple[int, str, datetime, dict[str, Any]]], *,
-                     numbered: bool, fenced: str = "", fence_params: list[Any] | None = None,
-                     returning: str = "", sets: Mapping[str, Any] | None = None,
-                     status: str | None = None) -> tuple[int, Any]:
-    """Write the workflow's ``event_seq`` and insert ``rows`` (n, kind, time, data) in one
-    statement (PostgreSQL): ``numbered``, n is each event's number and ``seq_param`` the new
-    ``event_seq``; else the next ``seq_param`` numbers are taken and n counts from 0 among them.
-    ``fenced`` (``_fenced_sql``, with its ``fence_params``) comes first. ``sets`` are more of the
-    workflow's fields to write, as ``row_update`` takes them, and ``status`` the status the row
-    must still have. Returns the events inserted, and ``returning`` (an expression over an
-    inserted event) of the first one, or None."""
-    data = concrete_field(Event, "data")
-    sets = sets or {}
-    params: list[Any] = [*(fence_params or ()), seq_param, *(db_value(Workflow, name, v) for name, v in sets.items()),
-                         workflow_id, *(() if status is None else (db_value(Workflow, "status", status),))]
-    for n, kind, at, payload in rows:
-        params += [n, kind, data.get_db_prep_save(payload, connection), at]
-    with connection.cursor() as cursor:
-        cursor.execute(_events_with_seq_sql(len(rows), numbered, fenced, returning, tuple(sets), status is not None),
-                       params)
-        first = cursor.fetchone() if returning else None
-        return int(cursor.rowcount), first[0] if first else None
-
-
-@functools.cache
-def _events_with_seq_sql(count: int, numbered: bool, fenced: str = "", returning: str = "",
-                         sets: tuple[str, ...] = (), status: bool = False) -> str:
-    """``fenced``: CTEs ahead of ``taken``, the last named ``fenced``; the numbers are taken (and
-    the events inserted) only when it gave a row. ``sets``: more fields written; ``status``: the
-    row's status is a condition too."""
-    table, seq, id_ = quoted_table(Workflow), quoted_column(concrete_field(Workflow, "event_seq")), \
-        quoted_column(concrete_field(Workflow, "id"))
-    only_if = " AND EXISTS (SELECT 1 FROM fenced)" if fenced else ""
-    if status:
-        only_if += f" AND {quoted_column(concrete_field(Workflow, 'status'))} = %s"
-    columns = ", ".join(quoted_column(concrete_field(Event, name))
-                        for name in ("workflow", "seq", "kind", "data", "created_at"))
-    rows = ", ".join(["(%s::integer, %s::text, %s::jsonb, %s::timestamptz)"] * count)
-    update, number = (f"{seq} = %s", "v.n") if numbered else (f"{seq} = {seq} + %s", f"taken.{seq} - {count} + 1 + v.n")
-    if sets:
-        update += f", {set_sql(Workflow, sets)}"
-    return (f"WITH {fenced}taken AS (UPDATE {table} SET {update} WHERE {id_} = %s{only_if} RETURNING {id_}, {seq}) "
-            f"INSERT INTO {quoted_table(Event)} ({columns}) "
-            f"SELECT taken.{id_}, {number}, v.kind, v.data, v.created_at "
-            f"FROM taken, (VALUES {rows}) AS v (n, kind, data, created_at)"
-            + (f" RETURNING {returning}" if returning else ""))
 
 
 def workflow_save(workflow: Workflow, *fields: str, at: datetime, with_events: bool = False) -> None:
@@ -354,8 +262,8 @@ def _events_write(workflow: Workflow, events: list[Event], fields: tuple[str, ..
             raise _save_refused(workflow)
         return
     rows = [(e.seq, e.kind, e.created_at, e.data) for e in events]
-    if _events_with_seq(workflow.pk, workflow.event_seq, rows, numbered=True, sets=values,
-                        status=status)[0] != len(events):
+    if sql_workflow.events_with_seq(workflow.pk, workflow.event_seq, rows, numbered=True, sets=values,
+                                    status=status)[0] != len(events):
         raise _save_refused(workflow)
 
 

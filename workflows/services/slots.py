@@ -28,7 +28,6 @@ runs a query.
 """
 from __future__ import annotations
 
-import functools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -37,14 +36,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Count, Q
 
 from workflows import clock, doorbells
 from workflows.models import Activity, Workflow
 from workflows.ratelimits import concurrency_caps
 from workflows.services.common import event_record
-from workflows.sql import advisory_xact_lock, concrete_field, db_value, quoted_column, quoted_table
+from workflows.sql import slots as sql_slots
+from workflows.sql.server import advisory_xact_lock
 
 logger = logging.getLogger("agentops.slots")
 
@@ -177,9 +176,6 @@ class _Waiting:
     since: datetime
 
 
-WAITING_FIELDS = ("id", "workflow", "name", "tenant", "kind", "slot_priority", "slot_waiting_since")
-
-
 def _fill(trigger: Keys, *, now: datetime) -> tuple[list[tuple[int, str]], dict[str, int]]:
     """Choose which waiting activities near ``trigger`` (its tenant's, or its kind's) get the free
     slots of their keys, in order; the caller holds the lock. Returns them as (id, name), and the
@@ -189,13 +185,10 @@ def _fill(trigger: Keys, *, now: datetime) -> tuple[list[tuple[int, str]], dict[
     waiting of each tenant, in the order of ``act_slot_waiting_idx`` (a paused workflow's passed
     over), and the slots held under their keys."""
     hold = now - timedelta(seconds=grant_hold_seconds())
-    with connection.cursor() as cursor:
-        cursor.execute(_heads_sql(), [
-            db_value(Activity, "status", Activity.Status.SCHEDULED), trigger.tenant, trigger.kind,
-            db_value(Activity, "slot_granted_at", hold), db_value(Workflow, "status", Workflow.Status.PAUSED),
-            PER_TENANT, MAX_CANDIDATES])
-        waiting = [_Waiting(pk, workflow_id, name, tenant, kind, priority or 0, since)
-                   for pk, workflow_id, name, tenant, kind, priority, since in cursor.fetchall()]
+    waiting = [_Waiting(pk, workflow_id, name, tenant, kind, priority or 0, since)
+               for pk, workflow_id, name, tenant, kind, priority, since in sql_slots.waiting_heads(
+                   tenant=trigger.tenant, kind=trigger.kind, hold=hold, per_tenant=PER_TENANT,
+                   limit=MAX_CANDIDATES)]
     used, share = _used({w.tenant for w in waiting} | {trigger.tenant}, {w.kind for w in waiting} | {trigger.kind},
                         hold=hold)
     table = settings.AGENTOPS_ACTIVITY_CONCURRENCY
@@ -214,41 +207,10 @@ def _fill(trigger: Keys, *, now: datetime) -> tuple[list[tuple[int, str]], dict[
     return granted, {key: used[key] for key, _ in trigger.caps}
 
 
-def _columns(*names: str) -> dict[str, str]:
-    return {name: quoted_column(concrete_field(Activity, name)) for name in names}
-
-
-@functools.cache
-def _heads_sql() -> str:
-    """The first PER_TENANT waiting activities of each tenant near a trigger, by priority then age,
-    of workflows not paused (parameters: the scheduled status, the tenant, the kind, the hand-out's
-    hold, the paused status, PER_TENANT, the limit)."""
-    c = _columns(*WAITING_FIELDS, "status", "slot_granted_at")
-    fields = ", ".join(c[name] for name in WAITING_FIELDS)
-    order = f"{c['slot_priority']} DESC, {c['slot_waiting_since']}, {c['id']}"
-    workflow_pk, workflow_status = (quoted_column(concrete_field(Workflow, name)) for name in ("id", "status"))
-    return (f"SELECT {', '.join(f'heads.{c[name]}' for name in WAITING_FIELDS)} FROM (SELECT {fields}, ROW_NUMBER() "
-            f"OVER (PARTITION BY {c['tenant']} ORDER BY {order}) AS place FROM {quoted_table(Activity)} "
-            f"WHERE {c['status']} = %s AND {c['slot_waiting_since']} IS NOT NULL "
-            f"AND ({c['tenant']} = %s OR {c['kind']} = %s) "
-            f"AND ({c['slot_granted_at']} IS NULL OR {c['slot_granted_at']} <= %s)) heads "
-            f"JOIN {quoted_table(Workflow)} w ON w.{workflow_pk} = heads.{c['workflow']} AND w.{workflow_status} <> %s "
-            f"WHERE place <= %s ORDER BY place, {', '.join(f'heads.{part}' for part in order.split(', '))} LIMIT %s")
-
-
 def _used(tenants: set[str], kinds: set[str], *, hold: datetime) -> tuple[Counter[str], Counter[tuple[str, str]]]:
     """Slots held by key, and by (tenant, kind), for every key of ``tenants`` and ``kinds``:
     running attempts, and slots handed out within ``hold``."""
-    c = _columns("status", "slot_granted_at", "tenant", "kind")
-    some_tenants, some_kinds = ", ".join(["%s"] * len(tenants)), ", ".join(["%s"] * len(kinds))
-    sql = (f"SELECT {c['tenant']}, {c['kind']}, COUNT(*) FROM {quoted_table(Activity)} WHERE ({c['status']} = %s OR "
-           f"({c['status']} = %s AND {c['slot_granted_at']} > %s)) AND ({c['tenant']} IN ({some_tenants}) "
-           f"OR {c['kind']} IN ({some_kinds})) GROUP BY {c['tenant']}, {c['kind']}")
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [db_value(Activity, "status", Activity.Status.RUNNING),
-                             db_value(Activity, "status", Activity.Status.SCHEDULED),
-                             db_value(Activity, "slot_granted_at", hold), *sorted(tenants), *sorted(kinds)])
-        rows = cursor.fetchall()
+    rows = sql_slots.held_counts(tenants, kinds, hold=hold)
     used: Counter[str] = Counter()
     share: Counter[tuple[str, str]] = Counter()
     for tenant, kind, n in rows:
@@ -271,18 +233,7 @@ def _grant(granted: list[tuple[int, str]], *, now: datetime) -> None:
     if not granted:
         return
     names = dict(granted)
-    c = _columns("id", "status", "slot_waiting_since", "slot_granted_at", "next_attempt_at", "dispatched_at")
-    table, ids = quoted_table(Activity), ", ".join(["%s"] * len(names))
-    waiting = f"{c['id']} IN ({ids}) AND {c['status']} = %s AND {c['slot_waiting_since']} IS NOT NULL"
-    params = [*names, db_value(Activity, "status", Activity.Status.SCHEDULED)]
-    at = db_value(Activity, "slot_granted_at", now)
-    # SQLite has one writer at a time: no row is locked by another.
-    skip_locked = " FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET {c['slot_granted_at']} = %s, {c['next_attempt_at']} = %s, "
-                       f"{c['dispatched_at']} = %s WHERE {c['id']} IN (SELECT {c['id']} FROM {table} WHERE "
-                       f"{waiting}{skip_locked}) RETURNING {c['id']}", [at, at, at, *params])
-        free = [pk for (pk,) in cursor.fetchall()]
+    free = sql_slots.grant(names, now=now)
     for pk in free:
         doorbells.activity_run(activity_id=pk, name=names[pk])
     logger.info("slots.granted", extra={"activities": free})

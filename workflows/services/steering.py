@@ -18,11 +18,10 @@ as a user turn. The rule that makes that exactly once (docs/authoring.md, "Steer
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Max, Q
 
 from workflows import clock, registry
@@ -33,7 +32,7 @@ from workflows.models.steering import ENDED_WITHOUT_RESULT, MAX_STEER_CHARS
 from workflows.services import lifecycle
 from workflows.services.common import event_record, text_checked, workflow_lock
 from workflows.services.steps import Outcome, username_of
-from workflows.sql import concrete_field, quoted_column, quoted_table
+from workflows.sql import steering as sql_steering
 
 TEXT_IN_EVENT = 300
 
@@ -113,29 +112,6 @@ def _takeable(claim: Claim, call: int) -> Q:
             | Q(activity__status__in=ENDED_WITHOUT_RESULT))
 
 
-def _takeable_exists(claim: Claim, call: int) -> bool:
-    """Whether ``_takeable`` finds a message: the question every model call of a steerable kind
-    asks, as SQL (the ORM's filter costs several times the statement; bench/README.md, 7)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_takeable_sql(), [claim.workflow_id, claim.activity_id, call,
-                                         *(status.value for status in ENDED_WITHOUT_RESULT)])
-        return cursor.fetchone() is not None
-
-
-@functools.cache
-def _takeable_sql() -> str:
-    def column(model: Any, name: str) -> str:
-        return quoted_column(concrete_field(model, name))
-
-    steer, activity = quoted_table(SteerMessage), quoted_table(Activity)
-    held_by = f"{steer}.{column(SteerMessage, 'activity')}"
-    ended = ", ".join(["%s"] * len(ENDED_WITHOUT_RESULT))
-    return (f"SELECT 1 FROM {steer} WHERE {steer}.{column(SteerMessage, 'workflow')} = %s AND ({held_by} IS NULL "
-            f"OR ({held_by} = %s AND {steer}.{column(SteerMessage, 'call')} >= %s) OR EXISTS (SELECT 1 FROM "
-            f"{activity} WHERE {activity}.{column(Activity, 'id')} = {held_by} AND "
-            f"{activity}.{column(Activity, 'status')} IN ({ended}))) LIMIT 1")
-
-
 def steering_take_if_current(*, claim: Claim, call: int) -> list[dict[str, Any]] | None:
     """The steer messages model call ``call`` of the claimed attempt sends, oldest first, each
     recorded as held by its activity at that call (``steer.delivered``); None, changing nothing,
@@ -146,7 +122,7 @@ def steering_take_if_current(*, claim: Claim, call: int) -> list[dict[str, Any]]
     (``select_for_update``), then a re-check, keep two activities from taking one. A call that
     finds nothing to take reads one indexed query and writes nothing.
     """
-    if not _takeable_exists(claim, call):
+    if not sql_steering.takeable_exists(claim.workflow_id, claim.activity_id, call):
         return []
     pending = SteerMessage.objects.filter(workflow_id=claim.workflow_id).filter(_takeable(claim, call))
     now = clock.now()

@@ -20,7 +20,7 @@ from workflows.errors import AgentOpsError, InvalidInput
 from workflows.features.schedules import services
 from workflows.features.schedules.declared import Schedule, declared
 from workflows.models import Schedule as ScheduleRow
-from workflows.sql import advisory_xact_lock
+from workflows.sql.server import advisory_xact_lock
 
 logger = logging.getLogger("agentops.schedules")
 

@@ -26,6 +26,7 @@ from django.db import connection
 from django.db.models import Max
 
 from workflows.models import Event, Workflow
+from workflows.sql.server import open_transaction_ids
 
 
 def event_json(event: Event, *, workflow_id: int | None = None) -> dict[str, Any]:
@@ -66,11 +67,7 @@ class EventFilter:
 
 def open_transactions() -> frozenset[str]:
     """The transactions of this database that hold a transaction id, but the reader's own (PostgreSQL)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")  # not the view as this transaction first saw it
-        cursor.execute("SELECT backend_xid::text FROM pg_stat_activity WHERE datname = current_database() "
-                       "AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()")
-        return frozenset(xid for (xid,) in cursor.fetchall())
+    return open_transaction_ids()
 
 
 @dataclass

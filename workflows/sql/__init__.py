@@ -29,14 +29,6 @@ AT_MOST = "__lte"
 M = TypeVar("M", bound=models.Model)
 
 
-def advisory_xact_lock(*key: int) -> None:
-    """Hold PostgreSQL's transaction-level advisory lock on ``key`` (one bigint, or two ints) until
-    the transaction ends. SQLite lets one writer in at a time, so there it takes nothing."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT pg_advisory_xact_lock({', '.join(['%s'] * len(key))})", list(key))
-
-
 def concrete_field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
     """A model's field by name, for SQL written by hand: its column and its conversion for the database."""
     field = model._meta.get_field(name)
