@@ -12,7 +12,7 @@ from bench.infra import Broker, Cluster, Postgres
 
 @dataclass(frozen=True)
 class Sizes:
-    """How big each benchmark is; ``--quick`` shrinks everything so the whole run takes about 2 minutes."""
+    """How big each benchmark is; ``--quick`` shrinks everything so the whole run takes about a quarter of an hour."""
 
     throughput_workflows: int = 200
     steps: int = 10
@@ -26,7 +26,7 @@ class Sizes:
     rss_activities: tuple[int, int] = (1000, 10_000)
     ablations: bool = True
     profile_seconds: float = 20.0
-    latency_runs: int = 5
+    latency_runs: int = 30
     # Agents in flight (7): agents launched at once, the fake API's answer time, tool calls per task.
     inflight_agents: tuple[int, ...] = (10, 100, 500)
     inflight_latency_s: float = 5.0
@@ -54,7 +54,7 @@ class Sizes:
     def quick(cls) -> Sizes:
         return cls(throughput_workflows=20, warmup_workflows=4, parked=2000, sweep_repeats=10, timers=50,
                    timer_window_s=10.0, recovery_runs=3, growth_concurrency=(5, 20, 50),
-                   rss_activities=(100, 500), ablations=False, profile_seconds=3.0, latency_runs=3,
+                   rss_activities=(100, 500), ablations=False, profile_seconds=3.0, latency_runs=15,
                    inflight_agents=(10, 100), inflight_tool_turns=1, long_run_features=(10,), long_run_rounds=(3,),
                    ratelimit_agents=30, ratelimit_calls=5, ratelimit_rpm=120, ratelimit_itpm=40_000,
                    fairness_large=45, fairness_small=1, fairness_calls=3, slots_cap=4, slots_workflows=20,

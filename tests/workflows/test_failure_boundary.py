@@ -2,6 +2,7 @@
 with backoff, then paused for a person; a sweep row that raises does not stop the other rows."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -14,9 +15,9 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from workflows import clock, engine, registry, services
+from workflows import clock, engine, installation, registry, services
 from workflows.activity_context import ActivityContext
-from workflows.models import Activity, Event, Wait, Workflow
+from workflows.models import Activity, Event, Intent, Wait, Workflow
 from workflows.services import Outcome, RunOutcome, sweeps, visits, waits
 from workflows.services.common import events_batched, workflow_lock
 from workflows.services.workflows import advance_locked
@@ -268,15 +269,39 @@ def test_the_doorbell_path_records_a_failure_instead_of_raising(frozen):
     assert_history_contiguous(workflow)
 
 
-def test_a_handler_raising_at_launch_is_recorded_not_raised(frozen):
-    """The launch commits its workflow with the failure recorded; nothing was scheduled."""
-    workflow = services.workflow_launch(kind=KIND, goal="at launch")
+@pytest.mark.parametrize("savepoint", [False, True])
+def test_a_handler_raising_at_launch_is_recorded_not_raised(frozen, savepoint):
+    """The launch commits its workflow with the failure recorded; nothing was scheduled. Also
+    inside a caller's transaction (a child's launch is a savepoint of its parent's advance)."""
+    with transaction.atomic() if savepoint else contextlib.nullcontext():
+        workflow = services.workflow_launch(kind=KIND, goal="at launch")
 
     workflow.refresh_from_db()
     assert (workflow.status, workflow.handler_failures) == ("running", 1)
     assert [e["node"] for e in events(workflow, "workflow.handler_failed")] == ["CALL"]
     assert not Activity.objects.filter(workflow=workflow).exists()
+    assert Intent.objects.filter(workflow=workflow).count() == 1
+    assert Workflow.objects.filter(kind=KIND).count() == 1, "the launch done again left no other workflow"
     assert_history_contiguous(workflow)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="counts PostgreSQL's statements")
+@pytest.mark.django_db(transaction=True)
+def test_a_launch_is_its_rows_and_first_step_in_a_few_statements_and_no_savepoint():
+    """The workflow and its goal in one statement, no read of recorded steps (it has none), the
+    first advance without a savepoint (done again with one only when the handler raises)."""
+    services.workflow_launch(kind=KIND, goal="done")  # the release's row and the installation's id, made once
+    installation.installation_id()  # and read back: a process reads it once
+    with CaptureQueriesContext(connection) as queries:
+        workflow = services.workflow_launch(kind=KIND, goal="done")
+
+    statements = [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    assert not [sql for sql in statements if "SAVEPOINT" in sql]
+    assert sum(sql.startswith('WITH new AS (INSERT INTO "workflows_workflow"') for sql in statements) == 1
+    assert not [sql for sql in statements if sql.startswith("SELECT") and '"workflows_activity"' in sql]
+    assert len(statements) <= 6, statements
+    assert Intent.objects.get(workflow=workflow).goal == "done"
+    assert Activity.objects.filter(workflow=workflow).count() == 1
 
 
 def test_a_paused_handler_failure_shows_in_agent_show(frozen, settings):

@@ -47,6 +47,7 @@ from workflows.services.steps import (
 )
 from workflows.services.visits import complete_locked, enter_node, fail_locked
 from workflows.services.waits import wait_open
+from workflows.sql import row_insert_with
 from workflows.statestore import json_checked
 
 logger = logging.getLogger("agentops.workflows")
@@ -98,49 +99,66 @@ def workflow_launch_once(
     goal = text_checked(goal, what="The goal", max_length=MAX_GOAL_CHARS)
     params = json_checked(definition.validate_params(dict(params or {})), what="The parameters")
     options = (options or LaunchOptions()).checked(definition)
-    labels = dict(options.labels)
     now = clock.now()
     request = {"kind": kind, "goal": goal, "params": params, **options.request(), "user": username_of(user)}
-    with transaction.atomic():
-        claimed = None
-        if idempotency_key:
-            claimed, first = client_request_claim_once(operation=ClientRequest.Operation.LAUNCH, key=idempotency_key,
-                                                       body=request, user=user, now=now)
-            if not first:
-                assert claimed.workflow is not None  # set in the launch's own transaction
-                return claimed.workflow, False
-        release = release_current(at=now)
-        workflow = Workflow(
-            kind=kind, definition_version=definition.version, current_node=definition.start_node, params=params,
-            release=release, release_provisional=release.announced_at is None,
-            release_policy=options.release_policy, launched_by=user,
-            deadline=now + timedelta(hours=options.max_hours) if options.max_hours is not None else None,
-            priority=options.priority, budget_total_usd=options.budget_total_usd,
-            budget_hourly_usd=options.budget_hourly_usd, stagnation_policy=options.stagnation_policy,
-            stagnation_window_hours=settings.AGENTOPS_STAGNATION_WINDOW_HOURS,
-            fallback_model=options.fallback_model, created_at=now, updated_at=now,
+    launch = functools.partial(_launch, idempotency_key=idempotency_key, definition=definition, goal=goal,
+                               params=params, options=options, request=request, user=user, parent_wait=parent_wait,
+                               now=now)
+    try:
+        workflow, launched = launch(savepoint=False)
+    except AdvanceRaised:  # the definition raised: again, with the savepoint that records it
+        workflow, launched = launch(savepoint=True)
+    if launched:
+        logger.info("workflow.launched", extra={"workflow_id": workflow.pk, "kind": kind})
+    return workflow, launched
+
+
+@transaction.atomic
+def _launch(*, idempotency_key: str, definition: engine.WorkflowDefinition, goal: str, params: dict[str, Any],
+            options: LaunchOptions, request: dict[str, Any], user: Any, parent_wait: Wait | None, now: datetime,
+            savepoint: bool) -> tuple[Workflow, bool]:
+    """``workflow_launch_once``'s transaction: the rows, then the first advance (``savepoint``:
+    ``advance_locked``'s)."""
+    kind, labels = definition.kind, dict(options.labels)
+    claimed = None
+    if idempotency_key:
+        claimed, first = client_request_claim_once(operation=ClientRequest.Operation.LAUNCH, key=idempotency_key,
+                                                   body=request, user=user, now=now)
+        if not first:
+            assert claimed.workflow is not None  # set in the launch's own transaction
+            return claimed.workflow, False
+    release = release_current(at=now)
+    workflow = Workflow(
+        kind=kind, definition_version=definition.version, current_node=definition.start_node, params=params,
+        release=release, release_provisional=release.announced_at is None,
+        release_policy=options.release_policy, launched_by=user,
+        deadline=now + timedelta(hours=options.max_hours) if options.max_hours is not None else None,
+        priority=options.priority, budget_total_usd=options.budget_total_usd,
+        budget_hourly_usd=options.budget_hourly_usd, stagnation_policy=options.stagnation_policy,
+        stagnation_window_hours=settings.AGENTOPS_STAGNATION_WINDOW_HOURS,
+        fallback_model=options.fallback_model, created_at=now, updated_at=now,
+    )
+    if parent_wait is not None:
+        parent = parent_wait.workflow
+        workflow.parent, workflow.parent_wait = parent, parent_wait
+        if parent.deadline is not None and (workflow.deadline is None or parent.deadline < workflow.deadline):
+            workflow.deadline = parent.deadline
+    workflow.start(at=now)
+    row_insert_with(workflow, Intent, {"version": 1, "goal": goal, "created_by": getattr(user, "pk", None),
+                                       "created_at": now}, key="workflow")
+    workflow.status_saved()
+    WorkflowLabel.objects.bulk_create(WorkflowLabel(workflow=workflow, key=k, value=v) for k, v in labels.items())
+    with events_batched(workflow):
+        event_record(
+            workflow=workflow, kind="workflow.launched", at=now, goal=goal, params=params,
+            release=workflow.release.fingerprint, by=username_of(user), **({"labels": labels} if labels else {}),
+            **({"parent": workflow.parent_id, "operation_id": parent_wait.operation_id} if parent_wait else {}),
         )
-        if parent_wait is not None:
-            parent = parent_wait.workflow
-            workflow.parent, workflow.parent_wait = parent, parent_wait
-            if parent.deadline is not None and (workflow.deadline is None or parent.deadline < workflow.deadline):
-                workflow.deadline = parent.deadline
-        workflow.start(at=now)
-        workflow.save()
-        Intent.objects.create(workflow=workflow, version=1, goal=goal, created_by=user, created_at=now)
-        WorkflowLabel.objects.bulk_create(WorkflowLabel(workflow=workflow, key=k, value=v) for k, v in labels.items())
-        with events_batched(workflow):
-            event_record(
-                workflow=workflow, kind="workflow.launched", at=now, goal=goal, params=params,
-                release=workflow.release.fingerprint, by=username_of(user), **({"labels": labels} if labels else {}),
-                **({"parent": workflow.parent_id, "operation_id": parent_wait.operation_id} if parent_wait else {}),
-            )
-            # Nobody else sees the new row before the commit: advance it here, no doorbell needed.
-            advance_locked(workflow)
-        if claimed is not None:
-            claimed.workflow = workflow
-            claimed.save(update_fields=["workflow"])
-    logger.info("workflow.launched", extra={"workflow_id": workflow.pk, "kind": kind})
+        # Nobody else sees the new row before the commit: advance it here, no doorbell needed.
+        advance_locked(workflow, savepoint=savepoint, recorded=[])  # a new row: no activity recorded yet
+    if claimed is not None:
+        claimed.workflow = workflow
+        claimed.save(update_fields=["workflow"])
     return workflow, True
 
 
