@@ -1,6 +1,7 @@
 """What the database server itself answers or does: its clock, its locks, its view of other
 sessions, a transaction's isolation, a session's end. Each is one statement of the server's own
-functions, most of them PostgreSQL's; on SQLite those that have no counterpart do nothing."""
+functions, most of them PostgreSQL's: the advisory lock takes nothing on SQLite, the clock reads
+there too, and the callers of the rest ask for them on PostgreSQL only."""
 from __future__ import annotations
 
 import time

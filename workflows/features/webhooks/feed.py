@@ -65,11 +65,6 @@ class EventFilter:
         return qs
 
 
-def open_transactions() -> frozenset[str]:
-    """The transactions of this database that hold a transaction id, but the reader's own (PostgreSQL)."""
-    return open_transaction_ids()
-
-
 @dataclass
 class GlobalCursor:
     """Where a reader of every workflow's events stands: the last key it has passed (see above)."""
@@ -107,7 +102,7 @@ class GlobalCursor:
             return False
         if connection.vendor != "postgresql":
             return True
-        still_open = open_transactions()
+        still_open = open_transaction_ids()
         self.hole_waits_on = still_open if self.hole_waits_on is None else self.hole_waits_on & still_open
         return not self.hole_waits_on
 
